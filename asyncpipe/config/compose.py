@@ -1,0 +1,115 @@
+"""Compose a run's config from `conf/` with Hydra's compose API, then validate it.
+
+Every failure a user can cause (unknown option or key, wrong type, impossible value) becomes a `ConfigError`
+with a one-line message that says what is wrong and what is allowed. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from asyncpipe.errors import UserError
+
+GROUPS = ("model", "optimizer", "tokenizer", "data", "launcher")
+
+
+class ConfigError(UserError):
+    """A config the user composed is invalid."""
+
+
+def conf_dir() -> Path:
+    """The `conf/` tree: $ASYNCPIPE_CONF, else the one beside the package (repo checkout / editable install)."""
+    env = os.environ.get("ASYNCPIPE_CONF")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(f"no config tree at {path} (set ASYNCPIPE_CONF to the directory holding config.yaml)")
+    return path
+
+
+def group_options(group: str) -> list[str]:
+    """Names of the YAML options of a config group, e.g. the models."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def _register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    from asyncpipe.config.schema import Config
+
+    ConfigStore.instance().store(name="base_config", node=Config)
+    if not OmegaConf.has_resolver("now"):
+        OmegaConf.register_new_resolver("now", lambda fmt: datetime.now().strftime(fmt), use_cache=True)
+
+
+def _friendly(exc: Exception, overrides: Sequence[str]) -> str:
+    """Hydra / OmegaConf errors are multi-line and internal; reduce them to what the user typed wrong."""
+    text = "\n".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+    missing = re.search(r"Could not find '([\w/]+)/([^']*)'", text) or re.search(
+        r"In '[^']*': Could not load '([\w/]+)/([^']*)'", text
+    )
+    if missing:
+        group, name = missing.group(1), missing.group(2)
+        return f"unknown {group} '{name}'; choose one of: {', '.join(group_options(group))}"
+    key = re.search(r"Key '([^']+)' (?:is )?not in", text)
+    if key:
+        full = re.search(r"full_key: ([\w.]+)", text)
+        name = full.group(1) if full else key.group(1)
+        return f"unknown config key '{name}' (see `asyncpipe config show` for the keys that exist)"
+    typed = re.search(r"Value '([^']*)' (?:of type '[^']*' )?could not be converted to (\w+)", text)
+    if typed:
+        full = re.search(r"full_key: ([\w.]+)", text)
+        where = f" for '{full.group(1)}'" if full else ""
+        kind = {"Integer": "int", "Float": "float", "Boolean": "bool"}.get(typed.group(2), typed.group(2))
+        return f"'{typed.group(1)}'{where} is not a valid {kind}"
+    if "mismatched input" in text or "no viable alternative" in text or "token recognition" in text:
+        return f"cannot parse overrides {' '.join(overrides)!r}: use key=value (Hydra's override grammar)"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first
+
+
+def compose(overrides: Sequence[str] = (), *, validate_values: bool = True) -> DictConfig:
+    """The composed, typed, validated config for these Hydra overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    _register()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        OmegaConf.resolve(cfg)
+    except ConfigError:
+        raise
+    except Exception as exc:  # Hydra and OmegaConf raise many types; all of them are the user's overrides here
+        raise ConfigError(_friendly(exc, overrides)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    if validate_values:
+        from asyncpipe.config.validate import validate
+
+        validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def load_run_config(path: Path) -> DictConfig:
+    """A run dir's resolved `config.yaml`, typed again against the schema."""
+    from asyncpipe.config.schema import Config
+
+    if not path.is_file():
+        raise ConfigError(f"no config at {path}")
+    try:
+        return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))  # type: ignore[return-value]
+    except Exception as exc:
+        raise ConfigError(f"{path} is not an asyncpipe run config: {str(exc).splitlines()[0]}") from None
+

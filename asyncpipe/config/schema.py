@@ -1,0 +1,160 @@
+"""Typed config schemas: the one definition of every key a run accepts.
+
+Values live in `conf/` YAML; these dataclasses give Hydra the types and the set of allowed keys,
+so a typo or a wrong type is caught at composition time. This module must never import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # preset name, e.g. tiny, small, 135m
+    n_layer: int = 2  # transformer blocks
+    d_model: int = 64  # residual width
+    n_head: int = 4  # attention heads
+    n_kv_head: Optional[int] = None  # grouped-query attention: KV heads (None = n_head)
+    d_ff: int = 172  # SwiGLU hidden width
+    max_seq_len: int = 256  # longest sequence RoPE and validation allow
+    vocab_size: Optional[int] = None  # None = the tokenizer's vocabulary size
+    tie_embeddings: bool = False  # share input embedding and output head; refused by engine=pipeline
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+
+@dataclass
+class EFConfig:
+    enabled: bool = False  # error feedback: x -= u(t-1) + lam * (u(t-1) - u(t-2))
+    lam: float = 1.0  # EF strength lambda (>= 0)
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = MISSING  # registry key: adamw, muon, nadam, soap
+    lr: float = 1e-3  # peak learning rate of the main parameter group
+    weight_decay: float = 0.1
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam-style betas
+    eps: float = 1e-8
+    momentum: float = 0.95  # Muon momentum
+    nesterov: bool = True  # Muon Nesterov momentum
+    ns_steps: int = 5  # Muon Newton-Schulz iterations
+    adjust_lr_fn: Optional[str] = None  # Muon: None/original or match_rms_adamw
+    aux_lr: Optional[float] = None  # AdamW lr for non-matrix params under Muon (None = lr)
+    momentum_decay: float = 0.004  # NAdam momentum decay psi
+    ef: EFConfig = field(default_factory=EFConfig)
+
+
+@dataclass
+class TokenizerConfig:
+    name: str = MISSING  # byte, bpe, gpt2
+    vocab_size: int = 256  # bpe: vocabulary to train; byte/gpt2: fixed by the tokenizer
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING  # corpus: hamlet, shakespeare, kjv, docs
+    sources: List[str] = field(default_factory=list)  # corpus-specific extras (e.g. docs packages)
+    val_fraction: float = 0.1  # share of documents held out for validation
+    root: str = "${oc.env:ASYNCPIPE_DATA,data_cache}"  # prepared token files live under here
+    split_seed: int = 0  # seed of the document-level train/val split
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100  # optimizer steps
+    micro_batch_size: int = 8  # sequences per micro-batch
+    micro_batches: int = 4  # micro-batches per optimizer step (gradient accumulation)
+    seq_len: int = 64  # tokens per sequence
+    eval_every: int = 25  # evaluate on val every N steps (and at the end)
+    eval_batches: int = 8  # micro-batches per evaluation
+    warmup_frac: float = 0.1  # linear warm-up share of steps
+    min_lr_frac: float = 0.1  # cosine decays to this fraction of the peak lr
+    grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
+    diverge_loss: float = 20.0  # a train loss above this (or NaN/inf) ends the run as diverged
+    log_every: int = 10  # progress line every N steps when not on a terminal
+
+
+@dataclass
+class PipelineConfig:
+    stages: int = 2  # pipeline stages P (engine=pipeline; also the depth of delay_profile=pipedream)
+    data_parallel: int = 1  # replicas D per stage: world = P * D
+    clip: str = "global"  # global: one norm over all stages; stage: each stage clips its own
+    trace: bool = False  # record per-instruction events for `asyncpipe schedule`
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    threads: int = 1  # torch threads per process
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/${now:%Y%m%d-%H%M%S}-${model.name}-${optimizer.name}-d${delay}"  # run directory
+    name: Optional[str] = None  # display name (default: the run dir's name)
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "auto"  # auto (online with an API key, else offline), online, offline, disabled
+    project: str = "asyncpipe"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # sweeps set this to the sweep name
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class TrackerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # steps between checkpoints (0 = only on signals and at the end)
+    keep: int = 2  # complete checkpoints kept
+
+
+@dataclass
+class DiagnosticsConfig:
+    fresh_grad_every: int = 0  # every N steps log cos(stale grad, fresh grad); 0 = off
+
+
+@dataclass
+class LauncherConfig:
+    name: str = MISSING  # local or slurm
+    parallel: int = 1  # local: runs at once
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int = 1
+    cpus_per_task: int = 1
+    mem_gb: Optional[int] = None
+    timeout_min: int = 60
+    array_parallelism: int = 64
+    extra: Any = field(default_factory=dict)  # extra sbatch parameters (name: value)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
+    tokenizer: TokenizerConfig = MISSING
+    data: DataConfig = MISSING
+    launcher: LauncherConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    delay: int = 0  # optimizer-step staleness k: 0 = synchronous, 1 = PipeDream-2BW
+    delay_profile: str = "uniform"  # uniform (2BW) or pipedream (stage s delayed P-1-s)
+    engine: str = "simulate"  # simulate (one process, exact delay) or pipeline (DeepSpeed)
+    seed: int = 0
+    device: str = "auto"  # auto, cpu, cuda
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16
+    resume: bool = False  # continue from the run dir's latest complete checkpoint

@@ -1,0 +1,76 @@
+"""Value checks a type system cannot express: each failure is one line naming the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from asyncpipe.errors import UserError
+
+ENGINES = ("simulate", "pipeline")
+DELAY_PROFILES = ("uniform", "pipedream")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+CLIP_MODES = ("global", "stage")
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        from asyncpipe.config.compose import ConfigError
+
+        raise ConfigError(message)
+
+
+def _choice(key: str, value: object, allowed: tuple) -> None:
+    _need(value in allowed, f"{key}={value} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise `ConfigError` for the first impossible value in a composed config."""
+    m, t, o, p = cfg.model, cfg.train, cfg.optimizer, cfg.pipeline
+    _choice("engine", cfg.engine, ENGINES)
+    _choice("delay_profile", cfg.delay_profile, DELAY_PROFILES)
+    _choice("device", cfg.device, DEVICES)
+    _choice("precision", cfg.precision, PRECISIONS)
+    _choice("pipeline.clip", p.clip, CLIP_MODES)
+    _choice("tracker.wandb.mode", cfg.tracker.wandb.mode, WANDB_MODES)
+    _need(cfg.delay >= 0, f"delay={cfg.delay} must be >= 0 (0 = synchronous, 1 = PipeDream-2BW)")
+    _need(o.lr > 0, f"optimizer.lr={o.lr} must be > 0")
+    _need(o.aux_lr is None or o.aux_lr > 0, f"optimizer.aux_lr={o.aux_lr} must be > 0 (or null = optimizer.lr)")
+    _need(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay} must be >= 0")
+    _need(o.ef.lam >= 0, f"optimizer.ef.lam={o.ef.lam} must be >= 0")
+    for key in ("steps", "micro_batch_size", "micro_batches", "seq_len", "eval_every", "eval_batches", "log_every"):
+        _need(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
+    _need(0 <= t.warmup_frac < 1, f"train.warmup_frac={t.warmup_frac} must be in [0, 1)")
+    _need(0 <= t.min_lr_frac <= 1, f"train.min_lr_frac={t.min_lr_frac} must be in [0, 1]")
+    _need(t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 = off)")
+    _need(
+        t.seq_len <= m.max_seq_len,
+        f"train.seq_len={t.seq_len} exceeds model '{m.name}' maximum of {m.max_seq_len} (model.max_seq_len)",
+    )
+    _need(m.n_layer >= 1 and m.d_model >= 1 and m.n_head >= 1, f"model '{m.name}' needs n_layer, d_model, n_head >= 1")
+    _need(m.d_model % m.n_head == 0, f"model.d_model={m.d_model} must be divisible by model.n_head={m.n_head}")
+    kv = m.n_kv_head or m.n_head
+    _need(m.n_head % kv == 0, f"model.n_head={m.n_head} must be divisible by model.n_kv_head={kv}")
+    _need(p.stages >= 1 and p.data_parallel >= 1, "pipeline.stages and pipeline.data_parallel must be >= 1")
+    _need(p.threads >= 1, f"pipeline.threads={p.threads} must be >= 1")
+    _need(cfg.checkpoint.every >= 0 and cfg.checkpoint.keep >= 1, "checkpoint.every must be >= 0, checkpoint.keep >= 1")
+    _need(cfg.diagnostics.fresh_grad_every >= 0, "diagnostics.fresh_grad_every must be >= 0")
+    staged = cfg.engine == "pipeline" or cfg.delay_profile == "pipedream"
+    if staged:
+        _need(
+            p.stages <= m.n_layer,
+            f"pipeline.stages={p.stages} exceeds the {m.n_layer} transformer blocks of model '{m.name}'",
+        )
+    if cfg.engine == "pipeline":
+        _need(cfg.delay <= 1, f"engine=pipeline supports delay 0 (1F1B) or 1 (2BW), got delay={cfg.delay}")
+        _need(cfg.delay_profile == "uniform", "engine=pipeline runs the 2BW (uniform) delay; use engine=simulate for delay_profile=pipedream")
+        _need(
+            not m.tie_embeddings,
+            f"engine=pipeline needs untied embeddings; add model.tie_embeddings=false (model '{m.name}' ties them)",
+        )
+        if cfg.delay == 1:
+            _need(
+                t.micro_batches >= p.stages,
+                f"2BW needs train.micro_batches >= pipeline.stages, got {t.micro_batches} < {p.stages}",
+            )

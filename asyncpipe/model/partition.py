@@ -1,0 +1,31 @@
+"""How a pipeline cuts the layer list into stages; shared by the pipeline engine and `delay_profile=pipedream`."""
+
+from __future__ import annotations
+
+
+def partition(n_layers_total: int, stages: int) -> list[int]:
+    """Stage boundaries over ``[Embedding, Block x n, Head]``: stage s owns ``layers[parts[s]:parts[s+1]]``.
+
+    Blocks are spread as evenly as possible (earlier stages take the remainder); the embedding rides with
+    the first stage and the head with the last, since both are cheap next to a block.
+    """
+    n_blocks = n_layers_total - 2
+    if stages < 1:
+        raise ValueError(f"stages must be >= 1, got {stages}")
+    if n_blocks < stages:
+        raise ValueError(f"{stages} stages need at least {stages} transformer blocks, the model has {n_blocks}")
+    base, extra = divmod(n_blocks, stages)
+    parts = [0]
+    for s in range(stages):
+        blocks = base + (1 if s < extra else 0)
+        parts.append(parts[-1] + blocks + (1 if s == 0 else 0))
+    parts[-1] += 1  # the head
+    return parts
+
+
+def layer_of_param(name: str) -> int:
+    """Index into the layer list of a parameter named ``layers.{i}.…`` (as in `GPT.named_parameters`)."""
+    parts = name.split(".")
+    if len(parts) < 2 or parts[0] != "layers" or not parts[1].isdigit():
+        raise ValueError(f"parameter {name!r} is not inside GPT.layers")
+    return int(parts[1])

@@ -1,0 +1,24 @@
+"""Optimisation for delayed (asynchronous-pipeline) training: the optimizer registry (AdamW, Muon + AdamW,
+NAdam, SOAP), stale weights for a k-step delay, the error-feedback wrapper, the lr schedule and clipping."""
+
+from asyncpipe.optim import adamw, muon, nadam, soap  # noqa: F401  (each registers its builder)
+from asyncpipe.optim.clip import clip_grads, grad_sq_norm
+from asyncpipe.optim.combined import CombinedOptimizer
+from asyncpipe.optim.delay import DelayedWeights, delays_for
+from asyncpipe.optim.ef import ErrorFeedback
+from asyncpipe.optim.registry import available, block_matrices, build_optimizer, register
+from asyncpipe.optim.schedule import lr_factor
+
+__all__ = [
+    "CombinedOptimizer",
+    "DelayedWeights",
+    "ErrorFeedback",
+    "available",
+    "block_matrices",
+    "build_optimizer",
+    "clip_grads",
+    "delays_for",
+    "grad_sq_norm",
+    "lr_factor",
+    "register",
+]

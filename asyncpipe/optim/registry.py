@@ -1,0 +1,79 @@
+"""The optimizer registry: ``@register("name")`` builders and `build_optimizer`, the one entry point.
+
+A builder receives the module (a whole model or one pipeline stage), the `OptimizerConfig`-shaped node and an
+optional predicate naming the hidden matrices (None = `block_matrices`); it returns a torch optimizer whose every group carries ``base_lr``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+
+from asyncpipe.errors import UserError
+
+HiddenFn = Callable[[str, nn.Parameter], bool]
+Builder = Callable[[nn.Module, Any, Optional[HiddenFn]], torch.optim.Optimizer]
+
+_REGISTRY: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    """Decorator: make ``builder`` available as ``optimizer.name=<name>``."""
+
+    def wrap(builder: Builder) -> Builder:
+        if name in _REGISTRY:
+            raise ValueError(f"optimizer {name!r} is registered twice")
+        _REGISTRY[name] = builder
+        return builder
+
+    return wrap
+
+
+def available() -> list[str]:
+    """Registered optimizer names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Named parameters that require grad (a tied weight appears once)."""
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
+def block_matrices(module: nn.Module) -> HiddenFn:
+    """Default hidden-matrix rule: the 2-D weights of the model's transformer `Block`s."""
+    from asyncpipe.model import Block
+
+    ids = {id(p) for m in module.modules() if isinstance(m, Block) for p in m.parameters() if p.dim() == 2}
+    return lambda name, p: id(p) in ids
+
+
+def decay_groups(named: list[tuple[str, nn.Parameter]], lr: float, weight_decay: float) -> list[dict[str, Any]]:
+    """nanoGPT's split: weight decay on 2-D+ tensors (matrices, embeddings), none on norms and biases."""
+    decay = [p for _, p in named if p.dim() >= 2]
+    no_decay = [p for _, p in named if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, "lr": lr, "base_lr": lr, "group": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "lr": lr, "base_lr": lr, "group": "no_decay"},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn] = None) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.name`` over ``module``'s trainable parameters, wrapped in error feedback when
+    ``cfg.ef.enabled``. ``hidden(name, param)`` overrides which matrices count as hidden (Muon's share)."""
+    from asyncpipe.optim.ef import ErrorFeedback
+
+    builder = _REGISTRY.get(cfg.name)
+    if builder is None:
+        raise UserError(f"optimizer.name={cfg.name} is unknown; choose one of: {', '.join(available())}")
+    if not trainable(module):
+        raise ValueError("the module has no trainable parameters to optimise")
+    optimizer = builder(module, cfg, hidden)
+    for group in optimizer.param_groups:
+        group.setdefault("base_lr", group["lr"])
+    if cfg.ef.enabled:
+        optimizer = ErrorFeedback(optimizer, cfg.ef.lam)
+    return optimizer

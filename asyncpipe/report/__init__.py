@@ -1,0 +1,16 @@
+"""Loss-gap reports from run dirs or W&B: tables (mean ± std over seeds, gap to sync, % closed by EF) and plots.
+
+Never imports torch or deepspeed: a report needs only the results.
+"""
+
+from asyncpipe.report.build import Report, build_report, log_report_to_wandb, render_terminal
+from asyncpipe.report.wandb_source import build_report_from_wandb, frames_from_wandb_runs
+
+__all__ = [
+    "Report",
+    "build_report",
+    "build_report_from_wandb",
+    "frames_from_wandb_runs",
+    "log_report_to_wandb",
+    "render_terminal",
+]

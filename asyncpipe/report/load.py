@@ -1,0 +1,146 @@
+"""Runs into two frames: one row per run (config axes, status) and one row per evaluation (tokens, val_loss).
+
+Sources are run directories on disk or (see wandb_source.py) runs read from the W&B API; both pass
+through `run_record`, so everything after loading is the same code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+import yaml
+
+from asyncpipe.errors import UserError
+from asyncpipe.track.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, parse_metrics_lines
+
+# Frame column -> dotted key in the composed config.
+AXES = {
+    "model": "model.name",
+    "data": "data.name",
+    "tokenizer": "tokenizer.name",
+    "optimizer": "optimizer.name",
+    "ef": "optimizer.ef.enabled",
+    "ef_lam": "optimizer.ef.lam",
+    "lr": "optimizer.lr",
+    "delay": "delay",
+    "delay_profile": "delay_profile",
+    "stages": "pipeline.stages",
+    "engine": "engine",
+    "seed": "seed",
+}
+RUN_COLUMNS = ["run", "path", *AXES, "variant", "status", "final_tokens", "summary_val_loss"]
+CURVE_COLUMNS = ["run", "tokens", "val_loss"]
+COMPLETED = "completed"
+
+
+def lookup(config: dict, dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def variant_label(delay: Any, ef: Any, lam: Any, profile: Any, stages: Any) -> str:
+    """The table column a run belongs to: sync, 1-step, 1-step+EF, ... (EF strength shown when not 1)."""
+    delay = int(delay or 0)
+    if delay == 0:
+        label = "sync"
+    elif profile == "pipedream":  # stage s is delayed P-1-s steps: the depth names the setting
+        label = f"pipedream(P={stages})"
+    else:
+        label = f"{delay}-step"
+    if ef:
+        label += "+EF"
+        if lam is not None and float(lam) != 1.0:
+            label += f"(lam={float(lam):g})"
+    return label
+
+
+def normalize_status(summary: dict | None) -> str:
+    """completed, diverged, failed, or unfinished (no summary, or still marked running)."""
+    status = (summary or {}).get("status")
+    if status in (None, "running"):
+        return "unfinished"
+    return str(status)
+
+
+def run_record(name: str, path: str, config: dict, summary: dict | None, metrics: Iterable[dict]) -> tuple[dict, list[dict]]:
+    """One run's row and its evaluation rows (only records with both tokens and a finite val_loss)."""
+    row: dict[str, Any] = {"run": name, "path": path}
+    for column, dotted in AXES.items():
+        row[column] = lookup(config, dotted)
+    row["ef"] = bool(row["ef"])
+    row["delay"] = int(row["delay"] or 0)
+    if row["engine"] != "pipeline" and row["delay_profile"] != "pipedream":
+        row["stages"] = None  # the stage count cannot change the loss here, so it must not split groups
+    row["variant"] = variant_label(row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"])
+    curve, last_tokens = [], None
+    for rec in metrics:
+        tokens = rec.get("tokens")
+        if tokens is None:
+            continue
+        last_tokens = tokens
+        val = rec.get("val_loss")
+        if isinstance(val, (int, float)) and val == val and abs(val) != float("inf"):
+            curve.append({"run": name, "tokens": int(tokens), "val_loss": float(val)})
+    status = normalize_status(summary)
+    if status == COMPLETED and not curve:
+        status = "no val loss"
+    row["status"] = status
+    row["final_tokens"] = (summary or {}).get("tokens", last_tokens)
+    row["summary_val_loss"] = (summary or {}).get("final_val_loss")
+    return row, curve
+
+
+def frames(records: list[tuple[dict, list[dict]]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    runs = pd.DataFrame([r for r, _ in records], columns=RUN_COLUMNS)
+    curves = pd.DataFrame([c for _, cs in records for c in cs], columns=CURVE_COLUMNS)
+    return runs, curves.astype({"tokens": "int64", "val_loss": "float64"})
+
+
+def find_run_dirs(root: Path, exclude: Path | None = None) -> list[Path]:
+    """Directories under `root` holding a config.yaml, outermost only (checkpoint copies inside a run are not runs)."""
+    found: list[Path] = []
+    for cfg in sorted(root.rglob(CONFIG_FILE)):
+        run = cfg.parent
+        if "wandb" in run.relative_to(root).parts:
+            continue
+        if exclude is not None and (run == exclude or exclude in run.parents):
+            continue
+        if any(prev == run or prev in run.parents for prev in found):
+            continue
+        found.append(run)
+    return found
+
+
+def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
+    try:
+        config = yaml.safe_load((run / CONFIG_FILE).read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{run / CONFIG_FILE} is not valid YAML ({exc.__class__.__name__}); fix or remove that run") from None
+    summary = None
+    if (run / SUMMARY_FILE).exists():
+        try:
+            summary = json.loads((run / SUMMARY_FILE).read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            summary = None  # a torn summary means the run did not finish cleanly: count it as unfinished
+    metrics = []
+    if (run / METRICS_FILE).exists():
+        metrics = parse_metrics_lines((run / METRICS_FILE).read_text(encoding="utf-8"), str(run / METRICS_FILE))
+    return run_record(name, str(run), config, summary, metrics)
+
+
+def load_sweep(sweep_dir: Path, exclude: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Frames for every run dir under `sweep_dir` (which may itself be a single run dir)."""
+    if not sweep_dir.is_dir():
+        raise UserError(f"{sweep_dir} is not a directory; pass a sweep directory (DIR/NAME) or a run directory")
+    runs = find_run_dirs(sweep_dir, exclude)
+    if not runs:
+        raise UserError(f"no runs found under {sweep_dir} (a run is a directory containing {CONFIG_FILE})")
+    records = [load_run_dir(run, str(run.relative_to(sweep_dir)) if run != sweep_dir else run.name) for run in runs]
+    return frames(records)

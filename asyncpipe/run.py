@@ -1,0 +1,133 @@
+"""The entry point of one training run: make the run dir, pick the engine, drive it, write the summary.
+
+`engine=simulate` trains here in one process; `engine=pipeline` starts its stage processes (or, under SLURM /
+torchrun, is one of them). Local files are the record: `config.yaml`, `metrics.jsonl`, `summary.json`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from omegaconf import DictConfig
+
+from asyncpipe.config import to_yaml
+from asyncpipe.errors import UserError
+
+EXIT_DIVERGED = 3
+
+
+def prepare_run_dir(cfg: DictConfig) -> Path:
+    """Create the run dir and write `config.yaml`; refuse to overwrite a finished run unless resuming."""
+    from asyncpipe.track import RunDir
+
+    path = Path(cfg.run.dir)
+    summary = path / "summary.json"
+    if summary.exists() and not cfg.resume:
+        raise UserError(f"run dir {path} already holds a run; choose another run.dir or pass resume=true")
+    run_dir = RunDir(path)
+    run_dir.write_config(to_yaml(cfg))
+    return path
+
+
+class Progress:
+    """A rich progress bar on a terminal, plain lines otherwise (logs, CI, SLURM)."""
+
+    def __init__(self, total: int, start: int, every: int, describe: str) -> None:
+        self.total, self.every = total, every
+        self.bar = None
+        print(describe, flush=True)
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+
+            self.bar = RichProgress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
+            self.task = self.bar.add_task("train", total=total, completed=start, info="")
+            self.bar.start()
+
+    def update(self, step: int, metrics: dict) -> None:
+        info = f"loss {metrics['train_loss']:.4f}" + (
+            f" | val {metrics['val_loss']:.4f}" if "val_loss" in metrics else ""
+        ) + f" | {metrics['tokens_per_s']:.0f} tok/s"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, info=info)
+        elif step % self.every == 0 or step == self.total or "val_loss" in metrics:
+            print(f"step {step}/{self.total} | {info}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def run_simulated(cfg: DictConfig, run_path: Path, log: Callable[[str], None] = print) -> dict:
+    """Train `engine=simulate` in this process; returns the summary (also written to summary.json)."""
+    from asyncpipe.track import Tracker
+    from asyncpipe.train.loop import Trainer, describe, diverged
+
+    tracker = Tracker(cfg, run_path, rank=0)
+    started = time.perf_counter()
+    status, final_val, step_tokens = "failed", None, 0
+    try:
+        trainer = Trainer(cfg, log=lambda msg: log(msg))
+        t = cfg.train
+        step_tokens = trainer.tokens_per_step
+        progress = Progress(t.steps, trainer.step, t.log_every, describe(trainer))
+        try:
+            if trainer.step == 0:
+                final_val = trainer.evaluate()
+                tracker.log({"step": 0, "tokens": 0, "val_loss": final_val})
+            status = "completed"
+            while trainer.step < t.steps:
+                result = trainer.train_step()
+                metrics = {
+                    "step": result.step,
+                    "tokens": result.step * step_tokens,
+                    "train_loss": result.train_loss,
+                    "lr": result.lr,
+                    "grad_norm": result.grad_norm,
+                    "step_time": result.step_time,
+                    "tokens_per_s": step_tokens / max(result.step_time, 1e-9),
+                    **result.extras,
+                }
+                if diverged(result.train_loss, t.diverge_loss):
+                    status = "diverged"
+                    tracker.log(metrics)
+                    log(f"diverged at step {result.step}: train loss {result.train_loss}")
+                    break
+                if result.step % t.eval_every == 0 or result.step == t.steps:
+                    final_val = metrics["val_loss"] = trainer.evaluate()
+                tracker.log(metrics)
+                progress.update(result.step, metrics)
+        finally:
+            progress.close()
+        steps_done = trainer.step
+    except BaseException:
+        tracker.finish({"status": "failed", "wall_time": time.perf_counter() - started})
+        raise
+    summary = {
+        "status": status,
+        "final_val_loss": final_val if final_val is None or math.isfinite(final_val) else None,
+        "tokens": steps_done * step_tokens,
+        "steps": steps_done,
+        "wall_time": time.perf_counter() - started,
+        "exit_code": 0 if status == "completed" else EXIT_DIVERGED,
+    }
+    tracker.finish(summary)
+    log(f"{status}: final val loss {summary['final_val_loss']} | run dir {run_path}")
+    return summary
+
+
+def run_training(cfg: DictConfig, overrides: Sequence[str] = (), log: Optional[Callable[[str], None]] = None) -> dict:
+    """Run one training job as configured; the CLI's `train` command."""
+    log = log or print
+    if cfg.engine == "pipeline":
+        from asyncpipe.pipe.runner import launch_local
+
+        return launch_local(cfg, overrides, log=log)
+    run_path = prepare_run_dir(cfg)
+    return run_simulated(cfg, run_path, log=log)

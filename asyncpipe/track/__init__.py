@@ -1,0 +1,16 @@
+"""Run tracking: atomic run-dir files (config.yaml, metrics.jsonl, summary.json) and a best-effort W&B mirror."""
+
+from asyncpipe.track.files import RunDir, atomic_write_bytes, atomic_write_json, atomic_write_text
+from asyncpipe.track.tracker import Tracker
+from asyncpipe.track.wandb_mirror import WandbMirror, resolve_mode, sync
+
+__all__ = [
+    "RunDir",
+    "Tracker",
+    "WandbMirror",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "resolve_mode",
+    "sync",
+]

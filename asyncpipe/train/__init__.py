@@ -1,0 +1,1 @@
+"""The single-process training loop (`engine=simulate`): steps, evaluation, divergence, checkpoints."""

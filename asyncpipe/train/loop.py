@@ -1,0 +1,153 @@
+"""The single-process trainer (`engine=simulate`): exact k-step delayed optimisation of the whole model.
+
+One optimizer step = `train.micro_batches` micro-batches of gradient accumulation evaluated at the stale weights
+W(t-k), global-norm clipping of that stale gradient, then the optimizer's update applied to W(t). The delay and EF
+maths live in `asyncpipe.optim`; this file only orders the calls.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from omegaconf import DictConfig
+
+from asyncpipe.data import MicroBatches, ensure_prepared, load_manifest
+from asyncpipe.model import GPT, count_parameters, lm_loss
+from asyncpipe.optim import DelayedWeights, build_optimizer, clip_grads, delays_for, lr_factor
+from asyncpipe.train.runtime import autocast_context, pick_device, vocab_size_for
+
+
+@dataclass
+class StepResult:
+    step: int
+    train_loss: float
+    grad_norm: float
+    lr: float
+    step_time: float
+    extras: dict = field(default_factory=dict)
+
+
+class Trainer:
+    """Owns the model, optimizer, delayed weights and data streams of one simulated run."""
+
+    def __init__(self, cfg: DictConfig, log: Optional[Callable[[str], None]] = None) -> None:
+        self.cfg = cfg
+        self.log = log or (lambda msg: None)
+        self.device = pick_device(cfg.device)
+        torch.manual_seed(cfg.seed)
+        data_dir = ensure_prepared(cfg.data, cfg.tokenizer, progress=self.log)
+        manifest = load_manifest(data_dir)
+        self.vocab_size = vocab_size_for(cfg.model, manifest)
+        t = cfg.train
+        self.train_data = MicroBatches(data_dir, "train", t.seq_len, t.micro_batch_size, cfg.seed)
+        # Validation batches do not depend on the run's seed: every run of a study is scored on the same tokens.
+        self.val_data = MicroBatches(data_dir, "val", t.seq_len, t.micro_batch_size, 0)
+        self.model = GPT(cfg.model, self.vocab_size, seed=cfg.seed).to(self.device)
+        self.n_params = count_parameters(self.model)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        named = list(self.model.named_parameters())
+        delays = delays_for(self.model, cfg.delay_profile, cfg.delay, cfg.pipeline.stages)
+        self.params = [p for _, p in named]
+        self.delayed = DelayedWeights(self.params, [delays[name] for name, _ in named])
+        self.step = 0
+        self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len
+
+    # -- one optimizer step -------------------------------------------------------------------------------
+    def forward_backward(self, step: int) -> float:
+        """Accumulate the step's mean-loss gradient at the current model weights; returns the mean loss."""
+        m = self.cfg.train.micro_batches
+        total = 0.0
+        for j in range(m):
+            x, y = self.train_data.get(step * m + j)
+            x, y = x.to(self.device), y.to(self.device)
+            with autocast_context(self.device, self.cfg.precision):
+                loss = lm_loss(self.model(x), y)
+            (loss / m).backward()
+            total += loss.item()
+        return total / m
+
+    def train_step(self) -> StepResult:
+        start = time.perf_counter()
+        t = self.cfg.train
+        lr_scale = lr_factor(self.step, t.steps, t.warmup_frac, t.min_lr_frac)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["base_lr"] * lr_scale
+        with self.delayed.stale():
+            loss = self.forward_backward(self.step)
+        extras = self._fresh_grad_cosine() if self._diagnose_now() else {}
+        grad_norm = clip_grads(self.params, t.grad_clip)
+        self.delayed.advance()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for name in ("last_update_norm", "last_correction_norm"):
+            value = getattr(self.optimizer, name, None)
+            if value is not None:
+                extras[name.removeprefix("last_")] = float(value)
+        self.step += 1
+        lr = self.optimizer.param_groups[0]["lr"]
+        return StepResult(self.step, loss, float(grad_norm), lr, time.perf_counter() - start, extras)
+
+    def _diagnose_now(self) -> bool:
+        every = self.cfg.diagnostics.fresh_grad_every
+        return every > 0 and self.cfg.delay > 0 and self.step % every == 0
+
+    def _fresh_grad_cosine(self) -> dict:
+        """Cosine between the stale gradient just computed and a fresh one at W(t) (one extra backward)."""
+        stale = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        self.optimizer.zero_grad(set_to_none=True)
+        self.forward_backward(self.step)
+        fresh = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        dot = sum((a.double() * b.double()).sum() for a, b in zip(stale, fresh))
+        na = math.sqrt(sum(float(a.double().pow(2).sum()) for a in stale))
+        nb = math.sqrt(sum(float(b.double().pow(2).sum()) for b in fresh))
+        for p, g in zip(self.params, stale):
+            p.grad = g
+        return {"fresh_grad_cos": float(dot) / max(na * nb, 1e-30)}
+
+    # -- evaluation ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        losses = []
+        for i in range(self.cfg.train.eval_batches):
+            x, y = self.val_data.get(i)
+            with autocast_context(self.device, self.cfg.precision):
+                losses.append(lm_loss(self.model(x.to(self.device)), y.to(self.device)).item())
+        self.model.train()
+        return sum(losses) / len(losses)
+
+    # -- checkpoint state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "delayed": self.delayed.state_dict(),
+            "rng": {"torch": torch.get_rng_state()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.delayed.load_state_dict(state["delayed"])
+        torch.set_rng_state(state["rng"]["torch"])
+
+
+def diverged(loss: float, limit: float) -> bool:
+    return not math.isfinite(loss) or loss > limit
+
+
+def describe(trainer: Trainer) -> str:
+    cfg = trainer.cfg
+    ef = f" + EF(lam={cfg.optimizer.ef.lam})" if cfg.optimizer.ef.enabled else ""
+    return (
+        f"model {cfg.model.name} ({trainer.n_params / 1e6:.2f}M params, vocab {trainer.vocab_size}) | "
+        f"{cfg.optimizer.name}{ef} lr {cfg.optimizer.lr:g} | delay {cfg.delay} ({cfg.delay_profile}) | "
+        f"{cfg.train.steps} steps x {trainer.tokens_per_step} tokens | {trainer.device.type}"
+    )
+

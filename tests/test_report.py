@@ -1,0 +1,301 @@
+"""Tests of asyncpipe.report on synthetic run dirs with known numbers (std is the sample std, ddof=1)."""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pandas as pd
+import pytest
+import yaml
+
+from asyncpipe.errors import UserError
+from asyncpipe.report import build_report, build_report_from_wandb, log_report_to_wandb, render_terminal
+from asyncpipe.track import RunDir
+
+VARIANTS = {"sync": (0, False), "1-step": (1, False), "1-step+EF": (1, True)}
+OPTIMIZERS = ["adamw", "muon"]
+SEEDS = [0, 1, 2]
+EVAL_TOKENS = [1000, 2000, 3000, 4000, 5000]
+
+
+def config(opt: str, variant: str, seed: int, **over) -> dict:
+    delay, ef = VARIANTS[variant]
+    cfg = {
+        "model": {"name": "tiny", "n_layer": 2},
+        "data": {"name": "hamlet"},
+        "tokenizer": {"name": "byte"},
+        "optimizer": {"name": opt, "lr": {"adamw": 1e-3, "muon": 2e-2}[opt], "ef": {"enabled": ef, "lam": 1.0}},
+        "delay": delay,
+        "delay_profile": "uniform",
+        "pipeline": {"stages": 2},
+        "engine": "simulate",
+        "seed": seed,
+    }
+    for dotted, value in over.items():
+        node = cfg
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return cfg
+
+
+def curve(final: float, tokens: list[int]) -> list[dict]:
+    """Eval records whose val loss at 5000 tokens is `final` (higher earlier, lower later)."""
+    return [{"step": i + 1, "tokens": t, "train_loss": 9.0, "val_loss": final + (5000 - t) / 1000 * 0.25} for i, t in enumerate(tokens)]
+
+
+def write_run(root: Path, name: str, cfg: dict, metrics: list[dict], summary: dict | None) -> None:
+    run = RunDir(root / name)
+    run.write_config(yaml.safe_dump(cfg))
+    for rec in metrics:
+        run.append_metrics(rec)
+        run.append_metrics({"step": rec["step"], "tokens": rec["tokens"] + 10, "train_loss": 1.0})  # no eval line
+    if summary is not None:
+        run.write_summary(summary)
+
+
+def finals() -> dict[tuple[str, str, int], float]:
+    rng = random.Random(1234)
+    base = {"adamw": 3.0, "muon": 2.8}
+    offset = {"sync": 0.0, "1-step": 0.12, "1-step+EF": 0.05}
+    return {
+        (o, v, s): base[o] + offset[v] + rng.uniform(-0.03, 0.03) for o in OPTIMIZERS for v in VARIANTS for s in SEEDS
+    }
+
+
+@pytest.fixture
+def sweep(tmp_path) -> Path:
+    """2 optimizers x {sync, 1-step, 1-step+EF} x 3 seeds, one run past the common token count,
+    plus a diverged and an unfinished run."""
+    root = tmp_path / "sweeps" / "paper"
+    root.mkdir(parents=True)
+    (root / "sweep.json").write_text("{}")
+    for (opt, variant, seed), final in finals().items():
+        metrics = curve(final, EVAL_TOKENS)
+        if (opt, variant, seed) == ("adamw", "sync", 1):  # trained longer: must be compared at 5000, not 6000
+            metrics.append({"step": 6, "tokens": 6000, "train_loss": 1.0, "val_loss": final - 0.5})
+        summary = {"status": "completed", "final_val_loss": metrics[-1]["val_loss"], "tokens": metrics[-1]["tokens"], "wall_time": 1.0}
+        write_run(root, f"{opt}-{variant}-s{seed}", config(opt, variant, seed), metrics, summary)
+    write_run(root, "adamw-1-step-s3", config("adamw", "1-step", 3), curve(8.0, [1000, 2000]), {"status": "diverged", "tokens": 2000})
+    write_run(root, "muon-1-step+EF-s3", config("muon", "1-step+EF", 3), curve(1.0, [1000, 2000, 3000]), None)
+    return root
+
+
+def expected_stats() -> dict[tuple[str, str], dict]:
+    out = {}
+    vals = finals()
+    for opt in OPTIMIZERS:
+        for variant in VARIANTS:
+            xs = [vals[(opt, variant, s)] for s in SEEDS]
+            out[(opt, variant)] = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs), "n": len(xs)}
+        sync = out[(opt, "sync")]["mean"]
+        for variant in ("1-step", "1-step+EF"):
+            out[(opt, variant)]["gap"] = out[(opt, variant)]["mean"] - sync
+        g1, ge = out[(opt, "1-step")]["gap"], out[(opt, "1-step+EF")]["gap"]
+        out[(opt, "1-step+EF")]["closed"] = (g1 - ge) / g1 * 100
+    return out
+
+
+def close(a: float, b: float) -> bool:
+    return a == pytest.approx(b, rel=1e-12, abs=1e-12)
+
+
+def test_table_numbers_match_inputs(sweep):
+    report = build_report(sweep)
+    assert len(report.groups) == 1
+    group = report.groups[0]
+    assert group.key == {"model": "tiny", "data": "hamlet"}
+    assert group.matched_tokens == 5000
+    exp = expected_stats()
+    cells = report.cells.set_index(["optimizer", "variant"])
+    for (opt, variant), e in exp.items():
+        c = cells.loc[(opt, variant)]
+        assert c["n"] == e["n"] and close(c["mean"], e["mean"]) and close(c["std"], e["std"])
+        if variant != "sync":
+            assert close(c["gap_to_sync"], e["gap"])
+        if variant == "1-step+EF":
+            assert close(c["gap_closed_pct"], e["closed"])
+    # The diverged and the unfinished run are counted in their cells, not averaged in.
+    assert cells.loc[("adamw", "1-step"), "n_diverged"] == 1
+    assert cells.loc[("muon", "1-step+EF"), "n_unfinished"] == 1
+    table = group.table
+    a1 = exp[("adamw", "1-step")]
+    assert table.loc["adamw", "1-step"] == f"{a1['mean']:.4f} ± {a1['std']:.4f} (n=3; 1 diverged)"
+    m_ef = exp[("muon", "1-step+EF")]
+    assert table.loc["muon", "1-step+EF"] == f"{m_ef['mean']:.4f} ± {m_ef['std']:.4f} (n=3; 1 unfinished)"
+    assert table.loc["muon", "gap 1-step"] == f"{exp[('muon', '1-step')]['gap']:+.4f}"
+    assert table.loc["adamw", "% gap closed 1-step+EF"] == f"{exp[('adamw', '1-step+EF')]['closed']:.1f}%"
+    statuses = report.runs.set_index("run")["status"]
+    assert statuses["adamw-1-step-s3"] == "diverged" and statuses["muon-1-step+EF-s3"] == "unfinished"
+
+
+def test_files_written(sweep):
+    report = build_report(sweep)
+    out = sweep / "report"
+    assert report.out_dir == out
+    assert sorted(p.name for p in out.iterdir()) == ["gap_vs_tokens.png", "gaps.csv", "loss_curves.png", "report.md"]
+    for name in ("loss_curves.png", "gap_vs_tokens.png"):
+        assert matplotlib.image.imread(out / name).shape[:2] == (800, 1200)
+    csv = pd.read_csv(out / "gaps.csv").set_index(["optimizer", "variant"])
+    exp = expected_stats()
+    assert close(csv.loc[("muon", "1-step+EF"), "gap_closed_pct"], exp[("muon", "1-step+EF")]["closed"])
+    assert (csv["matched_tokens"] == 5000).all()
+    md = (out / "report.md").read_text()
+    assert "**5000 tokens**" in md and "(loss_curves.png)" in md and "(gap_vs_tokens.png)" in md
+    assert "1 diverged" in md and "1 unfinished" in md
+    # Rebuilding ignores the report dir itself and gives the same numbers.
+    again = build_report(sweep)
+    pd.testing.assert_frame_equal(again.cells, report.cells)
+
+
+def test_matched_tokens_follow_shortest_completed_run(tmp_path):
+    """A group whose shortest completed run stops at 3000 tokens is compared at 3000 for every run."""
+    finals_ = {("adamw", "sync", 0): 3.0, ("adamw", "1-step", 0): 3.2}
+    write_run(tmp_path, "a", config("adamw", "sync", 0), curve(3.0, EVAL_TOKENS), {"status": "completed"})
+    write_run(tmp_path, "b", config("adamw", "1-step", 0), curve(3.2, [1000, 2000, 3000]), {"status": "completed"})
+    report = build_report(tmp_path)
+    assert report.groups[0].matched_tokens == 3000
+    cells = report.cells.set_index("variant")
+    at3000 = {k: v + (5000 - 3000) / 1000 * 0.25 for k, v in finals_.items()}
+    assert close(cells.loc["sync", "mean"], at3000[("adamw", "sync", 0)])
+    assert close(cells.loc["1-step", "gap_to_sync"], at3000[("adamw", "1-step", 0)] - at3000[("adamw", "sync", 0)])
+    assert report.groups[0].table.loc["adamw", "sync"] == f"{at3000[('adamw', 'sync', 0)]:.4f} (n=1)"
+
+
+def test_sweep_without_ef_shows_dashes_and_setting_axes(tmp_path):
+    vals = {}
+    for lr in (1e-3, 3e-3):
+        for variant in ("sync", "1-step"):
+            for seed in (0, 1):
+                final = 3.0 + (0.1 if variant == "1-step" else 0) + seed * 0.01 + lr
+                vals[(lr, variant, seed)] = final
+                cfg = config("adamw", variant, seed, optimizer__lr=lr)
+                write_run(tmp_path, f"{lr}-{variant}-{seed}", cfg, curve(final, EVAL_TOKENS), {"status": "completed"})
+    report = build_report(tmp_path, out_dir=tmp_path / "elsewhere")
+    assert (tmp_path / "elsewhere" / "gaps.csv").exists()
+    assert report.group_keys == ["model", "data", "lr"]
+    assert [g.key["lr"] for g in report.groups] == [1e-3, 3e-3]
+    for group in report.groups:
+        lr = group.key["lr"]
+        row = group.table.loc["adamw"]
+        assert row["1-step+EF"] == "—" and row["% gap closed 1-step+EF"] == "—" and row["gap 1-step+EF"] == "—"
+        gap = statistics.fmean(vals[(lr, "1-step", s)] for s in (0, 1)) - statistics.fmean(vals[(lr, "sync", s)] for s in (0, 1))
+        assert row["gap 1-step"] == f"{gap:+.4f}"
+
+
+def test_pipedream_profile_is_its_own_column(tmp_path):
+    write_run(tmp_path, "s", config("adamw", "sync", 0), curve(3.0, EVAL_TOKENS), {"status": "completed"})
+    cfg = config("adamw", "1-step", 0, delay_profile="pipedream", pipeline__stages=4)
+    write_run(tmp_path, "p", cfg, curve(3.3, EVAL_TOKENS), {"status": "completed"})
+    report = build_report(tmp_path)
+    table = report.groups[0].table
+    assert list(table.columns[:4]) == ["sync", "1-step", "1-step+EF", "pipedream(P=4)"]
+    assert table.loc["adamw", "gap pipedream(P=4)"] == f"{3.3 - 3.0:+.4f}"
+    assert report.group_keys == ["model", "data"]
+
+
+def test_empty_and_missing_dirs_are_user_errors(tmp_path):
+    (tmp_path / "sweep.json").write_text("{}")
+    with pytest.raises(UserError, match="no runs found under"):
+        build_report(tmp_path)
+    with pytest.raises(UserError, match="not a directory"):
+        build_report(tmp_path / "nope")
+
+
+def test_render_terminal(sweep):
+    from rich.console import Console
+
+    console = Console(record=True, width=400)
+    console.print(render_terminal(build_report(sweep, out_dir=sweep / "r")))
+    text = console.export_text()
+    assert "adamw" in text and "muon" in text and "5000 tokens" in text and "1 diverged" in text
+
+
+class FakeRun:
+    def __init__(self, run_dir: Path, wrapped: bool, job_type: str = "train"):
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        self.config = {k: {"value": v} for k, v in cfg.items()} if wrapped else cfg
+        summary = RunDir(run_dir).read_summary()
+        self.summary = {"_runtime": 3, **summary} if summary else {"_runtime": 3}
+        self.state = "finished" if summary else "running"
+        self.name, self.id, self.url, self.job_type = run_dir.name, run_dir.name, "", job_type
+        self._history = RunDir(run_dir).read_metrics()
+
+    def scan_history(self, keys):
+        return [{k: r[k] for k in keys} for r in self._history if all(r.get(k) is not None for k in keys)]
+
+
+class FakeApi:
+    def __init__(self, runs):
+        self._runs, self.calls = runs, []
+
+    def runs(self, path, filters=None):
+        self.calls.append((path, filters))
+        return self._runs
+
+
+def test_report_from_wandb_matches_run_dirs(sweep, tmp_path):
+    local = build_report(sweep, out_dir=tmp_path / "local")
+    dirs = sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists())
+    fake = [FakeRun(d, wrapped=i % 2 == 0) for i, d in enumerate(dirs)]
+    fake.append(FakeRun(dirs[0], wrapped=False, job_type="report"))  # the group's report run is skipped
+    api = FakeApi(fake)
+    remote = build_report_from_wandb("ent/proj", "paper", tmp_path / "remote", api=api)
+    assert api.calls == [("ent/proj", {"group": "paper"})]
+    cols = ["optimizer", "variant", "n", "mean", "std", "gap_to_sync", "gap_closed_pct", "n_diverged", "n_unfinished"]
+    pd.testing.assert_frame_equal(remote.cells[cols], local.cells[cols])
+    assert remote.groups[0].matched_tokens == 5000
+    assert (tmp_path / "remote" / "loss_curves.png").exists()
+    with pytest.raises(UserError, match="ENTITY/PROJECT"):
+        build_report_from_wandb("proj", "paper", tmp_path / "x", api=api)
+    with pytest.raises(UserError, match="no runs found"):
+        build_report_from_wandb("ent/proj", "other", tmp_path / "x", api=FakeApi([]))
+
+
+def test_log_report_to_wandb(sweep, tmp_path, monkeypatch):
+    import wandb
+
+    report = build_report(sweep)
+    logged, finished = [], []
+
+    class Run:
+        step = 0
+
+        def log(self, values, step=None):
+            logged.append(values)
+
+        def save(self, path, base_path=None, policy=None):
+            logged.append({"file": Path(path).name})
+
+        def finish(self, exit_code=0):
+            finished.append(exit_code)
+
+    inits = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: inits.append(kw) or Run())
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    cfg = {"tracker": {"wandb": {"mode": "disabled", "project": "p", "group": "paper", "tags": []}}}
+    assert log_report_to_wandb(report, cfg) is False and inits == []
+    cfg["tracker"]["wandb"]["mode"] = "offline"
+    assert log_report_to_wandb(report, cfg) is True
+    assert inits[0]["job_type"] == "report" and inits[0]["group"] == "paper" and inits[0]["dir"] == str(sweep / "report")
+    table = logged[0]["loss_gaps"]
+    assert len(table.data) == len(report.cells) == 6
+    assert {"loss_curves", "gap_vs_tokens"} <= set(logged[1])
+    assert {"report.md", "gaps.csv"} == {d["file"] for d in logged[2:]}
+    assert finished == [0]
+
+
+def test_report_never_imports_torch(sweep):
+    code = (
+        "import sys; from pathlib import Path; from asyncpipe.report import build_report;"
+        f"build_report(Path({str(sweep)!r}), Path({str(sweep / 'r2')!r}));"
+        "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
