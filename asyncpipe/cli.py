@@ -67,6 +67,39 @@ def data_prepare(overrides: Optional[List[str]] = OVERRIDES) -> None:
     typer.echo(f"prepared {path}\n{describe(path)}")
 
 
+@app.command()
+def report(
+    sweep_dir: Optional[Path] = typer.Argument(None, help="A sweep directory DIR/NAME holding run dirs."),
+    wandb_project: Optional[str] = typer.Option(None, "--wandb", help="Read runs from W&B: ENTITY/PROJECT."),
+    group: Optional[str] = typer.Option(None, "--group", help="With --wandb: the run group (sweep name)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where report files go (default DIR/NAME/report)."),
+) -> None:
+    """Loss-gap tables (sync / 1-step / 1-step+EF per optimizer) and plots for a sweep."""
+    from rich.console import Console
+
+    from asyncpipe.report import build_report, build_report_from_wandb, render_terminal
+
+    if wandb_project:
+        if not group:
+            raise UserError("--wandb needs --group (the sweep name the runs were grouped under)")
+        rep = build_report_from_wandb(wandb_project, group, out or Path("reports") / group)
+    elif sweep_dir is not None:
+        rep = build_report(sweep_dir, out)
+    else:
+        raise UserError("give a sweep directory (asyncpipe report DIR/NAME) or --wandb ENTITY/PROJECT --group G")
+    Console().print(render_terminal(rep))
+    for path in rep.files.values():
+        typer.echo(f"wrote {path}")
+
+
+@app.command()
+def sync(path: Path = typer.Argument(..., help="A run or sweep directory whose offline W&B runs to upload.")) -> None:
+    """Upload offline W&B runs (`wandb sync`) under a run or sweep directory."""
+    from asyncpipe.track import sync as wandb_sync
+
+    typer.echo(f"synced {wandb_sync(path)} offline run(s)")
+
+
 def main() -> None:
     try:
         app()

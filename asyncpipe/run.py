@@ -6,6 +6,7 @@ torchrun, is one of them). Local files are the record: `config.yaml`, `metrics.j
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -18,6 +19,7 @@ from asyncpipe.config import to_yaml
 from asyncpipe.errors import UserError
 
 EXIT_DIVERGED = 3
+EXIT_INTERRUPTED = 4  # a signal arrived; a checkpoint was written and resume=true continues
 
 
 def prepare_run_dir(cfg: DictConfig) -> Path:
@@ -28,6 +30,8 @@ def prepare_run_dir(cfg: DictConfig) -> Path:
     summary = path / "summary.json"
     if summary.exists() and not cfg.resume:
         raise UserError(f"run dir {path} already holds a run; choose another run.dir or pass resume=true")
+    if summary.exists() and json.loads(summary.read_text()).get("status") == "completed":
+        raise UserError(f"run dir {path} holds a completed run; nothing to resume")
     run_dir = RunDir(path)
     run_dir.write_config(to_yaml(cfg))
     return path
@@ -64,58 +68,92 @@ class Progress:
             self.bar.stop()
 
 
+def _resume(trainer, cfg: DictConfig, run_path: Path, run_dir, log: Callable[[str], None]) -> None:
+    """Load the latest complete checkpoint into `trainer` (resume=true) and drop metrics logged after it."""
+    from asyncpipe.train import checkpoint
+
+    path = checkpoint.latest_complete(run_path, world=1, log=log) if cfg.resume else None
+    if path is not None:
+        trainer.load_state_dict(checkpoint.load(path, checkpoint.fingerprint_of(cfg)))
+        log(f"resumed from {path} at step {trainer.step}")
+    elif cfg.resume:
+        log("resume=true but no complete checkpoint: starting from step 0")
+    run_dir.truncate_metrics(after_step=trainer.step if path is not None else -1)
+
+
+def _save(trainer, cfg: DictConfig, run_path: Path) -> Path:
+    from asyncpipe.train import checkpoint
+
+    return checkpoint.save(
+        run_path, trainer.step, trainer.state_dict(), checkpoint.fingerprint_of(cfg), keep=cfg.checkpoint.keep
+    )
+
+
+def _step_metrics(result, step_tokens: int) -> dict:
+    return {
+        "step": result.step,
+        "tokens": result.step * step_tokens,
+        "train_loss": result.train_loss,
+        "lr": result.lr,
+        "grad_norm": result.grad_norm,
+        "step_time": result.step_time,
+        "tokens_per_s": step_tokens / max(result.step_time, 1e-9),
+        **result.extras,
+    }
+
+
 def run_simulated(cfg: DictConfig, run_path: Path, log: Callable[[str], None] = print) -> dict:
     """Train `engine=simulate` in this process; returns the summary (also written to summary.json)."""
     from asyncpipe.track import Tracker
     from asyncpipe.train.loop import Trainer, describe, diverged
+    from asyncpipe.train.signals import StopRequest
 
     tracker = Tracker(cfg, run_path, rank=0)
     started = time.perf_counter()
-    status, final_val, step_tokens = "failed", None, 0
+    status, final_val = "failed", None
     try:
-        trainer = Trainer(cfg, log=lambda msg: log(msg))
+        trainer = Trainer(cfg, log=log)
+        _resume(trainer, cfg, run_path, tracker.run, log)
         t = cfg.train
-        step_tokens = trainer.tokens_per_step
         progress = Progress(t.steps, trainer.step, t.log_every, describe(trainer))
-        try:
-            if trainer.step == 0:
-                final_val = trainer.evaluate()
-                tracker.log({"step": 0, "tokens": 0, "val_loss": final_val})
-            status = "completed"
-            while trainer.step < t.steps:
-                result = trainer.train_step()
-                metrics = {
-                    "step": result.step,
-                    "tokens": result.step * step_tokens,
-                    "train_loss": result.train_loss,
-                    "lr": result.lr,
-                    "grad_norm": result.grad_norm,
-                    "step_time": result.step_time,
-                    "tokens_per_s": step_tokens / max(result.step_time, 1e-9),
-                    **result.extras,
-                }
-                if diverged(result.train_loss, t.diverge_loss):
-                    status = "diverged"
+        with StopRequest() as stop:
+            try:
+                if trainer.step == 0:
+                    final_val = trainer.evaluate()
+                    tracker.log({"step": 0, "tokens": 0, "val_loss": final_val})
+                status = "completed"
+                while trainer.step < t.steps:
+                    metrics = _step_metrics(trainer.train_step(), trainer.tokens_per_step)
+                    step = metrics["step"]
+                    if diverged(metrics["train_loss"], t.diverge_loss):
+                        status = "diverged"
+                        tracker.log(metrics)
+                        log(f"diverged at step {step}: train loss {metrics['train_loss']}")
+                        break
+                    if step % t.eval_every == 0 or step == t.steps:
+                        final_val = metrics["val_loss"] = trainer.evaluate()
                     tracker.log(metrics)
-                    log(f"diverged at step {result.step}: train loss {result.train_loss}")
-                    break
-                if result.step % t.eval_every == 0 or result.step == t.steps:
-                    final_val = metrics["val_loss"] = trainer.evaluate()
-                tracker.log(metrics)
-                progress.update(result.step, metrics)
-        finally:
-            progress.close()
-        steps_done = trainer.step
+                    progress.update(step, metrics)
+                    every = cfg.checkpoint.every
+                    if stop.requested or (every and step % every == 0 and step < t.steps):
+                        path = _save(trainer, cfg, run_path)
+                        if stop.requested:
+                            status = "interrupted"
+                            log(f"{stop.signal_name}: checkpoint {path} written; resume=true continues")
+                            break
+            finally:
+                progress.close()
     except BaseException:
         tracker.finish({"status": "failed", "wall_time": time.perf_counter() - started})
         raise
+    exit_code = {"completed": 0, "diverged": EXIT_DIVERGED, "interrupted": EXIT_INTERRUPTED}[status]
     summary = {
         "status": status,
         "final_val_loss": final_val if final_val is None or math.isfinite(final_val) else None,
-        "tokens": steps_done * step_tokens,
-        "steps": steps_done,
+        "tokens": trainer.step * trainer.tokens_per_step,
+        "steps": trainer.step,
         "wall_time": time.perf_counter() - started,
-        "exit_code": 0 if status == "completed" else EXIT_DIVERGED,
+        "exit_code": exit_code,
     }
     tracker.finish(summary)
     log(f"{status}: final val loss {summary['final_val_loss']} | run dir {run_path}")

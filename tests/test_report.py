@@ -48,7 +48,10 @@ def config(opt: str, variant: str, seed: int, **over) -> dict:
 
 def curve(final: float, tokens: list[int]) -> list[dict]:
     """Eval records whose val loss at 5000 tokens is `final` (higher earlier, lower later)."""
-    return [{"step": i + 1, "tokens": t, "train_loss": 9.0, "val_loss": final + (5000 - t) / 1000 * 0.25} for i, t in enumerate(tokens)]
+    return [
+        {"step": i + 1, "tokens": t, "train_loss": 9.0, "val_loss": final + (5000 - t) / 1000 * 0.25}
+        for i, t in enumerate(tokens)
+    ]
 
 
 def write_run(root: Path, name: str, cfg: dict, metrics: list[dict], summary: dict | None) -> None:
@@ -81,9 +84,11 @@ def sweep(tmp_path) -> Path:
         metrics = curve(final, EVAL_TOKENS)
         if (opt, variant, seed) == ("adamw", "sync", 1):  # trained longer: must be compared at 5000, not 6000
             metrics.append({"step": 6, "tokens": 6000, "train_loss": 1.0, "val_loss": final - 0.5})
-        summary = {"status": "completed", "final_val_loss": metrics[-1]["val_loss"], "tokens": metrics[-1]["tokens"], "wall_time": 1.0}
+        last = metrics[-1]
+        summary = {"status": "completed", "final_val_loss": last["val_loss"], "tokens": last["tokens"], "wall_time": 1.0}
         write_run(root, f"{opt}-{variant}-s{seed}", config(opt, variant, seed), metrics, summary)
-    write_run(root, "adamw-1-step-s3", config("adamw", "1-step", 3), curve(8.0, [1000, 2000]), {"status": "diverged", "tokens": 2000})
+    diverged = {"status": "diverged", "tokens": 2000}
+    write_run(root, "adamw-1-step-s3", config("adamw", "1-step", 3), curve(8.0, [1000, 2000]), diverged)
     write_run(root, "muon-1-step+EF-s3", config("muon", "1-step+EF", 3), curve(1.0, [1000, 2000, 3000]), None)
     return root
 
@@ -186,7 +191,9 @@ def test_sweep_without_ef_shows_dashes_and_setting_axes(tmp_path):
         lr = group.key["lr"]
         row = group.table.loc["adamw"]
         assert row["1-step+EF"] == "—" and row["% gap closed 1-step+EF"] == "—" and row["gap 1-step+EF"] == "—"
-        gap = statistics.fmean(vals[(lr, "1-step", s)] for s in (0, 1)) - statistics.fmean(vals[(lr, "sync", s)] for s in (0, 1))
+        gap = statistics.fmean(vals[(lr, "1-step", s)] for s in (0, 1)) - statistics.fmean(
+            vals[(lr, "sync", s)] for s in (0, 1)
+        )
         assert row["gap 1-step"] == f"{gap:+.4f}"
 
 
@@ -284,7 +291,8 @@ def test_log_report_to_wandb(sweep, tmp_path, monkeypatch):
     assert log_report_to_wandb(report, cfg) is False and inits == []
     cfg["tracker"]["wandb"]["mode"] = "offline"
     assert log_report_to_wandb(report, cfg) is True
-    assert inits[0]["job_type"] == "report" and inits[0]["group"] == "paper" and inits[0]["dir"] == str(sweep / "report")
+    init = inits[0]
+    assert (init["job_type"], init["group"], init["dir"]) == ("report", "paper", str(sweep / "report"))
     table = logged[0]["loss_gaps"]
     assert len(table.data) == len(report.cells) == 6
     assert {"loss_curves", "gap_vs_tokens"} <= set(logged[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 import warnings
 from pathlib import Path
 
@@ -26,7 +27,9 @@ def make_cfg(mode: str, **extra) -> OmegaConf:
         "tokenizer": {"name": "byte", "vocab_size": 256},
         "delay": 1,
         "engine": "simulate",
-        "tracker": {"wandb": {"mode": mode, "project": "asyncpipe-test", "entity": None, "group": "g1", "tags": ["t1"]}},
+        "tracker": {
+            "wandb": {"mode": mode, "project": "asyncpipe-test", "entity": None, "group": "g1", "tags": ["t1"]}
+        },
     }
     cfg.update(extra)
     return OmegaConf.create(cfg)
@@ -56,6 +59,8 @@ def read_wandb_records(path: Path) -> list:
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):  # still being written
+            break
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST: a record is complete
@@ -64,6 +69,18 @@ def read_wandb_records(path: Path) -> list:
             records.append(rec)
             pending = b""
     return records
+
+
+def finished_records(run_dir: Path) -> list:
+    """The records of the run's single offline .wandb log, once its exit record is there (wandb's service
+    process may still be flushing when finish() returns)."""
+    (wandb_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 20
+    while True:
+        records = read_wandb_records(wandb_file)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
 
 
 def test_atomic_writes_leave_no_temp_files(tmp_path):
@@ -236,7 +253,7 @@ def test_offline_tracker_writes_wandb_history_and_resume_id(clean_wandb_env, tmp
     wandb_file = offline[0] / f"run-{run_id}.wandb"
     assert wandb_file.stat().st_size > 0
     history = {}
-    for rec in read_wandb_records(wandb_file):
+    for rec in finished_records(run_dir):
         if rec.WhichOneof("record_type") == "history":
             row = {item.key or ".".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item}
             history[rec.history.step.num] = row
@@ -259,6 +276,7 @@ def test_api_key_never_written_to_run_dir(clean_wandb_env, tmp_path, monkeypatch
     tracker.run.write_config(OmegaConf.to_yaml(cfg))
     tracker.log({"step": 1, "train_loss": 1.0, "val_loss": math.nan})
     tracker.finish({"status": "completed", "final_val_loss": 1.0})
+    assert finished_records(run_dir)[-1].WhichOneof("record_type") == "exit"
     files = [p for p in run_dir.rglob("*") if p.is_file()]
     assert any(p.suffix == ".wandb" for p in files)
     assert len(files) >= 5
@@ -266,12 +284,15 @@ def test_api_key_never_written_to_run_dir(clean_wandb_env, tmp_path, monkeypatch
     assert leaks == []
 
 
-def test_sync(tmp_path, monkeypatch):
+def test_sync(clean_wandb_env, tmp_path, monkeypatch):
     with pytest.raises(UserError, match="no offline W&B runs"):
         sync(tmp_path)
     for run in ("r0", "r1"):
         (tmp_path / run / "wandb" / f"offline-run-20250101_000000-{run}").mkdir(parents=True)
     (tmp_path / "r1" / "wandb" / "run-online-not-synced").mkdir()
+    with pytest.raises(UserError, match="no W&B API key"):
+        sync(tmp_path)
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
     seen = []
 
     class Done:

@@ -112,7 +112,7 @@ class TrackerConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # steps between checkpoints (0 = only on signals and at the end)
+    every: int = 0  # steps between checkpoints (0 = only when SIGTERM/SIGUSR1/SIGUSR2 arrives)
     keep: int = 2  # complete checkpoints kept
 
 

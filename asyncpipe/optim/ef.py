@@ -15,8 +15,12 @@ import torch
 from asyncpipe.errors import UserError
 
 
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(t.dtype, torch.float32)  # fp32 at least; fp64 params stay fp64
+
+
 def _sq_norm(t: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(t, dtype=torch.float32).square()
+    return torch.linalg.vector_norm(t, dtype=_acc_dtype(t)).square().double()
 
 
 class ErrorFeedback(torch.optim.Optimizer):
@@ -63,7 +67,7 @@ class ErrorFeedback(torch.optim.Optimizer):
         params = [p for p in self._params() if p.grad is not None]
         snapshot = [p.detach().clone() for p in params]  # x(t); turned into u(t) in place below
         self.optimizer.step()
-        update_sq = torch.zeros((), dtype=torch.float32, device=params[0].device if params else None)
+        update_sq = torch.zeros((), dtype=torch.float64, device=params[0].device if params else None)
         correction_sq = torch.zeros_like(update_sq)
         for p, u in zip(params, snapshot):
             u.sub_(p.detach())  # u(t) = x(t) - x_after
@@ -78,7 +82,8 @@ class ErrorFeedback(torch.optim.Optimizer):
                 c_sq = _sq_norm(neg_corr)
                 correction_sq += c_sq
                 # |u + correction|^2 without a temporary: |u|^2 - 2 <u, neg_corr> + |neg_corr|^2.
-                dot = torch.vdot(u.reshape(-1), neg_corr.reshape(-1)).float()
+                acc = _acc_dtype(u)
+                dot = torch.vdot(u.reshape(-1).to(acc), neg_corr.reshape(-1).to(acc)).double()
                 update_sq += (u_sq - 2 * dot + c_sq).clamp_min(0)
             self._u_prev[p] = u
         self._update_sq, self._correction_sq = update_sq, correction_sq

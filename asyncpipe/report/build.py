@@ -90,7 +90,7 @@ def run_table(report: Report) -> pd.DataFrame:
         compared.update(matched_values(report.runs[mask], report.curves)[1])
     table = report.runs[["run", *report.group_keys, "optimizer", "variant", "seed", "status", "final_tokens"]].copy()
     table["compared_val_loss"] = [f"{compared[r]:.4f}" if r in compared else "" for r in table["run"]]
-    return table.set_index("run")
+    return table.astype(object).where(table.notna(), "").set_index("run")
 
 
 def to_markdown(report: Report) -> str:
@@ -103,7 +103,7 @@ def to_markdown(report: Report) -> str:
         "![val loss vs tokens](loss_curves.png)\n",
         "![loss gap to sync vs tokens](gap_vs_tokens.png)\n",
         "## Runs\n",
-        _md_table(run_table(report).fillna("")) + "\n",
+        _md_table(run_table(report)) + "\n",
         "Long-form numbers (full precision): `gaps.csv`. Regenerate: `asyncpipe report " + report.source + "`.\n",
     ]
     return "\n".join(parts)

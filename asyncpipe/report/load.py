@@ -69,16 +69,20 @@ def normalize_status(summary: dict | None) -> str:
     return str(status)
 
 
-def run_record(name: str, path: str, config: dict, summary: dict | None, metrics: Iterable[dict]) -> tuple[dict, list[dict]]:
+def run_record(
+    name: str, path: str, config: dict, summary: dict | None, metrics: Iterable[dict]
+) -> tuple[dict, list[dict]]:
     """One run's row and its evaluation rows (only records with both tokens and a finite val_loss)."""
     row: dict[str, Any] = {"run": name, "path": path}
     for column, dotted in AXES.items():
         row[column] = lookup(config, dotted)
     row["ef"] = bool(row["ef"])
     row["delay"] = int(row["delay"] or 0)
-    if row["engine"] != "pipeline" and row["delay_profile"] != "pipedream":
-        row["stages"] = None  # the stage count cannot change the loss here, so it must not split groups
     row["variant"] = variant_label(row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"])
+    if row["engine"] != "pipeline":
+        # Simulated: the stage count only matters through delay_profile=pipedream, which the variant names;
+        # keeping it would split sync runs from the async runs they are compared with.
+        row["stages"] = None
     curve, last_tokens = [], None
     for rec in metrics:
         tokens = rec.get("tokens")
@@ -122,7 +126,7 @@ def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
     try:
         config = yaml.safe_load((run / CONFIG_FILE).read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"{run / CONFIG_FILE} is not valid YAML ({exc.__class__.__name__}); fix or remove that run") from None
+        raise UserError(f"{run / CONFIG_FILE} is not valid YAML ({type(exc).__name__}); fix or remove that run") from None
     summary = None
     if (run / SUMMARY_FILE).exists():
         try:

@@ -1,4 +1,4 @@
-"""Loss-gap statistics: final val loss at a matched token count, mean ± sample std over seeds, gap to sync, % closed by EF.
+"""Loss-gap statistics: final val loss at a matched token count, mean ± std over seeds, gap to sync, % closed by EF.
 
 Only completed runs are averaged; diverged, failed and unfinished runs are counted and shown, never averaged in.
 Std is the sample standard deviation (ddof=1), so a single seed has no std.
@@ -45,7 +45,7 @@ def group_keys(runs: pd.DataFrame) -> list[str]:
 
 
 def matched_values(group_runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[int | None, dict[str, float]]:
-    """The last token count every completed run evaluated at (or beyond), and each run's last val loss at or before it."""
+    """The last token count every completed run evaluated at (or beyond), and each run's last val loss up to it."""
     done = group_runs.loc[group_runs["status"] == COMPLETED, "run"]
     own = curves[curves["run"].isin(done)]
     if own.empty:
@@ -120,7 +120,7 @@ def fmt_number(value: float, fmt: str) -> str:
 
 
 def group_tables(cells: pd.DataFrame, keys: list[str]) -> list[GroupTable]:
-    """Per group: rows = optimizers; columns = each variant, the gap of each non-sync variant, % closed per EF variant."""
+    """Per group: rows = optimizers; columns = each variant, each non-sync variant's gap, % closed per EF variant."""
     out = []
     for key_values, group in cells.groupby(keys, dropna=False, sort=True):
         variants = variant_order(list(group["variant"].unique()))

@@ -1,4 +1,4 @@
-"""Read a sweep's runs back from the W&B API (config, `tokens`/`val_loss` history, summary status) into report frames."""
+"""Read a sweep's runs back from the W&B API (config, `tokens`/`val_loss` history, summary status) as report frames."""
 
 from __future__ import annotations
 

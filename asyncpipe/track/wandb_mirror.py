@@ -60,6 +60,9 @@ def resolve_mode(mode: str) -> str:
         raise UserError(f"tracker.wandb.mode={mode!r} is not allowed; use one of {', '.join(MODES)}")
     if mode in ("offline", "disabled"):
         return mode
+    env_mode = os.environ.get("WANDB_MODE", "").lower()
+    if mode == "auto" and env_mode in ("offline", "disabled", "dryrun"):
+        return "offline" if env_mode == "dryrun" else env_mode  # the user's W&B environment wins over auto
     if has_api_key():
         return "online"
     if mode == "online":
@@ -160,7 +163,7 @@ class WandbMirror:
                 resume="allow",
                 mode=self.mode,
                 reinit="create_new",  # a second run in this process (e.g. a report) must not end the first
-                settings=wandb.Settings(init_timeout=init_timeout),
+                settings=wandb.Settings(init_timeout=init_timeout, silent=True),
             )
             # On an online resume W&B knows the last step; steps at or below it would be dropped noisily.
             self._start_step = int(getattr(self.run, "step", 0) or 0)
@@ -225,9 +228,10 @@ class WandbMirror:
 
     def log_files(self, paths: Iterable[str | os.PathLike]) -> None:
         """Upload files with the run (e.g. report.md, gaps.csv)."""
-        for path in paths:
-            path = Path(path)
-            self._call("wandb save", self.run.save if self.run else None, str(path), base_path=str(path.parent), policy="now")
+        for path in map(Path, paths):
+            if self.run is None:
+                return
+            self._call("wandb save", self.run.save, str(path), base_path=str(path.parent), policy="now")
 
     def finish(self, exit_code: int = 0) -> None:
         run, self._start_step = self.run, 0
@@ -243,8 +247,10 @@ def sync(path: str | os.PathLike) -> int:
     runs = sorted(p for p in root.rglob("offline-run-*") if p.is_dir() and p.parent.name == "wandb")
     if not runs:
         raise UserError(f"no offline W&B runs (*/wandb/offline-run-*) found under {root}")
+    if not has_api_key():
+        raise UserError("no W&B API key is configured; run `wandb login` or set WANDB_API_KEY, then sync again")
     cmd = [sys.executable, "-m", "wandb", "sync", *map(str, runs)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    result = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"wandb sync failed for runs under {root}: {tail[0]} (is an API key configured?)")

@@ -1,0 +1,210 @@
+"""The local launcher: a sweep's runs as child processes on this machine, one at a time or `parallel` at once.
+
+Each run is its own process group (so Ctrl-C or a kill of the sweep takes down the run's whole tree), writes
+its output to `RUN_DIR/launch.log`, and holds the run dir's lock for as long as it lives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from asyncpipe.launch.display import SweepDisplay
+from asyncpipe.launch.expand import RunSpec, SweepPlan, run_overrides
+from asyncpipe.launch.state import (
+    COMPLETED,
+    DIVERGED,
+    FAILED,
+    FINAL,
+    INTERRUPTED,
+    PENDING,
+    RUNNING,
+    RunLock,
+    RunState,
+    claim,
+    read_json,
+    run_state,
+    write_launch_record,
+)
+
+# overrides -> argv of one run; tests swap in a fake, the sweep uses `asyncpipe train`.
+RunCommand = Callable[[Sequence[str]], list[str]]
+EXIT_DIVERGED = 3
+KILL_GRACE_S = 10.0
+POLL_S = 0.25
+
+
+def train_command(overrides: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "asyncpipe", "train", *overrides]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the sweep dies (even by SIGKILL), so no run outlives it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the process-group kill on exit still applies
+        pass
+
+
+@dataclass
+class _Active:
+    spec: RunSpec
+    run_dir: Path
+    proc: subprocess.Popen
+    lock: RunLock
+    log: object
+
+
+def _outcome(run_dir: Path, returncode: int) -> str:
+    """A finished child's state: its summary's status, else what its exit code says (and record a crash)."""
+    summary = read_json(run_dir / "summary.json") or {}
+    if summary.get("status") in FINAL:
+        return str(summary["status"])
+    if returncode == 0:
+        status = COMPLETED if summary else FAILED
+    else:
+        status = DIVERGED if returncode == EXIT_DIVERGED else FAILED
+    if status != COMPLETED:
+        write_launch_record(run_dir, returncode, status)
+    return status
+
+
+class LocalLauncher:
+    """Runs a sweep's runs here; `run()` returns every run's final `RunState` in grid order."""
+
+    def __init__(
+        self,
+        plan: SweepPlan,
+        sweep_dir: Path,
+        parallel: int = 1,
+        retry_failed: bool = False,
+        command: RunCommand = train_command,
+        display: Optional[SweepDisplay] = None,
+    ) -> None:
+        self.plan, self.sweep_dir = plan, Path(sweep_dir)
+        self.parallel = max(1, int(parallel))
+        self.retry_failed = retry_failed
+        self.command = command
+        self.display = display or SweepDisplay(f"sweep {plan.name}")
+        self.states = {s.name: RunState(s.name, PENDING, note="waiting") for s in plan.runs}
+        self.active: dict[str, _Active] = {}
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # Runs at once share the cores; without this each would start one thread per core.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
+        return env
+
+    def _start(self, spec: RunSpec) -> None:
+        run_dir = self.sweep_dir / spec.name
+        c = claim(run_dir, self.retry_failed)
+        if not c.start:
+            self.states[spec.name] = RunState(spec.name, c.state, note=c.note)
+            return
+        assert c.lock is not None and c.lock.fd is not None
+        argv = self.command(run_overrides(self.plan, spec, run_dir.resolve(), c.resume))
+        log = open(run_dir / "launch.log", "ab")
+        log.write(f"--- {datetime.now().isoformat(timespec='seconds')} {' '.join(argv)}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: killpg reaches the run's children too
+                pass_fds=(c.lock.fd,),  # the child holds the run lock even if this sweep dies
+                preexec_fn=_die_with_parent,
+                env=self._env(),
+            )
+        except OSError as exc:
+            log.close()
+            c.lock.release()
+            write_launch_record(run_dir, -1, FAILED)
+            self.states[spec.name] = RunState(spec.name, FAILED, note=f"could not start: {exc}")
+            return
+        self.active[spec.name] = _Active(spec, run_dir, proc, c.lock, log)
+        self.states[spec.name] = RunState(spec.name, RUNNING, note=c.note)
+
+    def _reap(self) -> None:
+        for name, job in list(self.active.items()):
+            code = job.proc.poll()
+            if code is None:
+                fresh = run_state(job.run_dir, name)
+                self.states[name].step = fresh.step
+                continue
+            del self.active[name]
+            job.log.close()
+            status = _outcome(job.run_dir, code)
+            job.lock.release()
+            final = run_state(job.run_dir, name)
+            final.state = status
+            if status == FAILED and not final.note:
+                final.note = f"exit code {code}, see {name}/launch.log"
+            self.states[name] = final
+
+    def _kill_all(self) -> None:
+        """Stop every run we started (whole process groups); they stay resumable (no final state written)."""
+        for job in self.active.values():
+            try:
+                os.killpg(job.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + KILL_GRACE_S
+        for job in self.active.values():
+            try:
+                job.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(job.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                job.proc.wait()
+            job.log.close()
+            job.lock.release()
+            self.states[job.spec.name].state = INTERRUPTED
+        self.active.clear()
+
+    def run(self) -> list[RunState]:
+        queue = deque(self.plan.runs)
+        previous = None
+        in_main = _in_main_thread()
+        if in_main:
+            # `kill SWEEP_PID` must clean up like Ctrl-C does.
+            previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            with self.display:
+                while queue or self.active:
+                    while queue and len(self.active) < self.parallel:
+                        self._start(queue.popleft())
+                    self._reap()
+                    self.display.update(list(self.states.values()))
+                    if self.active:
+                        time.sleep(POLL_S)
+                self.display.update(list(self.states.values()))
+        finally:
+            if self.active:
+                self._kill_all()
+            if in_main:
+                signal.signal(signal.SIGTERM, previous)
+        return [self.states[s.name] for s in self.plan.runs]
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,274 @@
+"""Sweep state on disk: the manifest `sweep.json`, one `fcntl.flock` lock per run dir, and each run's state.
+
+A run's state is read from its run dir alone (plus SLURM's view of its job, when it has one), so `sweep status`,
+a second sweep into the same directory and a re-run of the sweep all agree on what is done.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+from asyncpipe.errors import UserError
+from asyncpipe.launch.expand import RunSpec, SweepPlan
+from asyncpipe.track.files import atomic_write_json
+
+MANIFEST = "sweep.json"
+LOCK_FILE = ".lock"
+LAUNCH_RECORD = "launch.json"  # exit code of the last launch, for runs that died before writing a summary
+SLURM_RECORD = "slurm_job.json"
+RETIRED = ".retired"
+
+PENDING, QUEUED, RUNNING = "pending", "queued", "running"
+COMPLETED, DIVERGED, FAILED, INTERRUPTED = "completed", "diverged", "failed", "interrupted"
+FINAL = (COMPLETED, DIVERGED, FAILED)  # never re-run automatically (failed/diverged: --retry-failed)
+STATES = (PENDING, QUEUED, RUNNING, COMPLETED, DIVERGED, FAILED, INTERRUPTED)
+
+# SLURM job states that mean "not finished yet" (squeue/sacct names).
+SLURM_PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED"})
+SLURM_RUNNING = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING", "STOPPED"})
+SLURM_ACTIVE = SLURM_PENDING | SLURM_RUNNING
+
+
+class RunLock:
+    """An exclusive, non-blocking `flock` on `RUN_DIR/.lock`: whoever holds it is running that run.
+
+    The kernel drops the lock when the last process holding the open file ends, so a crashed sweep or job
+    never leaves a stale lock behind; a child started with `pass_fds=(lock.fd,)` keeps it held.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.set_inheritable(fd, False)
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)  # closing our descriptor; a child holding a copy keeps the lock until it exits
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def is_locked(run_dir: Path) -> bool:
+    """True while some process (this one included, through another open file) holds the run's lock."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the probe lock if we got it
+    return False
+
+
+def read_json(path: Path) -> Optional[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass
+class RunState:
+    name: str
+    state: str
+    step: Optional[int] = None  # last step in metrics.jsonl
+    steps: Optional[int] = None  # steps in the summary (finished runs)
+    final_val_loss: Optional[float] = None
+    job_id: Optional[str] = None
+    slurm_state: Optional[str] = None
+    note: str = ""
+
+
+def _last_step(run_dir: Path) -> Optional[int]:
+    """The step of the last complete line of metrics.jsonl, read from the file's end only."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 4096))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def file_state(run_dir: Path, locked: Optional[bool] = None) -> str:
+    """The state the run dir shows by itself: final status, running (lock held), interrupted or pending.
+
+    `locked`: whether another process holds the run's lock, when the caller already knows (it holds it itself).
+    """
+    summary = read_json(run_dir / "summary.json") or {}
+    if summary.get("status") in FINAL:
+        return str(summary["status"])
+    if is_locked(run_dir) if locked is None else locked:
+        return RUNNING
+    launch = read_json(run_dir / LAUNCH_RECORD) or {}
+    if launch.get("status") == FAILED:
+        return FAILED
+    started = any((run_dir / f).exists() for f in ("config.yaml", "metrics.jsonl", LAUNCH_RECORD, SLURM_RECORD))
+    return INTERRUPTED if started else PENDING
+
+
+def run_state(run_dir: Path, name: str, slurm_states: Optional[dict[str, str]] = None) -> RunState:
+    """Everything `sweep status` shows for one run; `slurm_states` maps job id -> SLURM state."""
+    state = RunState(name=name, state=file_state(run_dir))
+    summary = read_json(run_dir / "summary.json") or {}
+    state.final_val_loss = summary.get("final_val_loss")
+    state.steps = summary.get("steps")
+    state.step = _last_step(run_dir)
+    record = read_json(run_dir / SLURM_RECORD)
+    if record:
+        state.job_id = str(record.get("job_id"))
+        state.slurm_state = (slurm_states or {}).get(state.job_id)
+        if state.state in (PENDING, INTERRUPTED) and state.slurm_state:
+            if state.slurm_state in SLURM_PENDING:
+                state.state = QUEUED
+            elif state.slurm_state in SLURM_RUNNING:
+                state.state = RUNNING
+    if state.state == FAILED and not summary:
+        launch = read_json(run_dir / LAUNCH_RECORD) or {}
+        state.note = f"exit code {launch.get('exit_code')}, see launch.log"
+    return state
+
+
+@dataclass
+class Claim:
+    """What a launcher may do with one run: `lock` is held (and must be released) when `start` is true."""
+
+    start: bool
+    resume: bool
+    state: str
+    note: str
+    lock: Optional[RunLock] = None
+
+
+def claim(run_dir: Path, retry_failed: bool, active_job: Optional[str] = None) -> Claim:
+    """Lock the run and decide: start it fresh, resume it, or skip it (done, or running elsewhere).
+
+    `active_job`: a SLURM job id already queued or running for this run (then it is skipped, not resubmitted).
+    """
+    lock = RunLock(run_dir)
+    if not lock.acquire():
+        return Claim(False, False, RUNNING, "running in another sweep (its lock is held)")
+    state = file_state(run_dir, locked=False)
+    if active_job is not None:
+        lock.release()
+        return Claim(False, False, QUEUED, f"already queued or running as SLURM job {active_job}")
+    if state == COMPLETED or (state in FINAL and not retry_failed):
+        lock.release()
+        note = "already completed" if state == COMPLETED else "final state (re-run with --retry-failed)"
+        return Claim(False, False, state, note)
+    note = ""
+    if state in FINAL:  # --retry-failed: keep the old attempt, start over in a clean dir
+        old = retire(run_dir)
+        fresh = RunLock(run_dir)
+        got = fresh.acquire()
+        lock.release()
+        if not got:
+            return Claim(False, False, RUNNING, "running in another sweep (its lock is held)")
+        lock, note = fresh, f"retrying; old attempt in {old.parent.name}/{old.name}"
+    resume = (run_dir / "config.yaml").exists()
+    return Claim(True, resume, state, note or ("resuming" if resume else ""), lock)
+
+
+def write_launch_record(run_dir: Path, exit_code: int, status: str) -> None:
+    atomic_write_json(
+        run_dir / LAUNCH_RECORD, {"exit_code": exit_code, "status": status, "ended": datetime.now().isoformat()}
+    )
+
+
+def retire(run_dir: Path) -> Path:
+    """Move a failed/diverged attempt out of the way (into the sweep's `.retired/`) so it restarts from scratch."""
+    target_root = run_dir.parent / RETIRED
+    target_root.mkdir(exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = target_root / f"{run_dir.name}.{stamp}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = target_root / f"{run_dir.name}.{stamp}-{n}"
+    os.replace(run_dir, target)
+    return target
+
+
+# --- the manifest ---------------------------------------------------------------------------------------
+
+
+def manifest_dict(plan: SweepPlan, created: Optional[str] = None) -> dict:
+    return {
+        "name": plan.name,
+        "created": created or datetime.now().isoformat(timespec="seconds"),
+        "base_overrides": list(plan.base),
+        "grid": {k: list(v) for k, v in plan.grid.items()},
+        "launcher_overrides": list(plan.launcher),
+        "runs": [{"name": r.name, "dir": r.name, "swept": list(r.swept), "overrides": list(r.overrides)} for r in plan.runs],
+    }
+
+
+def write_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
+    """Write (or check and refresh) `sweep.json`: a second launch of the same sweep must have the same runs."""
+    path = sweep_dir / MANIFEST
+    old = read_json(path)
+    new = manifest_dict(plan)
+    if old is not None:
+        if [r["overrides"] for r in old.get("runs", [])] != [r["overrides"] for r in new["runs"]]:
+            raise UserError(
+                f"{sweep_dir} already holds sweep '{old.get('name')}' with other runs; "
+                "give another --name (or --out) for a different grid"
+            )
+        new["created"] = old.get("created", new["created"])
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, new)
+    return new
+
+
+def load_manifest(sweep_dir: Path) -> dict:
+    data = read_json(Path(sweep_dir) / MANIFEST)
+    if data is None:
+        raise UserError(f"{sweep_dir} is not a sweep directory (no readable {MANIFEST}); sweeps live under runs/sweeps/NAME")
+    return data
+
+
+def plan_from_manifest(data: dict) -> SweepPlan:
+    from collections import OrderedDict
+
+    plan = SweepPlan(
+        name=data["name"],
+        base=list(data.get("base_overrides", [])),
+        grid=OrderedDict((k, list(v)) for k, v in data.get("grid", {}).items()),
+        launcher=list(data.get("launcher_overrides", [])),
+    )
+    plan.runs = [RunSpec(r["name"], tuple(r["swept"]), tuple(r["overrides"])) for r in data.get("runs", [])]
+    return plan

@@ -1,0 +1,124 @@
+"""A sweep from start to end: expand the grid, compose and validate every run, write the manifest, launch.
+
+Re-running a sweep (same `--name`, or the same `--file`) skips completed runs, resumes unfinished ones and
+leaves failed/diverged ones alone unless `retry_failed`. `sweep_status` reads the same state back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import DictConfig
+
+from asyncpipe.errors import UserError
+from asyncpipe.launch.display import SweepDisplay, print_table
+from asyncpipe.launch.expand import SweepPlan, expand, load_sweep_file, run_overrides
+from asyncpipe.launch.local import LocalLauncher, RunCommand, train_command
+from asyncpipe.launch.state import COMPLETED, DIVERGED, FAILED, SLURM_RECORD, RunState, load_manifest, read_json, run_state, write_manifest
+
+DEFAULT_OUT = Path("runs/sweeps")
+
+
+@dataclass
+class SweepResult:
+    sweep_dir: Path
+    plan: SweepPlan
+    states: list[RunState]
+
+    @property
+    def failed(self) -> list[str]:
+        return [s.name for s in self.states if s.state == FAILED]
+
+    def summary(self) -> str:
+        n = {k: sum(1 for s in self.states if s.state == k) for k in (COMPLETED, DIVERGED, FAILED)}
+        rest = len(self.states) - sum(n.values())
+        text = f"sweep {self.plan.name}: {n[COMPLETED]} completed, {n[DIVERGED]} diverged, {n[FAILED]} failed"
+        text += f", {rest} not finished" if rest else ""
+        text += f" | {self.sweep_dir}"
+        if n[FAILED] or n[DIVERGED]:
+            text += " | re-run them with --retry-failed"
+        return text
+
+
+def plan_sweep(
+    overrides: Sequence[str] = (), file: Optional[Path] = None, name: Optional[str] = None
+) -> SweepPlan:
+    """The expanded grid of a sweep given on the command line and/or in a sweep file (CLI overrides last)."""
+    overrides = list(overrides)
+    if file is not None:
+        file_name, file_overrides = load_sweep_file(Path(file))
+        overrides = file_overrides + overrides
+        name = name or file_name
+    return expand(overrides, name)
+
+
+def compose_runs(plan: SweepPlan, sweep_dir: Path) -> tuple[dict[str, DictConfig], DictConfig]:
+    """Compose and validate every run's config before anything starts; returns (configs by run, launcher)."""
+    from asyncpipe.config import compose
+
+    cfgs: dict[str, DictConfig] = {}
+    for spec in plan.runs:
+        overrides = run_overrides(plan, spec, (sweep_dir / spec.name).resolve(), resume=False)
+        try:
+            cfgs[spec.name] = compose([*overrides, *plan.launcher])
+        except UserError as exc:
+            raise UserError(f"run {spec.name}: {exc}") from None
+    return cfgs, cfgs[plan.runs[0].name].launcher
+
+
+def run_sweep(
+    overrides: Sequence[str] = (),
+    *,
+    file: Optional[Path] = None,
+    name: Optional[str] = None,
+    out: Path = DEFAULT_OUT,
+    retry_failed: bool = False,
+    wait: bool = True,
+    command: RunCommand = train_command,
+    display: Optional[SweepDisplay] = None,
+) -> SweepResult:
+    """Expand, validate and launch a sweep (launcher=local or launcher=slurm); returns every run's state."""
+    plan = plan_sweep(overrides, file, name)
+    sweep_dir = Path(out) / plan.name
+    cfgs, launcher = compose_runs(plan, sweep_dir)
+    if launcher.name == "slurm":
+        from asyncpipe.launch.slurm import SlurmLauncher, require_slurm, task_layout
+
+        require_slurm()
+        for cfg in cfgs.values():
+            task_layout(cfg)  # refuse an impossible layout before writing anything
+    write_manifest(sweep_dir, plan)
+    if launcher.name == "slurm":
+        slurm = SlurmLauncher(plan, sweep_dir, cfgs, launcher, retry_failed, command, display)
+        states = slurm.run(wait=wait)
+    else:
+        local = LocalLauncher(plan, sweep_dir, int(launcher.parallel), retry_failed, command, display)
+        states = local.run()
+    return SweepResult(sweep_dir, plan, states)
+
+
+def sweep_states(sweep_dir: Path) -> tuple[dict, list[RunState]]:
+    """(manifest, state of every run) of a sweep directory; SLURM is asked about runs that have a job."""
+    sweep_dir = Path(sweep_dir)
+    manifest = load_manifest(sweep_dir)
+    runs = manifest.get("runs", [])
+    jobs = []
+    for r in runs:
+        record = read_json(sweep_dir / r["dir"] / SLURM_RECORD)
+        if record and record.get("job_id"):
+            jobs.append(str(record["job_id"]))
+    slurm: dict[str, str] = {}
+    if jobs:
+        from asyncpipe.launch.slurm import slurm_states
+
+        slurm = slurm_states(jobs)
+    return manifest, [run_state(sweep_dir / r["dir"], r["name"], slurm) for r in runs]
+
+
+def sweep_status(sweep_dir: Path, stream=None) -> list[RunState]:
+    """Print a sweep's run states as a table; returns them."""
+    manifest, states = sweep_states(sweep_dir)
+    print_table(f"sweep {manifest.get('name')} ({sweep_dir})", states, stream)
+    return states

@@ -1,0 +1,449 @@
+"""`TwoBWPipelineEngine`: DeepSpeed's `PipelineEngine` running the PipeDream-2BW schedule, as DeepSpeed's own
+`DualPipeVEngine` adds a schedule, by subclassing and extending the instruction map.
+
+delay=1 runs `TwoBWSchedule` as one instruction stream for the whole run (no flush), each micro-batch on its
+pinned weight version from a `WeightStash`; delay=0 runs DeepSpeed's `TrainSchedule` unchanged. Both modes end
+a batch with the same `ReduceGrads` / `OptimizerStep` handlers, which call `asyncpipe.optim` for clipping, the
+lr schedule and the update, so the math is the simulator's. Communication and step metrics never add a flush:
+gradient norms cross stages by an all-reduce that, when deferred, overlaps the next batch's work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.distributed as tdist
+from deepspeed.runtime.pipe import schedule as ds_schedule
+from deepspeed.runtime.pipe.engine import PipelineEngine
+from deepspeed.runtime.pipe.module import PipelineModule
+
+from asyncpipe.optim import clip_grads, grad_sq_norm, lr_factor
+from asyncpipe.pipe import schedule as sched
+from asyncpipe.pipe.stash import WeightStash
+
+
+def init_comm(backend: str, timeout_s: float = 1800.0) -> None:
+    """torch.distributed from the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT), then DeepSpeed's comm on top.
+
+    DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce op on CPU (~30-40 s) that only its
+    inference all-reduce uses; marking the op unavailable skips the build (its sole check reads this dict).
+    """
+    if not tdist.is_initialized():
+        tdist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+    import deepspeed.ops as ds_ops
+
+    compat = vars(ds_ops).get("__compatible_ops__")
+    if compat is None:
+        ds_ops.__compatible_ops__ = {"deepspeed_shm_comm": False}  # also skips probing every other op
+    else:
+        compat["deepspeed_shm_comm"] = False
+    from deepspeed import comm as ds_comm
+
+    ds_comm.init_distributed(dist_backend=backend, dist_init_required=False, verbose=False)
+
+
+class StagedModule(PipelineModule):
+    """A `PipelineModule` cut at exactly the boundaries ``parts`` (from `asyncpipe.model.partition`)."""
+
+    def __init__(self, layers: list, parts: list[int], topology: Any, loss_fn: Any) -> None:
+        object.__setattr__(self, "_fixed_parts", list(parts))  # read by _partition_layers inside super().__init__
+        super().__init__(layers, topology=topology, loss_fn=loss_fn, partition_method="asyncpipe")
+
+    def _partition_layers(self, method: str = "asyncpipe") -> None:
+        self.parts = list(self._fixed_parts)
+        if len(self.parts) != self.num_stages + 1:
+            raise ValueError(f"{len(self.parts) - 1} partitions for {self.num_stages} stages")
+        stage = self._topo.get_coord(self.global_rank).pipe
+        self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+
+
+@dataclass
+class PipeSettings:
+    """What the engine needs beyond DeepSpeed's config: the delay, the run length and the update rule."""
+
+    delay: int  # 0: DeepSpeed's 1F1B with flush; 1: 2BW
+    total_steps: int
+    max_norm: float  # train.grad_clip (0 = off)
+    clip: str = "global"  # global: norm over all stages; stage: each stage its own
+    warmup_frac: float = 0.1
+    min_lr_frac: float = 0.1
+    defer_step: Optional[bool] = None  # None: defer when a cross-stage norm is needed (2BW only)
+    trace: bool = False  # record (instruction, micro-batch, start, end) per instruction
+
+
+# Per-rank numbers sent to rank 0 after each optimizer step (float64 vector, this order).
+FIELDS = (
+    "step", "stage", "replica", "loss_sum", "loss_count", "stage_sq_norm", "global_norm", "lr", "wait_s",
+    "compute_s", "weight_bytes", "peak_weight_bytes", "update_sq", "correction_sq",
+)  # fmt: skip
+_WAIT = (ds_schedule.SendActivation, ds_schedule.RecvActivation, ds_schedule.SendGrad, ds_schedule.RecvGrad,
+         sched.CommitP2P)  # fmt: skip
+
+
+class TwoBWPipelineEngine(PipelineEngine):
+    """A `PipelineEngine` whose training schedule is 2BW (delay=1) or DeepSpeed's 1F1B (delay=0).
+
+    Call `train_batch()` once per optimizer step (the data iterator yields (x, y) micro-batches in order);
+    `train_batch(b)` returns once this stage has applied step b. Rank 0 then reads whole-pipeline step
+    metrics with `poll_metrics()`; `evaluate()` is a collective forward-only pass on the latest weights.
+    """
+
+    def __init__(self, *args: Any, settings: PipeSettings, **kwargs: Any) -> None:
+        self.settings = settings
+        super().__init__(*args, **kwargs)
+        if self.is_pipe_partitioned or self.is_grad_partitioned or self.module.tied_comms:
+            raise ValueError("TwoBWPipelineEngine needs a plain pipeline: no tensor parallelism, no tied layers")
+        if self.zero_optimization() or self.fp16_enabled() or self.bfloat16_enabled():
+            raise ValueError("use a client fp32 optimizer (bf16 via torch_autocast), not DeepSpeed's ZeRO/fp16/bf16")
+        self.stash = WeightStash(self.module, settings.delay)
+        self.pipe_buffers["grads"] = []
+        self.pipe_buffers["losses"] = []
+        self._p2p_ops: list[tdist.P2POp] = []
+        self._act_meta_sent = False
+        self._act_spec: Optional[tuple] = None
+        self.world = tdist.get_world_size()
+        self.rank = tdist.get_rank()
+        self._pipe_group = self.grid.get_pipe_parallel_group()
+        self._dp_group = self.grid.get_data_parallel_group()
+        self._dp = self.grid.get_data_parallel_world_size()
+        # A group of its own keeps metric messages out of the activation/gradient message order.
+        self._metrics_group = tdist.new_group(list(range(self.world)))
+        cross_stage = settings.clip == "global" and settings.max_norm > 0 and self.num_stages > 1
+        self._global_norm = cross_stage
+        defer = settings.defer_step if settings.defer_step is not None else cross_stage
+        self.defer_step = bool(defer and settings.delay == 1)
+        self._schedule: Optional[sched.TwoBWSchedule] = None
+        self._cmds: Optional[Iterator[sched.Instruction]] = None
+        if settings.delay == 1:
+            self._schedule = sched.TwoBWSchedule(
+                self.micro_batches, self.num_stages, self.stage_id, settings.total_steps, self.defer_step
+            )
+            # One stream for the whole run; train_batch() runs it up to the next optimizer step.
+            self._cmds = (cmd for tick in self._schedule.steps() for cmd in tick)
+        elif settings.delay != 0:
+            raise ValueError(f"the pipeline engine runs delay 0 or 1, got {settings.delay}")
+        self.fwd_outputs: list = []
+        self._batch_loss: dict[int, list] = {}
+        self._pending: dict[int, tuple] = {}
+        self._clock = {"wait": 0.0, "compute": 0.0, "inner_wait": 0.0}
+        self._mark = dict(self._clock)
+        self._sends: list[Any] = []
+        self._recvs: dict[int, list] = {}  # rank 0: step -> [(tensor, work), ...]
+        self._records: list[dict[str, float]] = []  # this rank's own per-step numbers
+        self._last_step_end = time.perf_counter()
+        self._step_walls: dict[int, float] = {}
+        self.trace: list[tuple] = []
+
+    # -- the schedule ----------------------------------------------------------------------------------
+    def train_batch(self, data_iter: Any = None) -> None:  # type: ignore[override]
+        """Run this stage until it has applied the next optimizer step (2BW: no flush in between)."""
+        if data_iter is not None:
+            self.set_dataiterator(data_iter)
+        if self.global_steps >= self.settings.total_steps:
+            raise RuntimeError(f"all {self.settings.total_steps} steps of this engine's run are done")
+        self.module.train()
+        self._compute_loss = True
+        self.total_loss = None
+        self.fwd_outputs = []
+        target = self.global_steps + 1
+        if self._cmds is None:
+            self._exec_schedule(ds_schedule.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id))
+        else:
+            assert self._schedule is not None
+            self._reserve_pipe_buffers(self._schedule.num_pipe_buffers())
+            while self.global_steps < target:
+                self._run(next(self._cmds))
+            if self._p2p_ops:
+                raise RuntimeError("a batch ended with communication queued but not committed")
+        if self.global_steps != target:
+            raise RuntimeError(f"stage {self.stage_id} ran {self.global_steps - target + 1} steps in one train_batch")
+
+    def _exec_schedule(self, pipe_schedule: Any) -> None:
+        self._reserve_pipe_buffers(pipe_schedule.num_pipe_buffers())
+        self.fwd_outputs = []
+        for step_cmds in pipe_schedule:
+            for cmd in step_cmds:
+                self._run(cmd)
+
+    def _run(self, cmd: Any) -> None:
+        fn = self._INSTRUCTION_MAP.get(type(cmd))
+        if fn is None:
+            raise RuntimeError(f"{type(self).__name__} does not understand instruction {cmd!r}")
+        if self.settings.trace and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        inner = self._clock["inner_wait"]
+        fn(self, **cmd.kwargs)
+        if self.settings.trace and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        end = time.perf_counter()
+        waited = self._clock["inner_wait"] - inner
+        if isinstance(cmd, _WAIT):
+            self._clock["wait"] += end - start
+        else:
+            self._clock["wait"] += waited
+            self._clock["compute"] += end - start - waited
+        if self.settings.trace:
+            self.trace.append((type(cmd).__name__, cmd.kwargs.get("micro_batch"), start, end))
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._clock["inner_wait"] += time.perf_counter() - start
+
+    # -- 2BW compute: DeepSpeed's forward/backward on the micro-batch's pinned weight version ------------
+    def _tb_load(self, buffer_id: int, micro_batch: int) -> None:
+        PipelineEngine._exec_load_micro_batch(self, buffer_id)
+
+    def _tb_forward(self, buffer_id: int, micro_batch: int, version: int) -> None:
+        with self.stash.use(version):
+            PipelineEngine._exec_forward_pass(self, buffer_id)
+        if self.is_last_stage():
+            self.pipe_buffers["losses"][buffer_id] = self.loss
+            acc = self._batch_loss.setdefault(micro_batch // self.micro_batches, [0.0, 0])
+            acc[0] = acc[0] + self.loss.detach().float()
+            acc[1] += 1
+
+    def _tb_backward(self, buffer_id: int, micro_batch: int, version: int) -> None:
+        if self.is_last_stage():
+            self.loss = self.pipe_buffers["losses"][buffer_id]
+            self.pipe_buffers["losses"][buffer_id] = None
+        else:
+            self.grad_layer = self.pipe_buffers["grads"][buffer_id]
+            self.pipe_buffers["grads"][buffer_id] = None
+        PipelineEngine._exec_backward_pass(self, buffer_id)
+        self.stash.release(version)
+        # What DeepSpeed leaves to cyclic buffer reuse: the loss stage's logits and labels, stage 0's inputs.
+        self.pipe_buffers["outputs"][buffer_id] = None
+        self.grad_layer = None
+        if self.is_last_stage():
+            self.pipe_buffers["labels"][buffer_id] = None
+        if self.is_first_stage():
+            self.pipe_buffers["inputs"][buffer_id] = None
+
+    # -- 2BW communication: queued, then posted together by CommitP2P (batched isend/irecv) -------------
+    def _peer(self, stage: int) -> int:
+        return self.grid.stage_to_global(stage)
+
+    def _tb_send_act(self, buffer_id: int, micro_batch: int) -> None:
+        out = self.pipe_buffers["outputs"][buffer_id]
+        if not torch.is_tensor(out):
+            raise TypeError("2BW stages exchange exactly one activation tensor")
+        if not self._act_meta_sent:
+            self._send_tensor_meta(out, self.next_stage)  # blocking; the receiver's first act is this receive
+            self._act_meta_sent = True
+        self._p2p_ops.append(tdist.P2POp(tdist.isend, out.detach().contiguous(), self._peer(self.next_stage)))
+
+    def _tb_recv_act(self, buffer_id: int, micro_batch: int) -> None:
+        if self._act_spec is None:
+            meta = self._recv_tensor_meta(self.prev_stage)
+            self._act_spec = (tuple(meta.shape), meta.dtype)
+        shape, dtype = self._act_spec
+        buf = torch.empty(shape, dtype=dtype, device=self.device, requires_grad=dtype.is_floating_point)
+        self._p2p_ops.append(tdist.P2POp(tdist.irecv, buf, self._peer(self.prev_stage)))
+        self.pipe_buffers["inputs"][buffer_id] = buf
+
+    def _tb_send_grad(self, buffer_id: int, micro_batch: int) -> None:
+        inputs = self.pipe_buffers["inputs"][buffer_id]
+        if inputs.grad is None:
+            raise RuntimeError(f"micro-batch {micro_batch}: no input gradient to send")
+        self._p2p_ops.append(tdist.P2POp(tdist.isend, inputs.grad, self._peer(self.prev_stage)))
+        self.pipe_buffers["inputs"][buffer_id] = None
+
+    def _tb_recv_grad(self, buffer_id: int, micro_batch: int) -> None:
+        out = self.pipe_buffers["outputs"][buffer_id]
+        grad = torch.empty_like(out, requires_grad=False)
+        self._p2p_ops.append(tdist.P2POp(tdist.irecv, grad, self._peer(self.next_stage)))
+        self.pipe_buffers["grads"][buffer_id] = grad
+
+    def _tb_commit(self) -> None:
+        if not self._p2p_ops:
+            return
+        for req in tdist.batch_isend_irecv(self._p2p_ops):
+            req.wait()
+        self._p2p_ops = []
+
+    # -- the end of a batch: shared by both schedules ----------------------------------------------------
+    def _batch_version(self, batch: int) -> int:
+        return max(batch - 1, 0) if self.settings.delay else batch
+
+    def _exec_reduce(self, batch: Optional[int] = None) -> None:
+        """Take the batch's gradients off its weight version, average them over data-parallel replicas and
+        start the cross-stage norm all-reduce (waited for by the step, so a deferred step overlaps it)."""
+        b = self.global_steps if batch is None else batch
+        grads = self.stash.take_grads(self._batch_version(b))
+        if self._dp > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            with self._waiting():
+                tdist.all_reduce(flat, group=self._dp_group)
+            flat.div_(self._dp)
+            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
+        params = self.stash.params
+        for p, g in zip(params, grads):
+            p.grad = g
+        stage_sq = grad_sq_norm(params)
+        for p in params:
+            p.grad = None
+        total_sq, work = stage_sq, None
+        if self._global_norm:
+            total_sq = stage_sq.clone()
+            work = tdist.all_reduce(total_sq, group=self._pipe_group, async_op=True)
+        self._pending[b] = (grads, stage_sq, total_sq, work)
+
+    def _exec_step(self, batch: Optional[int] = None, src_version: Optional[int] = None,
+                   dst_version: Optional[int] = None, lr_kwargs: Any = None) -> None:  # fmt: skip
+        b = self.global_steps
+        if batch is not None and batch != b:
+            raise RuntimeError(f"stage {self.stage_id}: optimizer step for batch {batch} but {b} is next")
+        grads, stage_sq, total_sq, work = self._pending.pop(b)
+        if work is not None:
+            with self._waiting():
+                work.wait()
+        params = self.stash.params
+        src = self.stash.latest if src_version is None else src_version
+        self.stash.begin_update(src, src + 1 if dst_version is None else dst_version)
+        for p, g in zip(params, grads):
+            p.grad = g
+        s = self.settings
+        norm = clip_grads(params, s.max_norm, total_norm=total_sq.sqrt())
+        scale = lr_factor(b, s.total_steps, s.warmup_frac, s.min_lr_frac)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["base_lr"] * scale
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.stash.end_update(self.stash.latest + 1)
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size()
+        self._record(b, float(stage_sq), norm if self._global_norm else math.nan)
+
+    # -- metrics: every rank sends a small vector to rank 0, which never blocks on it mid-run -------------
+    def _record(self, b: int, stage_sq: float, global_norm: float) -> None:
+        now = time.perf_counter()
+        loss_sum, count = 0.0, 0
+        if self.is_last_stage():
+            if self._cmds is None:  # DeepSpeed's schedule sums the batch's losses itself
+                loss_sum, count = float(self.total_loss), self.micro_batches
+            else:
+                acc = self._batch_loss.pop(b)
+                loss_sum, count = float(acc[0]), acc[1]
+        d = {k: self._clock[k] - self._mark[k] for k in ("wait", "compute")}
+        self._mark = dict(self._clock)
+        update = getattr(self.optimizer, "last_update_norm", None)
+        corr = getattr(self.optimizer, "last_correction_norm", None)
+        rec = {
+            "step": b, "stage": self.stage_id, "replica": self.grid.data_parallel_id,
+            "loss_sum": loss_sum if self.is_last_stage() else math.nan, "loss_count": count,
+            "stage_sq_norm": stage_sq, "global_norm": global_norm,
+            "lr": self.optimizer.param_groups[0]["lr"], "wait_s": d["wait"], "compute_s": d["compute"],
+            "weight_bytes": self.stash.weight_bytes, "peak_weight_bytes": self.stash.peak_bytes,
+            "update_sq": math.nan if update is None else float(update) ** 2,
+            "correction_sq": math.nan if corr is None else float(corr) ** 2,
+        }  # fmt: skip
+        self._records.append(rec)
+        self._step_walls[b] = now - self._last_step_end
+        self._last_step_end = now
+        vec = torch.tensor([float(rec[k]) for k in FIELDS], dtype=torch.float64)
+        if self.rank == 0:
+            self._recvs.setdefault(b, []).append((vec, None))
+            for r in range(1, self.world):
+                buf = torch.empty(len(FIELDS), dtype=torch.float64)
+                self._recvs[b].append((buf, tdist.irecv(buf, src=r, group=self._metrics_group)))
+        else:
+            self._sends = [w for w in self._sends if not w.is_completed()]
+            self._sends.append(tdist.isend(vec, dst=0, group=self._metrics_group))
+
+    def poll_metrics(self, wait: bool = False) -> list[dict[str, float]]:
+        """Rank 0: whole-pipeline metrics of the steps whose every rank has reported, in order; other ranks
+        wait for their sends when ``wait``. Non-blocking unless ``wait`` (then: everything outstanding)."""
+        if self.rank != 0:
+            if wait:
+                for w in self._sends:
+                    w.wait()
+                self._sends = []
+            return []
+        out = []
+        for b in sorted(self._recvs):
+            parts = self._recvs[b]
+            if not wait and not all(w is None or w.is_completed() for _, w in parts):
+                break
+            for _, w in parts:
+                if w is not None:
+                    w.wait()
+            out.append(self._combine(b, [dict(zip(FIELDS, t.tolist())) for t, _ in parts]))
+            del self._recvs[b]
+        return out
+
+    def _combine(self, b: int, recs: list[dict[str, float]]) -> dict[str, float]:
+        last = [r for r in recs if int(r["stage"]) == self.num_stages - 1]
+        loss = sum(r["loss_sum"] for r in last) / max(1, sum(r["loss_count"] for r in last))
+        first_replica = sorted((r for r in recs if int(r["replica"]) == 0), key=lambda r: r["stage"])
+        own = next(r for r in recs if int(r["stage"]) == self.stage_id and int(r["replica"]) == 0)
+        norm = own["global_norm"]
+        if math.isnan(norm):
+            norm = math.sqrt(sum(r["stage_sq_norm"] for r in first_replica))
+        wall = self._step_walls.pop(b)
+        out = {"step": b + 1, "train_loss": loss, "lr": own["lr"], "grad_norm": norm, "step_time": wall}
+        if not math.isnan(own["update_sq"]):
+            out["update_norm"] = math.sqrt(sum(r["update_sq"] for r in first_replica))
+            out["correction_norm"] = math.sqrt(sum(r["correction_sq"] for r in first_replica))
+        for r in first_replica:
+            s = int(r["stage"])
+            busy = r["wait_s"] + r["compute_s"]
+            out[f"stage{s}_idle_frac"] = r["wait_s"] / busy if busy > 0 else 0.0
+            out[f"stage{s}_weight_mb"] = r["weight_bytes"] / 2**20
+            out[f"stage{s}_peak_weight_mb"] = r["peak_weight_bytes"] / 2**20
+        return out
+
+    def stage_summary(self) -> dict[str, Any]:
+        """This rank's totals over the run: idle fraction, weight memory, schedule facts."""
+        wait, compute = self._clock["wait"], self._clock["compute"]
+        return {
+            "stage": self.stage_id, "replica": self.grid.data_parallel_id, "wait_s": wait, "compute_s": compute,
+            "idle_frac": wait / (wait + compute) if wait + compute > 0 else 0.0,
+            "param_bytes": self.stash.param_bytes, "peak_weight_bytes": self.stash.peak_bytes,
+            "weight_versions_peak": self.stash.peak_bytes / max(1, self.stash.param_bytes),
+            "deferred_step": self.defer_step, "global_norm_allreduce": self._global_norm,
+        }  # fmt: skip
+
+    # -- evaluation: a collective forward-only pass on the latest weights ---------------------------------
+    def evaluate(self, data_iter: Any, num_micro_batches: int) -> float:
+        """Mean loss over ``num_micro_batches`` from ``data_iter`` (averaged over replicas), on every rank.
+
+        Training buffers of in-flight 2BW micro-batches are set aside and restored around DeepSpeed's
+        `eval_batch`, so evaluating never disturbs the running pipeline."""
+        saved = (self.pipe_buffers, self.num_pipe_buffers, self.loss, self.total_loss, self.fwd_outputs)
+        self.pipe_buffers = {k: [] for k in saved[0]}
+        self.num_pipe_buffers = 0
+        try:
+            loss = self.eval_batch(data_iter, num_micro_batches=num_micro_batches)
+        finally:
+            self.pipe_buffers, self.num_pipe_buffers, self.loss, self.total_loss, self.fwd_outputs = saved
+            self.module.train()
+        return float(loss)
+
+    _INSTRUCTION_MAP = {
+        **PipelineEngine._INSTRUCTION_MAP,
+        ds_schedule.ReduceGrads: _exec_reduce,
+        ds_schedule.OptimizerStep: _exec_step,
+        ds_schedule.ReduceTiedGrads: lambda self: None,  # untied models only (checked in __init__)
+        sched.LoadMicroBatch: _tb_load,
+        sched.ForwardPass: _tb_forward,
+        sched.BackwardPass: _tb_backward,
+        sched.SendActivation: _tb_send_act,
+        sched.RecvActivation: _tb_recv_act,
+        sched.SendGrad: _tb_send_grad,
+        sched.RecvGrad: _tb_recv_grad,
+        sched.CommitP2P: _tb_commit,
+        sched.ReduceGrads: _exec_reduce,
+        sched.OptimizerStep: _exec_step,
+    }

@@ -1,0 +1,207 @@
+"""Replay per-stage instruction streams against each other: a timeline with idle time, or a deadlock report.
+
+Used by the schedule tests (every send meets its receive in an order that cannot hang) and for drawing
+schedules. Communication is rendezvous: an op completes only when its partner is posted, as with NCCL. Ops
+queued before a `CommitP2P` are posted together; a stream without commits blocks on every send and receive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from asyncpipe.pipe.schedule import (
+    COMM,
+    BackwardPass,
+    CommitP2P,
+    ForwardPass,
+    Instruction,
+    OptimizerStep,
+    RecvActivation,
+    ReduceGrads,
+    RecvGrad,
+    SendActivation,
+    SendGrad,
+)
+
+
+class ScheduleError(AssertionError):
+    """The streams do not fit together: a deadlock, or a send paired with the wrong receive."""
+
+
+@dataclass
+class Event:
+    stage: int
+    kind: str  # forward, backward, step
+    micro_batch: Optional[int]
+    start: float
+    end: float
+    version: Optional[int] = None
+    batch: Optional[int] = None
+
+
+@dataclass
+class Timeline:
+    events: list[Event]
+    makespan: float
+    busy: list[float]  # compute time per stage
+
+    @property
+    def idle_fraction(self) -> list[float]:
+        return [1.0 - b / self.makespan if self.makespan else 0.0 for b in self.busy]
+
+    def step_times(self, stage: int) -> list[float]:
+        """End time of each optimizer step on ``stage``, in batch order."""
+        return [e.end for e in self.events if e.stage == stage and e.kind == "step"]
+
+
+@dataclass
+class _Stage:
+    stream: Sequence[Instruction]
+    batched: bool  # has CommitP2P: queue ops until the commit
+    pc: int = 0
+    clock: float = 0.0
+    queued: list = field(default_factory=list)
+    waiting: Optional[list] = None  # posted (channel, side, index) awaiting partners
+    collective: Optional[int] = None  # waiting in OptimizerStep for this batch's all-reduce
+
+
+def _channel(cmd: Instruction, stage: int) -> tuple[tuple[str, int, int], str]:
+    """(kind, src, dst) of the link an op uses, and which side of it this stage is."""
+    if isinstance(cmd, SendActivation):
+        return ("act", stage, stage + 1), "send"
+    if isinstance(cmd, RecvActivation):
+        return ("act", stage - 1, stage), "recv"
+    if isinstance(cmd, SendGrad):
+        return ("grad", stage, stage - 1), "send"
+    if isinstance(cmd, RecvGrad):
+        return ("grad", stage + 1, stage), "recv"
+    raise TypeError(cmd)
+
+
+def simulate(
+    streams: Sequence[Sequence[Instruction]],
+    forward: float = 1.0,
+    backward: float = 2.0,
+    step: float = 0.0,
+    latency: float = 0.0,
+    collective_steps: bool = False,
+) -> Timeline:
+    """Run the stages' streams against each other with the given durations; raises `ScheduleError`.
+
+    ``collective_steps``: a cross-stage all-reduce (global-norm clipping) starts at each stage's
+    `ReduceGrads(b)` without blocking, and `OptimizerStep(b)` waits until every stage has started it.
+    """
+    n = len(streams)
+    stages = [_Stage(s, any(isinstance(c, CommitP2P) for c in s)) for s in streams]
+    # Per link and side: (micro_batch, post time) of every op posted so far, in order.
+    posted: dict[tuple, dict[str, list[tuple[int, float]]]] = {}
+    events: list[Event] = []
+    busy = [0.0] * n
+    started: dict[int, list[float]] = {}  # batch -> start times of its all-reduce, one per stage
+
+    def post(i: int, ops: list[Instruction]) -> None:
+        st = stages[i]
+        st.waiting = []
+        for cmd in ops:
+            ch, side = _channel(cmd, i)
+            if not 0 <= ch[1] < n or not 0 <= ch[2] < n:
+                raise ScheduleError(f"stage {i}: {cmd!r} talks to a stage that does not exist")
+            lst = posted.setdefault(ch, {"send": [], "recv": []})[side]
+            lst.append((cmd.micro_batch, st.clock))
+            st.waiting.append((ch, side, len(lst) - 1))
+
+    def try_finish_wait(i: int) -> bool:
+        st = stages[i]
+        done_at = st.clock
+        for ch, side, idx in st.waiting or []:
+            other = posted[ch]["recv" if side == "send" else "send"]
+            if len(other) <= idx:
+                return False
+            mine = posted[ch][side][idx]
+            if other[idx][0] != mine[0]:
+                raise ScheduleError(
+                    f"link {ch}: message #{idx} is micro-batch {mine[0]} on one side, {other[idx][0]} on the other"
+                )
+            done_at = max(done_at, mine[1], other[idx][1])
+        st.clock = done_at + (latency if st.waiting else 0.0)
+        st.waiting = None
+        return True
+
+    def advance(i: int) -> bool:
+        """Run stage i until it blocks or ends; True when anything happened."""
+        st = stages[i]
+        moved = False
+        while True:
+            if st.collective is not None:
+                arrivals = started.get(st.collective, [])
+                if len(arrivals) < n:
+                    return moved
+                begin = st.clock
+                st.clock = max([st.clock] + arrivals)
+                events.append(Event(i, "step", None, begin, st.clock + step, batch=st.collective))
+                st.clock += step
+                busy[i] += step
+                st.collective = None
+                moved = True
+            if st.waiting is not None:
+                if not try_finish_wait(i):
+                    return moved
+                moved = True
+            if st.pc >= len(st.stream):
+                return moved
+            cmd = st.stream[st.pc]
+            st.pc += 1
+            moved = True
+            if isinstance(cmd, COMM):
+                if st.batched:
+                    st.queued.append(cmd)
+                else:
+                    post(i, [cmd])
+            elif isinstance(cmd, CommitP2P):
+                post(i, st.queued)
+                st.queued = []
+            elif isinstance(cmd, (ForwardPass, BackwardPass)):
+                dur = forward if isinstance(cmd, ForwardPass) else backward
+                kind = "forward" if isinstance(cmd, ForwardPass) else "backward"
+                events.append(Event(i, kind, cmd.micro_batch, st.clock, st.clock + dur, cmd.version))
+                st.clock += dur
+                busy[i] += dur
+            elif isinstance(cmd, ReduceGrads):
+                if collective_steps:
+                    started.setdefault(cmd.batch, []).append(st.clock)
+            elif isinstance(cmd, OptimizerStep):
+                if collective_steps:
+                    st.collective = cmd.batch
+                    continue
+                events.append(Event(i, "step", None, st.clock, st.clock + step, batch=cmd.batch))
+                st.clock += step
+                busy[i] += step
+
+    while True:
+        moved = any([advance(i) for i in range(n)])
+        if all(st.pc >= len(st.stream) and st.waiting is None and st.collective is None for st in stages):
+            break
+        if not moved:
+            where = [
+                f"stage {i}: at #{st.pc} {st.stream[st.pc - 1] if st.pc else None!r}"
+                + (f" waiting on {st.waiting}" if st.waiting else "")
+                + (f" in the all-reduce of batch {st.collective}" if st.collective is not None else "")
+                for i, st in enumerate(stages)
+            ]
+            raise ScheduleError("deadlock: " + "; ".join(where))
+    for i, st in enumerate(stages):
+        if st.queued:
+            raise ScheduleError(f"stage {i}: communication queued but never committed: {st.queued}")
+    for ch, sides in posted.items():
+        if len(sides["send"]) != len(sides["recv"]):
+            raise ScheduleError(f"link {ch}: {len(sides['send'])} sends but {len(sides['recv'])} receives")
+    makespan = max((st.clock for st in stages), default=0.0)
+    return Timeline(events, makespan, busy)
+
+
+def simulate_schedule(kind: str, micro_batches: int, stages: int, batches: int, **kw: float) -> Timeline:
+    """`simulate` on every stage's stream of a named schedule (``2bw``, ``1f1b``, ``gpipe``)."""
+    from asyncpipe.pipe.schedule import stream
+
+    return simulate([stream(kind, micro_batches, stages, s, batches) for s in range(stages)], **kw)  # type: ignore[arg-type]

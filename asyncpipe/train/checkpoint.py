@@ -1,0 +1,142 @@
+"""Checkpoints that a run can trust: one part file per rank, a completion marker, atomic writes, pruning.
+
+Layout: ``RUN/checkpoints/step_00000042/rank0.pt … rank{W-1}.pt`` plus ``COMPLETE`` (JSON), written by rank 0
+only after every rank's part is on disk. A directory without the marker (a crash mid-save) is never resumed from:
+`latest_complete` names it and falls back to the previous complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from asyncpipe.errors import UserError
+
+FORMAT = "asyncpipe-checkpoint-v1"
+MARKER = "COMPLETE"
+
+
+def checkpoints_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return checkpoints_root(run_dir) / f"step_{step:08d}"
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save(
+    run_dir: Path,
+    step: int,
+    state: dict,
+    fingerprint: dict,
+    rank: int = 0,
+    world: int = 1,
+    barrier: Optional[Callable[[], None]] = None,
+    keep: int = 2,
+) -> Path:
+    """Write this rank's part; rank 0 marks the checkpoint complete once all ranks have written (after `barrier`)."""
+    target = step_dir(run_dir, step)
+    target.mkdir(parents=True, exist_ok=True)
+    _atomic_torch_save({"format": FORMAT, "fingerprint": fingerprint, "rank": rank, "world": world, "state": state},
+                       target / f"rank{rank}.pt")
+    if barrier is not None:
+        barrier()
+    if rank == 0:
+        marker = {"format": FORMAT, "step": step, "world": world, "fingerprint": fingerprint}
+        tmp = target / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps(marker, indent=1))
+        os.replace(tmp, target / MARKER)
+        prune(run_dir, keep)
+    if barrier is not None:
+        barrier()
+    return target
+
+
+def _complete_dirs(run_dir: Path) -> list[Path]:
+    root = checkpoints_root(run_dir)
+    return sorted(root.glob("step_*")) if root.is_dir() else []
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` complete checkpoints; drop older complete and incomplete ones below them."""
+    dirs = _complete_dirs(run_dir)
+    complete = [d for d in dirs if (d / MARKER).exists()]
+    keep_set = set(complete[-keep:])
+    newest_kept = min(keep_set) if keep_set else None
+    for d in dirs:
+        if d in keep_set or newest_kept is None or d > newest_kept:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = print) -> Optional[Path]:
+    """The newest checkpoint whose marker and every rank part exist; incomplete newer ones are reported."""
+    for d in reversed(_complete_dirs(run_dir)):
+        missing = [f"rank{r}.pt" for r in range(world) if not (d / f"rank{r}.pt").exists()]
+        if not (d / MARKER).exists() or missing:
+            what = f"missing {', '.join(missing)}" if missing else "no completion marker"
+            log(f"checkpoint {d.name} is incomplete ({what}); falling back to an earlier one")
+            continue
+        marker = json.loads((d / MARKER).read_text())
+        if marker.get("world") != world:
+            raise UserError(
+                f"checkpoint {d} was written by {marker.get('world')} processes, this run has {world}; "
+                "resume with the same pipeline.stages x pipeline.data_parallel"
+            )
+        return d
+    return None
+
+
+def load(path: Path, fingerprint: dict, rank: int = 0) -> dict:
+    """This rank's state from a complete checkpoint; refuses a corrupt file or one written for another setup."""
+    part = Path(path) / f"rank{rank}.pt"
+    try:
+        blob = torch.load(part, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise UserError(f"checkpoint {part} cannot be read ({type(exc).__name__}); delete it to resume from an earlier one") from None
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise UserError(f"{part} is not an asyncpipe checkpoint")
+    theirs = blob.get("fingerprint", {})
+    diff = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: {theirs.get(k)!r} != {fingerprint.get(k)!r}" for k in diff)
+        raise UserError(f"checkpoint {part} belongs to a different run ({detail})")
+    return blob["state"]
+
+
+def fingerprint_of(cfg: Any) -> dict:
+    """What must match between a checkpoint and the run resuming it (anything else may change on resume)."""
+    return {
+        "model": cfg.model.name,
+        "shape": [cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head],
+        "optimizer": cfg.optimizer.name,
+        "ef": bool(cfg.optimizer.ef.enabled),
+        "delay": int(cfg.delay),
+        "delay_profile": cfg.delay_profile,
+        "engine": cfg.engine,
+        "micro_batches": int(cfg.train.micro_batches),
+        "micro_batch_size": int(cfg.train.micro_batch_size),
+        "seq_len": int(cfg.train.seq_len),
+        "steps": int(cfg.train.steps),
+        "seed": int(cfg.seed),
+        "data": f"{cfg.data.name}-{cfg.tokenizer.name}",
+    }
