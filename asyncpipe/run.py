@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -104,16 +105,17 @@ def _step_metrics(result, step_tokens: int) -> dict:
 
 def run_simulated(cfg: DictConfig, run_path: Path, log: Callable[[str], None] = print) -> dict:
     """Train `engine=simulate` in this process; returns the summary (also written to summary.json)."""
-    from asyncpipe.track import Tracker
+    from asyncpipe.track import RunDir, Tracker
     from asyncpipe.train.loop import Trainer, describe, diverged
     from asyncpipe.train.signals import StopRequest
 
-    tracker = Tracker(cfg, run_path, rank=0)
     started = time.perf_counter()
+    # Set-up errors (bad data, a foreign checkpoint) surface before anything is logged.
+    trainer = Trainer(cfg, log=log)
+    _resume(trainer, cfg, run_path, RunDir(run_path), log)
+    tracker = Tracker(cfg, run_path, rank=0)
     status, final_val = "failed", None
     try:
-        trainer = Trainer(cfg, log=log)
-        _resume(trainer, cfg, run_path, tracker.run, log)
         t = cfg.train
         progress = Progress(t.steps, trainer.step, t.log_every, describe(trainer))
         with StopRequest() as stop:
@@ -167,5 +169,11 @@ def run_training(cfg: DictConfig, overrides: Sequence[str] = (), log: Optional[C
         from asyncpipe.pipe.runner import launch_local
 
         return launch_local(cfg, overrides, log=log)
+    existed = Path(cfg.run.dir).exists()
     run_path = prepare_run_dir(cfg)
-    return run_simulated(cfg, run_path, log=log)
+    try:
+        return run_simulated(cfg, run_path, log=log)
+    except UserError:
+        if not existed:  # a user mistake leaves no run dir behind that could pass for a run
+            shutil.rmtree(run_path, ignore_errors=True)
+        raise

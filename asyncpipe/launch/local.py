@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from asyncpipe.run import EXIT_DIVERGED, EXIT_INTERRUPTED
 from asyncpipe.launch.display import SweepDisplay
 from asyncpipe.launch.expand import RunSpec, SweepPlan, run_overrides
 from asyncpipe.launch.state import (
@@ -38,8 +39,7 @@ from asyncpipe.launch.state import (
 
 # overrides -> argv of one run; tests swap in a fake, the sweep uses `asyncpipe train`.
 RunCommand = Callable[[Sequence[str]], list[str]]
-EXIT_DIVERGED = 3
-KILL_GRACE_S = 10.0
+KILL_GRACE_S = 30.0  # a run stopped by SIGTERM writes a checkpoint first
 POLL_S = 0.25
 
 
@@ -70,6 +70,8 @@ def _outcome(run_dir: Path, returncode: int) -> str:
     summary = read_json(run_dir / "summary.json") or {}
     if summary.get("status") in FINAL:
         return str(summary["status"])
+    if returncode == EXIT_INTERRUPTED:  # stopped by a signal after writing a checkpoint: resumable
+        return INTERRUPTED
     if returncode == 0:
         status = COMPLETED if summary else FAILED
     else:

@@ -123,7 +123,7 @@ def slurm_states(job_ids: Sequence[str]) -> dict[str, str]:
 
 def _sbatch_message(exc: Exception) -> str:
     lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
-    errors = [l for l in lines if "error" in l.lower()]
+    errors = [l for l in lines if "error" in l.lower() or "fatal" in l.lower()]
     return (errors or lines or [type(exc).__name__])[-1]
 
 

@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from asyncpipe.launch.state import DIVERGED, FAILED, RunLock, read_json, write_launch_record
+from asyncpipe.run import EXIT_DIVERGED, EXIT_INTERRUPTED
 
 LOCK_WAIT_S = 120.0  # a job may start while the submitting sweep still holds the run's lock
 CHILD_STOP_S = 60.0  # time a run gets to checkpoint after the preemption signal (submitit signals 90 s early)
@@ -100,7 +101,7 @@ class SlurmRun(Checkpointable):
             time.sleep(600)
             raise RuntimeError("terminated by SLURM")
         summary = read_json(run_dir / "summary.json") or {}
-        if code in (0, 3):
+        if code in (0, EXIT_DIVERGED, EXIT_INTERRUPTED):  # interrupted: checkpointed, the next launch resumes
             return summary
         if job_env.global_rank == 0 and summary.get("status") not in (FAILED, DIVERGED, "completed"):
             write_launch_record(run_dir, code, FAILED)

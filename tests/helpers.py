@@ -1,0 +1,54 @@
+"""Helpers shared by the end-to-end tests: run the CLI in a subprocess and read run dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+
+def cli_env(**extra: str) -> dict:
+    return {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", **extra}
+
+
+def asyncpipe(*args: str, timeout: int = 300, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "asyncpipe", *args], capture_output=True, text=True, timeout=timeout,
+        env=env or cli_env(),
+    )
+
+
+def start(*args: str, log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "asyncpipe", *args], stdout=out, stderr=subprocess.STDOUT,
+                                env=cli_env())
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(m.get("step", -1) >= step and "train_loss" in m for m in read_metrics(run_dir)):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early with {proc.returncode}")
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+def losses(run_dir: Path) -> list[tuple]:
+    return [(m["step"], m.get("train_loss"), m.get("val_loss")) for m in read_metrics(run_dir)]
