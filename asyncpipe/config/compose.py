@@ -67,6 +67,9 @@ def _friendly(exc: Exception, overrides: Sequence[str]) -> str:
         where = f" for '{full.group(1)}'" if full else ""
         kind = {"Integer": "int", "Float": "float", "Boolean": "bool"}.get(typed.group(2), typed.group(2))
         return f"'{typed.group(1)}'{where} is not a valid {kind}"
+    bad = re.search(r"Error parsing override '([^']*)'", text)
+    if bad:
+        return f"cannot parse override '{bad.group(1)}': use key=value (Hydra's override grammar)"
     if "mismatched input" in text or "no viable alternative" in text or "token recognition" in text:
         return f"cannot parse overrides {' '.join(overrides)!r}: use key=value (Hydra's override grammar)"
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
