@@ -100,6 +100,28 @@ def sync(path: Path = typer.Argument(..., help="A run or sweep directory whose o
     typer.echo(f"synced {wandb_sync(path)} offline run(s)")
 
 
+@bench_app.command("simulator")
+def bench_simulator_cmd(
+    overrides: Optional[List[str]] = OVERRIDES,
+    rounds: int = typer.Option(5, help="Interleaved measurement rounds."),
+    out: Optional[Path] = typer.Option(None, help="Also write the result as JSON here."),
+) -> None:
+    """Simulator step time: delay=1 (with and without EF) vs delay=0, interleaved in one run."""
+    import json
+
+    from asyncpipe.bench.simulator import bench_simulator
+    from asyncpipe.track import atomic_write_json
+
+    result = bench_simulator(overrides or [], rounds=rounds, log=lambda m: typer.echo(m, err=True))
+    for name, ratio in result["ratio_to_delay0"].items():
+        typer.echo(f"{name:10s} {result['median_step_s'][name] * 1e3:8.1f} ms/step  x{ratio:.3f} of delay=0")
+    if out:
+        atomic_write_json(out, result)
+        typer.echo(f"wrote {out}")
+    else:
+        typer.echo(json.dumps(result))
+
+
 def main() -> None:
     try:
         app()

@@ -234,13 +234,17 @@ class SlurmLauncher:
 
     def watch(self) -> list[RunState]:
         """Poll SLURM and the run dirs until no job of this sweep is queued or running."""
-        with self.display:
-            while True:
-                states = self.states()
-                self.display.update(states)
-                if not any(s.slurm_state in SLURM_ACTIVE for s in states):
-                    return states
-                time.sleep(POLL_S)
+        try:
+            with self.display:
+                while True:
+                    states = self.states()
+                    self.display.update(states)
+                    if not any(s.slurm_state in SLURM_ACTIVE for s in states):
+                        return states
+                    time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            print(f"stopped watching; the jobs keep running (asyncpipe sweep status {self.sweep_dir})", flush=True)
+            raise
 
     def run(self, wait: bool = True) -> list[RunState]:
         self.submit()

@@ -14,6 +14,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from datetime import timedelta
 from typing import Any, Iterator, Optional
 
@@ -26,6 +27,12 @@ from deepspeed.runtime.pipe.module import PipelineModule
 from asyncpipe.optim import clip_grads, grad_sq_norm, lr_factor
 from asyncpipe.pipe import schedule as sched
 from asyncpipe.pipe.stash import WeightStash
+
+
+def _sq_norm_of(norms: torch.Tensor) -> torch.Tensor:
+    """Squared global norm from per-tensor norms, reduced by `asyncpipe.optim.grad_sq_norm` itself (the norm
+    of a scalar is the scalar), so the pipeline sums them exactly as the single-process trainer does."""
+    return grad_sq_norm([SimpleNamespace(grad=n) for n in norms.unbind()])
 
 
 def init_comm(backend: str, timeout_s: float = 1800.0) -> None:
@@ -89,9 +96,9 @@ _WAIT = (ds_schedule.SendActivation, ds_schedule.RecvActivation, ds_schedule.Sen
 class TwoBWPipelineEngine(PipelineEngine):
     """A `PipelineEngine` whose training schedule is 2BW (delay=1) or DeepSpeed's 1F1B (delay=0).
 
-    Call `train_batch()` once per optimizer step (the data iterator yields (x, y) micro-batches in order);
-    `train_batch(b)` returns once this stage has applied step b. Rank 0 then reads whole-pipeline step
-    metrics with `poll_metrics()`; `evaluate()` is a collective forward-only pass on the latest weights.
+    Call `train_batch()` once per optimizer step (the data iterator yields (x, y) micro-batches in order).
+    Rank 0 reads whole-pipeline step metrics with `poll_metrics()` (each step's arrive when every rank has
+    applied it); `evaluate()` is a collective forward-only pass on the latest weights.
     """
 
     def __init__(self, *args: Any, settings: PipeSettings, **kwargs: Any) -> None:
@@ -112,10 +119,14 @@ class TwoBWPipelineEngine(PipelineEngine):
         self._pipe_group = self.grid.get_pipe_parallel_group()
         self._dp_group = self.grid.get_data_parallel_group()
         self._dp = self.grid.get_data_parallel_world_size()
-        # A group of its own keeps metric messages out of the activation/gradient message order.
-        self._metrics_group = tdist.new_group(list(range(self.world)))
+        # A group of its own keeps metric messages out of the activation/gradient message order; gloo
+        # because the vectors live on the CPU whatever the device.
+        self._metrics_group = tdist.new_group(list(range(self.world)), backend="gloo")
         cross_stage = settings.clip == "global" and settings.max_norm > 0 and self.num_stages > 1
         self._global_norm = cross_stage
+        counts: list = [None] * self.num_stages
+        tdist.all_gather_object(counts, len(self.stash.params), group=self._pipe_group)
+        self._tensor_offset, self._n_tensors_total = sum(counts[: self.stage_id]), sum(counts)
         defer = settings.defer_step if settings.defer_step is not None else cross_stage
         self.defer_step = bool(defer and settings.delay == 1)
         self._schedule: Optional[sched.TwoBWSchedule] = None
@@ -129,40 +140,57 @@ class TwoBWPipelineEngine(PipelineEngine):
         elif settings.delay != 0:
             raise ValueError(f"the pipeline engine runs delay 0 or 1, got {settings.delay}")
         self.fwd_outputs: list = []
+        self._batches_run = 0
         self._batch_loss: dict[int, list] = {}
         self._pending: dict[int, tuple] = {}
         self._clock = {"wait": 0.0, "compute": 0.0, "inner_wait": 0.0}
         self._mark = dict(self._clock)
         self._sends: list[Any] = []
         self._recvs: dict[int, list] = {}  # rank 0: step -> [(tensor, work), ...]
-        self._records: list[dict[str, float]] = []  # this rank's own per-step numbers
-        self._last_step_end = time.perf_counter()
-        self._step_walls: dict[int, float] = {}
+        self._batch_walls: dict[int, float] = {}  # batch -> seconds its train_batch() call took here
         self.trace: list[tuple] = []
 
     # -- the schedule ----------------------------------------------------------------------------------
-    def train_batch(self, data_iter: Any = None) -> None:  # type: ignore[override]
-        """Run this stage until it has applied the next optimizer step (2BW: no flush in between)."""
+    def train_batch(self, data_iter: Any = None, sync: bool = True) -> None:  # type: ignore[override]
+        """Run this stage through the next batch: up to its `ReduceGrads`, the same cut on every stage, where
+        no message between stages is in flight (2BW: no flush, the next batch is already under way).
+
+        The batch's optimizer step is applied before returning unless the step is deferred and ``sync`` is
+        False: then it runs later in the stream, overlapping its cross-stage all-reduce. Call with ``sync``
+        before anything that reads the weights (evaluation) and for the last batch."""
         if data_iter is not None:
             self.set_dataiterator(data_iter)
-        if self.global_steps >= self.settings.total_steps:
+        b = self._batches_run
+        if b >= self.settings.total_steps:
             raise RuntimeError(f"all {self.settings.total_steps} steps of this engine's run are done")
+        self._batches_run += 1
+        started = time.perf_counter()
         self.module.train()
         self._compute_loss = True
         self.total_loss = None
         self.fwd_outputs = []
-        target = self.global_steps + 1
         if self._cmds is None:
             self._exec_schedule(ds_schedule.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id))
         else:
             assert self._schedule is not None
             self._reserve_pipe_buffers(self._schedule.num_pipe_buffers())
-            while self.global_steps < target:
-                self._run(next(self._cmds))
+            while True:
+                cmd = next(self._cmds)
+                if isinstance(cmd, sched.OptimizerStep) and cmd.batch < self.global_steps:
+                    continue  # applied early by a sync
+                self._run(cmd)
+                if isinstance(cmd, sched.ReduceGrads) and cmd.batch == b:
+                    break
             if self._p2p_ops:
                 raise RuntimeError("a batch ended with communication queued but not committed")
-        if self.global_steps != target:
-            raise RuntimeError(f"stage {self.stage_id} ran {self.global_steps - target + 1} steps in one train_batch")
+            if sync or not self.defer_step:
+                while self.global_steps <= b:  # hoist the pending steps (in order) to here
+                    self._run(sched.OptimizerStep(batch=self.global_steps))
+            if b == self.settings.total_steps - 1:
+                rest = list(self._cmds)
+                if any(not isinstance(c, sched.OptimizerStep) or c.batch >= self.global_steps for c in rest):
+                    raise RuntimeError(f"stage {self.stage_id}: instructions left after the last batch: {rest}")
+        self._batch_walls[b] = time.perf_counter() - started
 
     def _exec_schedule(self, pipe_schedule: Any) -> None:
         self._reserve_pipe_buffers(pipe_schedule.num_pipe_buffers())
@@ -288,27 +316,29 @@ class TwoBWPipelineEngine(PipelineEngine):
             flat.div_(self._dp)
             for g, part in zip(grads, flat.split([g.numel() for g in grads])):
                 g.copy_(part.view_as(g))
-        params = self.stash.params
-        for p, g in zip(params, grads):
-            p.grad = g
-        stage_sq = grad_sq_norm(params)
-        for p in params:
-            p.grad = None
-        total_sq, work = stage_sq, None
+        # Per-tensor norms, placed at this stage's offset in the model-wide list; the all-reduce sums zeros
+        # elsewhere, so every stage gets the exact list one process would have and reduces it like
+        # `grad_sq_norm` does there (bit-identical clipping, which Muon's bf16 Newton-Schulz would amplify).
+        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
+        stage_sq = _sq_norm_of(norms)
+        work = None
         if self._global_norm:
-            total_sq = stage_sq.clone()
-            work = tdist.all_reduce(total_sq, group=self._pipe_group, async_op=True)
-        self._pending[b] = (grads, stage_sq, total_sq, work)
+            everywhere = torch.zeros(self._n_tensors_total, dtype=torch.float32, device=norms.device)
+            everywhere[self._tensor_offset : self._tensor_offset + norms.numel()] = norms
+            norms = everywhere
+            work = tdist.all_reduce(norms, group=self._pipe_group, async_op=True)
+        self._pending[b] = (grads, stage_sq, norms, work)
 
     def _exec_step(self, batch: Optional[int] = None, src_version: Optional[int] = None,
                    dst_version: Optional[int] = None, lr_kwargs: Any = None) -> None:  # fmt: skip
         b = self.global_steps
         if batch is not None and batch != b:
             raise RuntimeError(f"stage {self.stage_id}: optimizer step for batch {batch} but {b} is next")
-        grads, stage_sq, total_sq, work = self._pending.pop(b)
+        grads, stage_sq, norms, work = self._pending.pop(b)
         if work is not None:
             with self._waiting():
                 work.wait()
+        total_sq = _sq_norm_of(norms)
         params = self.stash.params
         src = self.stash.latest if src_version is None else src_version
         self.stash.begin_update(src, src + 1 if dst_version is None else dst_version)
@@ -328,7 +358,6 @@ class TwoBWPipelineEngine(PipelineEngine):
 
     # -- metrics: every rank sends a small vector to rank 0, which never blocks on it mid-run -------------
     def _record(self, b: int, stage_sq: float, global_norm: float) -> None:
-        now = time.perf_counter()
         loss_sum, count = 0.0, 0
         if self.is_last_stage():
             if self._cmds is None:  # DeepSpeed's schedule sums the batch's losses itself
@@ -349,9 +378,6 @@ class TwoBWPipelineEngine(PipelineEngine):
             "update_sq": math.nan if update is None else float(update) ** 2,
             "correction_sq": math.nan if corr is None else float(corr) ** 2,
         }  # fmt: skip
-        self._records.append(rec)
-        self._step_walls[b] = now - self._last_step_end
-        self._last_step_end = now
         vec = torch.tensor([float(rec[k]) for k in FIELDS], dtype=torch.float64)
         if self.rank == 0:
             self._recvs.setdefault(b, []).append((vec, None))
@@ -391,7 +417,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         norm = own["global_norm"]
         if math.isnan(norm):
             norm = math.sqrt(sum(r["stage_sq_norm"] for r in first_replica))
-        wall = self._step_walls.pop(b)
+        wall = self._batch_walls.pop(b, math.nan)
         out = {"step": b + 1, "train_loss": loss, "lr": own["lr"], "grad_norm": norm, "step_time": wall}
         if not math.isnan(own["update_sq"]):
             out["update_norm"] = math.sqrt(sum(r["update_sq"] for r in first_replica))

@@ -184,8 +184,9 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
     engine.set_dataiterator(data_iter)
     try:
         for step in range(1, t.steps + 1):
-            engine.train_batch()
-            if step % t.eval_every == 0 or step == t.steps:
+            eval_now = step % t.eval_every == 0 or step == t.steps
+            engine.train_batch(sync=eval_now)  # a deferred step must land before anyone reads the weights
+            if eval_now:
                 final_val = evaluate()  # collective: every rank is between the same two steps here
                 val_at[step] = final_val
                 emit(engine.poll_metrics())
@@ -202,6 +203,11 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
         if tracker is not None:
             tracker.finish({"status": "failed", "wall_time": time.perf_counter() - started})
         raise
+    if p.trace and run_dir is not None:
+        # One file per rank: (instruction, micro-batch, start, end) on this host's monotonic clock.
+        events = [{"stage": stage, "replica": replica, "op": n, "micro_batch": k, "start": a, "end": e}
+                  for n, k, a, e in engine.trace]  # fmt: skip
+        _write_json(Path(run_dir) / f"trace-rank{rank}.json", events)
     stage_summary = engine.stage_summary()
     stages = [None] * tdist.get_world_size()
     tdist.all_gather_object(stages, stage_summary)

@@ -1,0 +1,200 @@
+"""The 2BW schedule protocol, in pure Python: order, pairing, deadlock freedom, versions, buffers, cuts."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from asyncpipe.errors import UserError
+from asyncpipe.pipe import schedule as sched
+from asyncpipe.pipe.timeline import ScheduleError, simulate, simulate_schedule
+
+CASES = [(P, m, N) for P in (2, 3, 4) for m in (P, P + 1, 2 * P) for N in (1, 2, 5)]
+
+
+def streams(P: int, m: int, N: int, defer: bool) -> list[list[sched.Instruction]]:
+    return [sched.two_bw_stream(m, P, s, N, defer_step=defer) for s in range(P)]
+
+
+def of(stream, kind):
+    return [c for c in stream if isinstance(c, kind)]
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("P,m,N", CASES)
+def test_every_micro_batch_forward_then_backward_once(P, m, N, defer):
+    for stream in streams(P, m, N, defer):
+        pos = {}
+        for i, cmd in enumerate(stream):
+            if isinstance(cmd, (sched.ForwardPass, sched.BackwardPass)):
+                key = (type(cmd), cmd.micro_batch)
+                assert key not in pos, f"{cmd!r} twice"
+                pos[key] = i
+        for k in range(N * m):
+            assert pos[(sched.ForwardPass, k)] < pos[(sched.BackwardPass, k)]
+        assert len(pos) == 2 * N * m
+        # 1F1B: forwards and backwards each in micro-batch order
+        assert [c.micro_batch for c in of(stream, sched.ForwardPass)] == list(range(N * m))
+        assert [c.micro_batch for c in of(stream, sched.BackwardPass)] == list(range(N * m))
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("P,m,N", CASES)
+def test_sends_meet_receives_without_deadlock(P, m, N, defer):
+    ss = streams(P, m, N, defer)
+    for s, stream in enumerate(ss):
+        first, last = s == 0, s == P - 1
+        assert len(of(stream, sched.SendActivation)) == (0 if last else N * m)
+        assert len(of(stream, sched.RecvActivation)) == (0 if first else N * m)
+        assert len(of(stream, sched.SendGrad)) == (0 if first else N * m)
+        assert len(of(stream, sched.RecvGrad)) == (0 if last else N * m)
+    # Rendezvous replay: raises on a deadlock, a message paired with the wrong micro-batch, or a leftover.
+    simulate(ss)
+    # Also with the cross-stage norm all-reduce (global clipping) between ReduceGrads and OptimizerStep.
+    simulate(ss, collective_steps=True)
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("P,m,N", CASES)
+def test_one_step_per_batch_after_its_last_backward(P, m, N, defer):
+    for stream in streams(P, m, N, defer):
+        steps = of(stream, sched.OptimizerStep)
+        assert [(c.batch, c.src_version, c.dst_version) for c in steps] == [(b, b, b + 1) for b in range(N)]
+        assert [c.batch for c in of(stream, sched.ReduceGrads)] == list(range(N))
+        index = {id(c): i for i, c in enumerate(stream)}
+        for b in range(N):
+            last_bwd = next(c for c in of(stream, sched.BackwardPass) if c.micro_batch == (b + 1) * m - 1)
+            reduce = of(stream, sched.ReduceGrads)[b]
+            assert index[id(last_bwd)] < index[id(reduce)] < index[id(steps[b])]
+            later_bwd = [c for c in of(stream, sched.BackwardPass) if c.micro_batch >= (b + 1) * m]
+            # gradients of batch b are taken before any backward of the next batch adds to them
+            assert all(index[id(reduce)] < index[id(c)] for c in later_bwd)
+            if not defer:
+                assert index[id(steps[b])] == index[id(reduce)] + 1
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("P,m,N", CASES)
+def test_versions_pinned_to_w_b_minus_1_and_two_alive(P, m, N, defer):
+    for s, stream in enumerate(streams(P, m, N, defer)):
+        latest, in_flight = 0, {}
+        for cmd in stream:
+            if isinstance(cmd, sched.ForwardPass):
+                b = cmd.micro_batch // m
+                assert cmd.version == max(b - 1, 0), f"stage {s}: {cmd!r}"
+                assert cmd.version in (latest, latest - 1), f"stage {s}: {cmd!r} but latest is W({latest})"
+                in_flight[cmd.micro_batch] = cmd.version
+            elif isinstance(cmd, sched.BackwardPass):
+                assert cmd.version == in_flight.pop(cmd.micro_batch), "backward on another version than its forward"
+            elif isinstance(cmd, sched.OptimizerStep):
+                assert cmd.src_version == latest
+                # The step writes W(b+1) over W(b-1)'s slot: no in-flight micro-batch may still read it.
+                assert set(in_flight.values()) <= {latest}, f"stage {s}: step {cmd.batch} with {in_flight}"
+                latest = cmd.dst_version
+            alive = {latest} | set(in_flight.values())
+            assert len(alive) <= 2, f"stage {s}: versions {alive} alive at {cmd!r}"
+        assert not in_flight and latest == N
+
+
+@pytest.mark.parametrize("P,m,N", CASES)
+def test_deferred_step_lands_before_its_weights_are_read(P, m, N):
+    for stream in streams(P, m, N, defer=True):
+        index = {id(c): i for i, c in enumerate(stream)}
+        for step in of(stream, sched.OptimizerStep):
+            first_use = [c for c in of(stream, sched.ForwardPass) if c.version == step.dst_version]
+            assert all(index[id(step)] < index[id(c)] for c in first_use)
+            # and no earlier than needed: right before batch b+2's first forward when there is one
+            if (step.batch + 2) * m < N * m:
+                nxt = stream[index[id(step)] + 1 :]
+                following = next(c for c in nxt if isinstance(c, (sched.LoadMicroBatch, sched.ForwardPass)))
+                assert following.micro_batch == (step.batch + 2) * m
+
+
+@pytest.mark.parametrize("P,m,N", CASES)
+def test_buffers_never_reused_while_live(P, m, N):
+    for s in range(P):
+        schedule = sched.TwoBWSchedule(m, P, s, N)
+        owner: dict[int, int] = {}
+        for cmd in sched.flatten(schedule.steps()):
+            if not hasattr(cmd, "buffer_id"):
+                continue
+            assert 0 <= cmd.buffer_id < schedule.num_pipe_buffers()
+            k = cmd.micro_batch
+            if isinstance(cmd, (sched.RecvActivation, sched.LoadMicroBatch, sched.ForwardPass)):
+                assert owner.get(cmd.buffer_id, k) == k, f"stage {s}: buffer {cmd.buffer_id} still holds {owner}"
+                owner[cmd.buffer_id] = k
+            else:
+                assert owner.get(cmd.buffer_id) == k
+            if isinstance(cmd, sched.BackwardPass if s == 0 else sched.SendGrad):
+                del owner[cmd.buffer_id]  # freed: stage 0 after its backward, others once the gradient left
+        assert not owner
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("P,m,N", CASES)
+def test_batch_boundaries_are_consistent_cuts(P, m, N, defer):
+    """Cutting every stage right after its ReduceGrads(b) leaves no message half-delivered: what the engine
+    relies on to return from train_batch and evaluate without a flush."""
+    ss = streams(P, m, N, defer)
+    for b in range(N):
+        counts = {}
+        for s, stream in enumerate(ss):
+            cut = next(i for i, c in enumerate(stream) if isinstance(c, sched.ReduceGrads) and c.batch == b)
+            prefix = stream[: cut + 1]
+            counts[s] = {kind: len(of(prefix, kind)) for kind in sched.COMM}
+            last_commit = max((i for i, c in enumerate(prefix) if isinstance(c, sched.CommitP2P)), default=-1)
+            assert not of(prefix[last_commit + 1 :], sched.COMM), f"stage {s}: queued but uncommitted at the cut"
+        for s in range(P - 1):
+            assert counts[s][sched.SendActivation] == counts[s + 1][sched.RecvActivation]
+            assert counts[s + 1][sched.SendGrad] == counts[s][sched.RecvGrad]
+
+
+def test_fewer_micro_batches_than_stages_refused():
+    with pytest.raises(UserError, match="micro_batches >= pipeline.stages"):
+        sched.TwoBWSchedule(micro_batches=3, stages=4, stage_id=0, batches=2)
+
+
+def test_simulator_catches_deadlock_and_mismatch():
+    # Both stages receive first with blocking p2p: each waits for the other forever.
+    a = [sched.RecvGrad(buffer_id=0, micro_batch=0), sched.SendActivation(buffer_id=0, micro_batch=0)]
+    b = [sched.SendGrad(buffer_id=0, micro_batch=0)]
+    b = [sched.RecvActivation(buffer_id=0, micro_batch=0)] + b
+    with pytest.raises(ScheduleError, match="deadlock"):
+        simulate([a, b])
+    # Queued and committed together, the same ops pair up fine.
+    commit = [sched.CommitP2P()]
+    simulate([a + commit, b + commit])
+    bad = [sched.SendActivation(buffer_id=0, micro_batch=1)]
+    with pytest.raises(ScheduleError, match="micro-batch"):
+        simulate([bad, [sched.RecvActivation(buffer_id=0, micro_batch=0)]])
+
+
+@pytest.mark.parametrize("P,m", [(2, 2), (3, 4), (4, 4), (4, 8)])
+def test_baseline_streams_replay(P, m):
+    for kind in ("gpipe", "1f1b"):
+        tl = simulate_schedule(kind, m, P, 3)
+        done = [e for e in tl.events if e.kind == "backward"]
+        assert len(done) == 3 * m * P
+
+
+@pytest.mark.parametrize("P,m", [(2, 2), (4, 4), (4, 8)])
+def test_2bw_removes_the_flush_bubble_and_deferral_hides_the_norm_allreduce(P, m):
+    N = 6
+    flush = simulate_schedule("1f1b", m, P, N).makespan
+    free = simulate_schedule("2bw", m, P, N).makespan
+    blocking = simulate_schedule("2bw", m, P, N, collective_steps=True).makespan
+    deferred = simulate_schedule("2bw-deferred", m, P, N, collective_steps=True).makespan
+    # F=1, B=2: one fill and drain for the whole run instead of one per batch
+    assert free == pytest.approx(3 * N * m + 3 * (P - 1))
+    assert flush == pytest.approx(N * (3 * m + 3 * (P - 1)))
+    assert blocking > free  # a blocking all-reduce at every step puts part of the bubble back
+    assert deferred == pytest.approx(free)
+
+
+def test_deepspeed_translation_keeps_micro_batch_order():
+    pytest.importorskip("deepspeed")
+    for P, m, s in itertools.product((2, 4), (4, 5), (0, 1)):
+        stream = sched.train_schedule_stream(m, P, s, batches=2)
+        assert [c.micro_batch for c in of(stream, sched.ForwardPass)] == list(range(2 * m))
+        assert [c.batch for c in of(stream, sched.OptimizerStep)] == [0, 1]

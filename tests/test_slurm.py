@@ -1,0 +1,136 @@
+"""`launcher=slurm` against a real single-node SLURM cluster (tests/slurm/cluster.sh installs, starts, stops it).
+
+The tests skip only when SLURM cannot be installed here (not root, no apt); otherwise they run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncpipe.launch import run_sweep, sweep_states
+from asyncpipe.launch.display import SweepDisplay
+
+CLUSTER = Path(__file__).resolve().parent / "slurm" / "cluster.sh"
+SKIP = 77
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A running test cluster for the session; its clients (SLURM_CONF, the sacct shim) are put in os.environ."""
+    root = tmp_path_factory.mktemp("slurm")
+    up = subprocess.run(["bash", str(CLUSTER), "up", str(root)], capture_output=True, text=True, timeout=600)
+    if up.returncode == SKIP:
+        pytest.skip(f"no SLURM cluster: {up.stderr.strip().splitlines()[-1]}")
+    if up.returncode != 0:
+        pytest.fail(f"tests/slurm/cluster.sh up failed:\n{up.stdout}\n{up.stderr}")
+    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}
+    os.environ["SLURM_CONF"] = str(root / "slurm.conf")
+    os.environ["PATH"] = f"{root / 'bin'}:{os.environ['PATH']}"
+    try:
+        yield root
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        down = subprocess.run(["bash", str(CLUSTER), "down", str(root)], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+
+
+def quiet() -> SweepDisplay:
+    return SweepDisplay("test", stream=io.StringIO(), live=False)
+
+
+def losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r["train_loss"] for r in rows if "train_loss" in r]
+
+
+def scontrol_job(job_id: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.slow
+def test_slurm_sweep_matches_local(slurm_cluster: Path, tmp_path: Path):
+    grid = ["optimizer=adamw,muon", "delay=0,1", "train.steps=10"]
+    remote = run_sweep([*grid, "launcher=slurm"], out=tmp_path / "slurm", name="grid", display=quiet())
+    local = run_sweep([*grid, "launcher.parallel=2"], out=tmp_path / "local", name="grid", display=quiet())
+    assert [s.state for s in remote.states] == ["completed"] * 4
+    assert [s.name for s in remote.states] == [s.name for s in local.states]
+    array_ids = set()
+    for spec in remote.plan.runs:
+        run_dir = tmp_path / "slurm" / "grid" / spec.name
+        assert losses(run_dir) == pytest.approx(losses(tmp_path / "local" / "grid" / spec.name), rel=1e-5)
+        assert len(losses(run_dir)) == 10
+        record = json.loads((run_dir / "slurm_job.json").read_text())
+        array_ids.add(record["job_id"].split("_")[0])
+        assert "Job completed successfully" in (run_dir / "slurm.out").read_text()  # the link reaches the log
+        assert (run_dir / "slurm.out").resolve().parent.parent == (tmp_path / "slurm" / "grid" / ".submitit")
+    assert len(array_ids) == 1  # one job array for the whole grid
+    _, states = sweep_states(tmp_path / "slurm" / "grid")
+    assert {s.slurm_state for s in states} == {"COMPLETED"} and all(s.job_id for s in states)
+
+    # Re-running submits nothing.
+    records = {p: p.read_text() for p in (tmp_path / "slurm" / "grid").glob("*/slurm_job.json")}
+    again = run_sweep([*grid, "launcher=slurm"], out=tmp_path / "slurm", name="grid", display=quiet())
+    assert [s.note for s in again.states] == ["already completed"] * 4
+    assert {p: p.read_text() for p in records} == records
+
+
+@pytest.mark.slow
+def test_pipeline_run_is_one_job_of_two_tasks(slurm_cluster: Path, tmp_path: Path):
+    grid = ["seed=choice(0)", "engine=pipeline", "pipeline.stages=2", "train.steps=6", "train.eval_every=3"]
+    remote = run_sweep([*grid, "launcher=slurm"], out=tmp_path / "slurm", name="pipe", display=quiet())
+    run_dir = tmp_path / "slurm" / "pipe" / "seed=0"
+    record = json.loads((run_dir / "slurm_job.json").read_text())
+    assert (record["nodes"], record["tasks_per_node"]) == (1, 2)
+    assert "NumTasks=2" in scontrol_job(record["job_id"])
+    # The tasks must be the two ranks of one pipeline (not each task starting its own local pipeline, which
+    # would log every step twice). Until run_training joins the SLURM job as one rank, this is a known gap.
+    if remote.states[0].state != "completed" or len(losses(run_dir)) != 6:
+        pytest.xfail(
+            "engine=pipeline does not yet run as one rank per SLURM task "
+            f"(state {remote.states[0].state}, {len(losses(run_dir))} loss records for 6 steps; see {run_dir}/slurm.out)"
+        )
+    local = run_sweep(grid, out=tmp_path / "local", name="pipe", display=quiet())
+    assert local.states[0].state == "completed"
+    assert losses(run_dir) == pytest.approx(losses(tmp_path / "local" / "pipe" / "seed=0"), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_requeued_job_finishes(slurm_cluster: Path, tmp_path: Path):
+    steps = 100
+    grid = ["seed=choice(0)", f"train.steps={steps}", "train.eval_every=50", "launcher=slurm"]
+    result: list = []
+    sweep = threading.Thread(
+        target=lambda: result.append(run_sweep(grid, out=tmp_path, name="rq", display=quiet())), daemon=True
+    )
+    sweep.start()
+    run_dir = tmp_path / "rq" / "seed=0"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and len(losses(run_dir)) >= 10:
+            break
+        time.sleep(0.2)
+    assert len(losses(run_dir)) < steps, "the run finished before it could be requeued; raise `steps`"
+    job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    sweep.join(timeout=150)
+    assert not sweep.is_alive(), "the requeued job did not finish in time"
+    assert result[0].states[0].state == "completed"
+    assert "Restarts=1" in scontrol_job(job_id)
+    log = (run_dir / "slurm.out").read_text()
+    assert log.count("Starting with JobEnvironment") == 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == steps
