@@ -83,7 +83,8 @@ class Layered(nn.Module):
 
 def _data():
     gen = torch.Generator().manual_seed(2)
-    return torch.randn(16, 3, generator=gen, dtype=torch.float64), torch.randn(16, 1, generator=gen, dtype=torch.float64)
+    x = torch.randn(16, 3, generator=gen, dtype=torch.float64)
+    return x, torch.randn(16, 1, generator=gen, dtype=torch.float64)
 
 
 def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

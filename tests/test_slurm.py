@@ -108,29 +108,52 @@ def test_pipeline_run_is_one_job_of_two_tasks(slurm_cluster: Path, tmp_path: Pat
     assert losses(run_dir) == pytest.approx(losses(tmp_path / "local" / "pipe" / "seed=0"), rel=1e-5)
 
 
+def _last_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return -1
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return max((r["step"] for r in rows), default=-1)
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
-def test_requeued_job_finishes(slurm_cluster: Path, tmp_path: Path):
-    steps = 100
-    grid = ["seed=choice(0)", f"train.steps={steps}", "train.eval_every=50", "launcher=slurm"]
+def test_requeued_and_preempted_job_finishes(slurm_cluster: Path, tmp_path: Path):
+    """`scontrol requeue` mid-run, then submitit's preemption path (USR2 -> checkpoint() -> requeue): the run
+    resumes each time and completes."""
+    steps = 120
+    grid = ["seed=choice(0)", f"train.steps={steps}", "train.eval_every=60", "launcher=slurm"]
     result: list = []
     sweep = threading.Thread(
         target=lambda: result.append(run_sweep(grid, out=tmp_path, name="rq", display=quiet())), daemon=True
     )
     sweep.start()
     run_dir = tmp_path / "rq" / "seed=0"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and len(losses(run_dir)) >= 10:
-            break
-        time.sleep(0.2)
-    assert len(losses(run_dir)) < steps, "the run finished before it could be requeued; raise `steps`"
+    log = run_dir / "slurm.out"
+
+    def starts() -> int:
+        return log.read_text().count("Starting with JobEnvironment") if log.exists() else 0
+
+    _wait_for(lambda: _last_step(run_dir) >= 10, 90, "the first steps")
+    first = _last_step(run_dir)
+    assert first < steps, "the run finished before it could be requeued; raise `steps`"
     job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
     subprocess.run(["scontrol", "requeue", job_id], check=True)
-    sweep.join(timeout=150)
+    _wait_for(lambda: starts() == 2 and _last_step(run_dir) >= first + 10, 90, "the requeued job to train again")
+    second = _last_step(run_dir)
+    assert second < steps, "the run finished before it could be preempted; raise `steps`"
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)  # what SLURM sends before preemption
+    sweep.join(timeout=120)
     assert not sweep.is_alive(), "the requeued job did not finish in time"
     assert result[0].states[0].state == "completed"
-    assert "Restarts=1" in scontrol_job(job_id)
-    log = (run_dir / "slurm.out").read_text()
-    assert log.count("Starting with JobEnvironment") == 2
+    assert "Restarts=2" in scontrol_job(job_id)
+    text = log.read_text()
+    assert text.count("Starting with JobEnvironment") == 3 and "Calling checkpoint method" in text
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == steps

@@ -56,6 +56,8 @@ def validate(cfg: DictConfig) -> None:
     _need(p.threads >= 1, f"pipeline.threads={p.threads} must be >= 1")
     _need(cfg.checkpoint.every >= 0 and cfg.checkpoint.keep >= 1, "checkpoint.every must be >= 0, checkpoint.keep >= 1")
     _need(cfg.diagnostics.fresh_grad_every >= 0, "diagnostics.fresh_grad_every must be >= 0")
+    if cfg.delay_profile == "pipedream":
+        _need(cfg.delay == 1, f"delay_profile=pipedream delays stage s by P-1-s steps; use it with delay=1, got delay={cfg.delay}")
     staged = cfg.engine == "pipeline" or cfg.delay_profile == "pipedream"
     if staged:
         _need(

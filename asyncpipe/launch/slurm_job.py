@@ -16,11 +16,12 @@ from typing import Any, Optional, Sequence
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from asyncpipe.launch.state import DIVERGED, FAILED, RunLock, read_json, write_launch_record
+from asyncpipe.launch.state import FAILED, FINAL, RunLock, read_json, write_launch_record
 from asyncpipe.run import EXIT_DIVERGED, EXIT_INTERRUPTED
 
 LOCK_WAIT_S = 120.0  # a job may start while the submitting sweep still holds the run's lock
 CHILD_STOP_S = 60.0  # time a run gets to checkpoint after the preemption signal (submitit signals 90 s early)
+DOOMED_WAIT_S = 300.0  # after SIGTERM, SLURM's SIGKILL follows within KillWait: wait for it, report nothing
 
 
 def _ignore_usr2() -> None:
@@ -59,6 +60,20 @@ class SlurmRun(Checkpointable):
             except ProcessLookupError:
                 pass
 
+    def _child_exited(self, timeout: float) -> bool:
+        """Wait for the child to exit without reaping it: this runs inside a signal handler that interrupted
+        `Popen.wait()`, which holds the Popen's wait lock (so `Popen.wait` here would block until the timeout)."""
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return True
+            except ChildProcessError:
+                return True
+            time.sleep(0.1)
+        return False
+
     def __call__(self) -> dict:
         import submitit
         from submitit.helpers import TorchDistributedEnvironment
@@ -75,22 +90,24 @@ class SlurmRun(Checkpointable):
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads))
         run_dir = Path(self.run_dir)
         lock = RunLock(run_dir) if job_env.global_rank == 0 else None
-        if lock is not None:
-            deadline = time.monotonic() + LOCK_WAIT_S
-            while not lock.acquire():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{run_dir} is locked by another process (another sweep runs it)")
-                time.sleep(1.0)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        code = None
         try:
-            self._proc = subprocess.Popen(
-                argv,
-                start_new_session=True,
-                preexec_fn=_ignore_usr2,
-                env=env,
-                pass_fds=(lock.fd,) if lock is not None and lock.fd is not None else (),
-            )
-            code = self._proc.wait()
+            if lock is not None:
+                deadline = time.monotonic() + LOCK_WAIT_S
+                while not lock.acquire():
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{run_dir} is locked by another process (another sweep runs it)")
+                    time.sleep(1.0)
+            if not self._terminated:  # SLURM may cancel the job while it waits for the lock
+                self._proc = subprocess.Popen(
+                    argv,
+                    start_new_session=True,
+                    preexec_fn=_ignore_usr2,
+                    env=env,
+                    pass_fds=(lock.fd,) if lock is not None and lock.fd is not None else (),
+                )
+                code = self._proc.wait()
         finally:
             self._signal_child(signal.SIGTERM)
             signal.signal(signal.SIGTERM, previous)
@@ -98,22 +115,19 @@ class SlurmRun(Checkpointable):
                 lock.release()
         if self._terminated:
             # Cancelled or requeued: SLURM kills this process shortly; returning would record a false result.
-            time.sleep(600)
+            time.sleep(DOOMED_WAIT_S)
             raise RuntimeError("terminated by SLURM")
         summary = read_json(run_dir / "summary.json") or {}
         if code in (0, EXIT_DIVERGED, EXIT_INTERRUPTED):  # interrupted: checkpointed, the next launch resumes
             return summary
-        if job_env.global_rank == 0 and summary.get("status") not in (FAILED, DIVERGED, "completed"):
+        if job_env.global_rank == 0 and summary.get("status") not in FINAL:
             write_launch_record(run_dir, code, FAILED)
         raise RuntimeError(f"run exited with code {code}; see {run_dir} and this job's log")
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Called by submitit on rank 0 at timeout/preemption: let the run checkpoint and stop, then requeue."""
         self._signal_child(signal.SIGTERM)
-        if self._proc is not None:
-            try:
-                self._proc.wait(timeout=CHILD_STOP_S)
-            except subprocess.TimeoutExpired:
-                self._signal_child(signal.SIGKILL)
+        if self._proc is not None and not self._child_exited(CHILD_STOP_S):
+            self._signal_child(signal.SIGKILL)
         return DelayedSubmission(SlurmRun(self.argv, self.run_dir, self.threads, self.gpus, requeued=True))
 

@@ -22,7 +22,8 @@ ADJUST_LR_FNS = ("original", "match_rms_adamw")
 def build_muon(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn]) -> torch.optim.Optimizer:
     adjust = cfg.adjust_lr_fn
     if adjust is not None and adjust not in ADJUST_LR_FNS:
-        raise UserError(f"optimizer.adjust_lr_fn={adjust} is not allowed; choose one of: null, {', '.join(ADJUST_LR_FNS)}")
+        allowed = ", ".join(("null",) + ADJUST_LR_FNS)
+        raise UserError(f"optimizer.adjust_lr_fn={adjust} is not allowed; choose one of: {allowed}")
     if cfg.ns_steps < 1:
         raise UserError(f"optimizer.ns_steps={cfg.ns_steps} must be >= 1")
     is_hidden = hidden if hidden is not None else block_matrices(module)

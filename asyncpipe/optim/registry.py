@@ -1,7 +1,8 @@
 """The optimizer registry: ``@register("name")`` builders and `build_optimizer`, the one entry point.
 
 A builder receives the module (a whole model or one pipeline stage), the `OptimizerConfig`-shaped node and an
-optional predicate naming the hidden matrices (None = `block_matrices`); it returns a torch optimizer whose every group carries ``base_lr``.
+optional predicate naming the hidden matrices (None = `block_matrices`); it returns a torch optimizer whose
+every group carries ``base_lr``.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
         ds_config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     settings = PipeSettings(
         delay=cfg.delay, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip, warmup_frac=t.warmup_frac,
-        min_lr_frac=t.min_lr_frac, trace=p.trace,
+        min_lr_frac=t.min_lr_frac, trace=p.trace, defer_step=p.get("defer_step", None),
     )  # fmt: skip
     mpu = module.mpu()
     engine = TwoBWPipelineEngine(
