@@ -25,8 +25,12 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not slurm" tests
 
+# The main job on the embedded default: a 2x2 sweep (muon, adamw x sync, 1-step), then its loss-gap report.
+SMOKE_OUT ?= runs/sweeps
 smoke-test: install
-	$(BIN)/asyncpipe train
+	rm -rf $(SMOKE_OUT)/smoke
+	$(BIN)/asyncpipe sweep --file sweeps/smoke.yaml --out $(SMOKE_OUT)
+	$(BIN)/asyncpipe report $(SMOKE_OUT)/smoke
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

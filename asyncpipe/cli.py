@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import typer
 
+from asyncpipe import cli_sweep  # typer and asyncpipe.errors only: --help stays fast
 from asyncpipe.errors import UserError
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
+app.command("sweep")(cli_sweep.sweep)
 
 OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. model=tiny optimizer=muon_ef delay=1 train.steps=50")
 

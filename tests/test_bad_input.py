@@ -78,3 +78,20 @@ def test_wandb_online_without_key_falls_back_to_offline(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "offline" in proc.stderr and "API key" in proc.stderr
     assert list((run / "wandb").glob("offline-run-*"))
+
+
+def test_sweep_with_empty_grid(tmp_path: Path) -> None:
+    sweep = tmp_path / "empty.yaml"
+    sweep.write_text("name: empty\ngrid: {}\noverrides: []\n")
+    assert_one_line_exit_2(asyncpipe("sweep", "--file", str(sweep), "--out", str(tmp_path)), "nothing to sweep")
+
+
+def test_slurm_launcher_without_sbatch(tmp_path: Path) -> None:
+    env = cli_env(PATH=os.path.dirname(os.sys.executable))  # python only: no sbatch anywhere on PATH
+    proc = asyncpipe("sweep", "optimizer=adamw,muon", "launcher=slurm", "--out", str(tmp_path), env=env)
+    assert_one_line_exit_2(proc, "sbatch")
+
+
+def test_pipedream_profile_needs_delay_1(tmp_path: Path) -> None:
+    proc = asyncpipe("train", "delay_profile=pipedream", "delay=0", f"run.dir={tmp_path / 'run'}")
+    assert_one_line_exit_2(proc, "use it with delay=1")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, TextIO
 
 from omegaconf import DictConfig
 
@@ -117,7 +117,7 @@ def sweep_states(sweep_dir: Path) -> tuple[dict, list[RunState]]:
     return manifest, [run_state(sweep_dir / r["dir"], r["name"], slurm) for r in runs]
 
 
-def sweep_status(sweep_dir: Path, stream=None) -> list[RunState]:
+def sweep_status(sweep_dir: Path, stream: Optional[TextIO] = None) -> list[RunState]:
     """Print a sweep's run states as a table; returns them."""
     manifest, states = sweep_states(sweep_dir)
     print_table(f"sweep {manifest.get('name')} ({sweep_dir})", states, stream)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import contextlib
+import io
 import json
 import socket
 import sys
@@ -119,7 +121,8 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
     stage, replica = coord.pipe, coord.data
     parts = partition(cfg.model.n_layer + 2, P)
     layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=range(parts[stage], parts[stage + 1]))
-    module = StagedModule(layers, parts, topo, lm_loss)
+    with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints its seed and topology settings
+        module = StagedModule(layers, parts, topo, lm_loss)
     optimizer = build_optimizer(module, cfg.optimizer)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
     ds_config: dict[str, Any] = {

@@ -7,7 +7,7 @@
 #   tests/slurm/cluster.sh down DIR    cancel its jobs, stop the daemons it started (by PID), wait until gone
 #   tests/slurm/cluster.sh status DIR  daemons, sinfo, squeue
 #
-# Exit code 77 from `up`: SLURM cannot be installed here (not root, no apt-get, or apt failed); tests skip.
+# Exit code 77 from `up`: no cluster possible here (not root, no apt-get, or apt failed); the tests skip.
 #
 # Accounting: there is no slurmdbd, so the real `sacct` fails. submitit always asks sacct for job states; a job
 # that ends without a result file (cancelled, killed) would then never be seen to end. DIR/bin/sacct is a small
@@ -194,6 +194,10 @@ EOF
 }
 
 up() {
+    if [[ $(id -u) != 0 ]]; then
+        log "the test cluster runs its daemons as root (SlurmUser=root); this is not root"
+        exit 77
+    fi
     if alive "$(pid_of "$dir/slurmctld.pid")" && alive "$(pid_of "$dir/slurmd.pid")"; then
         log "already up in $dir"
         return
