@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from asyncpipe import cli_sweep  # typer and asyncpipe.errors only: --help stays fast
-from asyncpipe.errors import UserError
+from asyncpipe.errors import EXIT_USER_ERROR, UserError
 
 app = typer.Typer(
     help="Asynchronous (PipeDream-2BW) pipeline-parallel pretraining: train, sweep, report.",
@@ -30,13 +30,6 @@ app.add_typer(bench_app, name="bench")
 app.command("sweep")(cli_sweep.sweep)
 
 OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. model=tiny optimizer=muon_ef delay=1 train.steps=50")
-
-EXIT_USER_ERROR = 2
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(EXIT_USER_ERROR)
 
 
 @app.command()

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from asyncpipe.run import EXIT_DIVERGED, EXIT_INTERRUPTED
+from asyncpipe.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
 from asyncpipe.launch.display import SweepDisplay
 from asyncpipe.launch.expand import RunSpec, SweepPlan, run_overrides
 from asyncpipe.launch.state import (

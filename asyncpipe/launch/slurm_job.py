@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from asyncpipe.launch.state import FAILED, FINAL, RunLock, read_json, write_launch_record
-from asyncpipe.run import EXIT_DIVERGED, EXIT_INTERRUPTED
+from asyncpipe.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
 
 LOCK_WAIT_S = 120.0  # a job may start while the submitting sweep still holds the run's lock
 CHILD_STOP_S = 60.0  # time a run gets to checkpoint after the preemption signal (submitit signals 90 s early)

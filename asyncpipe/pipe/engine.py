@@ -15,17 +15,16 @@ import math
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from datetime import timedelta
 from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as tdist
 from deepspeed.runtime.pipe import schedule as ds_schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
-from deepspeed.runtime.pipe.module import PipelineModule
 
 from asyncpipe.optim import clip_grads, grad_sq_norm, lr_factor
 from asyncpipe.pipe import schedule as sched
+from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.pipe.stash import WeightStash
 
 
@@ -33,41 +32,6 @@ def _sq_norm_of(norms: torch.Tensor) -> torch.Tensor:
     """Squared global norm from per-tensor norms, reduced by `asyncpipe.optim.grad_sq_norm` itself (the norm
     of a scalar is the scalar), so the pipeline sums them exactly as the single-process trainer does."""
     return grad_sq_norm([SimpleNamespace(grad=n) for n in norms.unbind()])
-
-
-def init_comm(backend: str, timeout_s: float = 1800.0) -> None:
-    """torch.distributed from the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT), then DeepSpeed's comm on top.
-
-    DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce op on CPU (~30-40 s) that only its
-    inference all-reduce uses; marking the op unavailable skips the build (its sole check reads this dict).
-    """
-    if not tdist.is_initialized():
-        tdist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
-    import deepspeed.ops as ds_ops
-
-    compat = vars(ds_ops).get("__compatible_ops__")
-    if compat is None:
-        ds_ops.__compatible_ops__ = {"deepspeed_shm_comm": False}  # also skips probing every other op
-    else:
-        compat["deepspeed_shm_comm"] = False
-    from deepspeed import comm as ds_comm
-
-    ds_comm.init_distributed(dist_backend=backend, dist_init_required=False, verbose=False)
-
-
-class StagedModule(PipelineModule):
-    """A `PipelineModule` cut at exactly the boundaries ``parts`` (from `asyncpipe.model.partition`)."""
-
-    def __init__(self, layers: list, parts: list[int], topology: Any, loss_fn: Any) -> None:
-        object.__setattr__(self, "_fixed_parts", list(parts))  # read by _partition_layers inside super().__init__
-        super().__init__(layers, topology=topology, loss_fn=loss_fn, partition_method="asyncpipe")
-
-    def _partition_layers(self, method: str = "asyncpipe") -> None:
-        self.parts = list(self._fixed_parts)
-        if len(self.parts) != self.num_stages + 1:
-            raise ValueError(f"{len(self.parts) - 1} partitions for {self.num_stages} stages")
-        stage = self._topo.get_coord(self.global_rank).pipe
-        self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
 
 
 @dataclass
@@ -84,11 +48,6 @@ class PipeSettings:
     trace: bool = False  # record (instruction, micro-batch, start, end) per instruction
 
 
-# Per-rank numbers sent to rank 0 after each optimizer step (float64 vector, this order).
-FIELDS = (
-    "step", "stage", "replica", "loss_sum", "loss_count", "stage_sq_norm", "global_norm", "lr", "wait_s",
-    "compute_s", "weight_bytes", "peak_weight_bytes", "update_sq", "correction_sq",
-)  # fmt: skip
 _WAIT = (ds_schedule.SendActivation, ds_schedule.RecvActivation, ds_schedule.SendGrad, ds_schedule.RecvGrad,
          sched.CommitP2P)  # fmt: skip
 
@@ -121,7 +80,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         self._dp = self.grid.get_data_parallel_world_size()
         # A group of its own keeps metric messages out of the activation/gradient message order; gloo
         # because the vectors live on the CPU whatever the device.
-        self._metrics_group = tdist.new_group(list(range(self.world)), backend="gloo")
+        self.reporter = StepReporter(self.rank, self.world, tdist.new_group(list(range(self.world)), backend="gloo"))
         cross_stage = settings.clip == "global" and settings.max_norm > 0 and self.num_stages > 1
         self._global_norm = cross_stage
         counts: list = [None] * self.num_stages
@@ -145,8 +104,8 @@ class TwoBWPipelineEngine(PipelineEngine):
         self._pending: dict[int, tuple] = {}
         self._clock = {"wait": 0.0, "compute": 0.0, "inner_wait": 0.0}
         self._mark = dict(self._clock)
-        self._sends: list[Any] = []
-        self._recvs: dict[int, list] = {}  # rank 0: step -> [(tensor, work), ...]
+        self._by_op: dict[str, float] = {}  # seconds per instruction kind, waits included
+        self._by_wait: dict[str, float] = {}  # seconds blocked inside handlers, per collective
         self._batch_walls: dict[int, float] = {}  # batch -> seconds its train_batch() call took here
         self.trace: list[tuple] = []
 
@@ -212,6 +171,8 @@ class TwoBWPipelineEngine(PipelineEngine):
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()
         waited = self._clock["inner_wait"] - inner
+        name = type(cmd).__name__
+        self._by_op[name] = self._by_op.get(name, 0.0) + end - start
         if isinstance(cmd, _WAIT):
             self._clock["wait"] += end - start
         else:
@@ -221,12 +182,14 @@ class TwoBWPipelineEngine(PipelineEngine):
             self.trace.append((type(cmd).__name__, cmd.kwargs.get("micro_batch"), start, end))
 
     @contextlib.contextmanager
-    def _waiting(self) -> Iterator[None]:
+    def _waiting(self, what: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
         finally:
-            self._clock["inner_wait"] += time.perf_counter() - start
+            waited = time.perf_counter() - start
+            self._clock["inner_wait"] += waited
+            self._by_wait[what] = self._by_wait.get(what, 0.0) + waited
 
     # -- 2BW compute: DeepSpeed's forward/backward on the micro-batch's pinned weight version ------------
     def _tb_load(self, buffer_id: int, micro_batch: int) -> None:
@@ -311,7 +274,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         grads = self.stash.take_grads(self._batch_version(b))
         if self._dp > 1:
             flat = torch.cat([g.reshape(-1) for g in grads])
-            with self._waiting():
+            with self._waiting("dp_grad_allreduce"):
                 tdist.all_reduce(flat, group=self._dp_group)
             flat.div_(self._dp)
             for g, part in zip(grads, flat.split([g.numel() for g in grads])):
@@ -336,7 +299,7 @@ class TwoBWPipelineEngine(PipelineEngine):
             raise RuntimeError(f"stage {self.stage_id}: optimizer step for batch {batch} but {b} is next")
         grads, stage_sq, norms, work = self._pending.pop(b)
         if work is not None:
-            with self._waiting():
+            with self._waiting("norm_allreduce"):
                 work.wait()
         total_sq = _sq_norm_of(norms)
         params = self.stash.params
@@ -356,7 +319,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         self.global_samples += self.train_batch_size()
         self._record(b, float(stage_sq), norm if self._global_norm else math.nan)
 
-    # -- metrics: every rank sends a small vector to rank 0, which never blocks on it mid-run -------------
+    # -- metrics: a small vector per rank and step to rank 0, never waited for mid-run ------------------
     def _record(self, b: int, stage_sq: float, global_norm: float) -> None:
         loss_sum, count = 0.0, 0
         if self.is_last_stage():
@@ -369,7 +332,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         self._mark = dict(self._clock)
         update = getattr(self.optimizer, "last_update_norm", None)
         corr = getattr(self.optimizer, "last_correction_norm", None)
-        rec = {
+        self.reporter.send(b, {
             "step": b, "stage": self.stage_id, "replica": self.grid.data_parallel_id,
             "loss_sum": loss_sum if self.is_last_stage() else math.nan, "loss_count": count,
             "stage_sq_norm": stage_sq, "global_norm": global_norm,
@@ -377,58 +340,12 @@ class TwoBWPipelineEngine(PipelineEngine):
             "weight_bytes": self.stash.weight_bytes, "peak_weight_bytes": self.stash.peak_bytes,
             "update_sq": math.nan if update is None else float(update) ** 2,
             "correction_sq": math.nan if corr is None else float(corr) ** 2,
-        }  # fmt: skip
-        vec = torch.tensor([float(rec[k]) for k in FIELDS], dtype=torch.float64)
-        if self.rank == 0:
-            self._recvs.setdefault(b, []).append((vec, None))
-            for r in range(1, self.world):
-                buf = torch.empty(len(FIELDS), dtype=torch.float64)
-                self._recvs[b].append((buf, tdist.irecv(buf, src=r, group=self._metrics_group)))
-        else:
-            self._sends = [w for w in self._sends if not w.is_completed()]
-            self._sends.append(tdist.isend(vec, dst=0, group=self._metrics_group))
+        })  # fmt: skip
 
     def poll_metrics(self, wait: bool = False) -> list[dict[str, float]]:
-        """Rank 0: whole-pipeline metrics of the steps whose every rank has reported, in order; other ranks
-        wait for their sends when ``wait``. Non-blocking unless ``wait`` (then: everything outstanding)."""
-        if self.rank != 0:
-            if wait:
-                for w in self._sends:
-                    w.wait()
-                self._sends = []
-            return []
-        out = []
-        for b in sorted(self._recvs):
-            parts = self._recvs[b]
-            if not wait and not all(w is None or w.is_completed() for _, w in parts):
-                break
-            for _, w in parts:
-                if w is not None:
-                    w.wait()
-            out.append(self._combine(b, [dict(zip(FIELDS, t.tolist())) for t, _ in parts]))
-            del self._recvs[b]
-        return out
-
-    def _combine(self, b: int, recs: list[dict[str, float]]) -> dict[str, float]:
-        last = [r for r in recs if int(r["stage"]) == self.num_stages - 1]
-        loss = sum(r["loss_sum"] for r in last) / max(1, sum(r["loss_count"] for r in last))
-        first_replica = sorted((r for r in recs if int(r["replica"]) == 0), key=lambda r: r["stage"])
-        own = next(r for r in recs if int(r["stage"]) == self.stage_id and int(r["replica"]) == 0)
-        norm = own["global_norm"]
-        if math.isnan(norm):
-            norm = math.sqrt(sum(r["stage_sq_norm"] for r in first_replica))
-        wall = self._batch_walls.pop(b, math.nan)
-        out = {"step": b + 1, "train_loss": loss, "lr": own["lr"], "grad_norm": norm, "step_time": wall}
-        if not math.isnan(own["update_sq"]):
-            out["update_norm"] = math.sqrt(sum(r["update_sq"] for r in first_replica))
-            out["correction_norm"] = math.sqrt(sum(r["correction_sq"] for r in first_replica))
-        for r in first_replica:
-            s = int(r["stage"])
-            busy = r["wait_s"] + r["compute_s"]
-            out[f"stage{s}_idle_frac"] = r["wait_s"] / busy if busy > 0 else 0.0
-            out[f"stage{s}_weight_mb"] = r["weight_bytes"] / 2**20
-            out[f"stage{s}_peak_weight_mb"] = r["peak_weight_bytes"] / 2**20
-        return out
+        """Rank 0: whole-pipeline records (see `combine_step`) of the steps every rank has applied, in order;
+        ``wait``: of all steps so far. Other ranks get [] (``wait`` also completes their sends)."""
+        return self.reporter.poll(self._batch_walls, wait)
 
     def stage_summary(self) -> dict[str, Any]:
         """This rank's totals over the run: idle fraction, weight memory, schedule facts."""
@@ -439,6 +356,7 @@ class TwoBWPipelineEngine(PipelineEngine):
             "param_bytes": self.stash.param_bytes, "peak_weight_bytes": self.stash.peak_bytes,
             "weight_versions_peak": self.stash.peak_bytes / max(1, self.stash.param_bytes),
             "deferred_step": self.defer_step, "global_norm_allreduce": self._global_norm,
+            "seconds_by_op": dict(self._by_op), "seconds_blocked_in": dict(self._by_wait),
         }  # fmt: skip
 
     # -- evaluation: a collective forward-only pass on the latest weights ---------------------------------

@@ -1,5 +1,5 @@
 """Run `engine=pipeline`: `run_pipeline` is what every rank process executes (under torchrun, SLURM or
-`launch_local`), `launch_local` starts the P x D rank processes on this machine and relays their progress.
+`launch_local`); `launch_local` trains one config in P x D processes on this machine (see `pipe.local`).
 
 Data order matches the simulator: step t, replica r, micro-batch j reads global micro-batch t*m*D + r*m + j, so
 P stages x D replicas with m micro-batches each equals `engine=simulate` with m*D micro-batches.
@@ -7,20 +7,17 @@ P stages x D replicas with m micro-batches each equals `engine=simulate` with m*
 
 from __future__ import annotations
 
-import logging
-import math
-import os
 import contextlib
 import io
 import json
-import socket
-import sys
+import logging
+import math
+import os
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from asyncpipe.errors import UserError
 
@@ -69,6 +66,9 @@ def run_pipeline(
     from asyncpipe.train.runtime import pick_device
 
     rank, world, local = rank_env()
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing:
+        raise UserError(f"engine=pipeline needs {' and '.join(missing)} in the environment (the rendezvous of rank 0)")
     p = cfg.pipeline
     if world != p.stages * p.data_parallel:
         raise UserError(
@@ -81,60 +81,38 @@ def run_pipeline(
         torch.cuda.set_device(local)
     torch.set_num_threads(p.threads)
     backend = p.backend if p.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-    from asyncpipe.pipe import engine as eng
+    from asyncpipe.pipe.stage import init_comm
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    eng.init_comm(backend, float(os.environ.get("ASYNCPIPE_PG_TIMEOUT", "1800")))
+    init_comm(backend, float(os.environ.get("ASYNCPIPE_PG_TIMEOUT", "1800")))
     return _train(cfg, rank, device, run_dir, on_step)
 
 
-def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optional[StepCallback]) -> dict:
-    import torch.distributed as tdist
+def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[Any, int, int]:
+    """This rank's `TwoBWPipelineEngine` over its stage of the model; returns (engine, stage, replica)."""
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
-    from asyncpipe.data import MicroBatches, dataset_dir, ensure_prepared, load_manifest
     from asyncpipe.model import build_layers, lm_loss, partition
     from asyncpipe.optim import build_optimizer
-    from asyncpipe.pipe.engine import PipeSettings, StagedModule, TwoBWPipelineEngine
-    from asyncpipe.train.loop import diverged
-    from asyncpipe.train.runtime import vocab_size_for
+    from asyncpipe.pipe.engine import PipeSettings, TwoBWPipelineEngine
+    from asyncpipe.pipe.stage import StagedModule, deepspeed_config
 
-    started = time.perf_counter()
     t, p = cfg.train, cfg.pipeline
-    P, D = p.stages, p.data_parallel
     if cfg.model.tie_embeddings:
         raise UserError("engine=pipeline needs untied embeddings; set model.tie_embeddings=false")
     if cfg.delay not in (0, 1) or cfg.delay_profile != "uniform":
         raise UserError(f"engine=pipeline runs delay 0 or 1 with delay_profile=uniform, got delay={cfg.delay}")
-    # One rank prepares the data; the others wait for it rather than race to write the same files.
-    if rank == 0:
-        data_path = ensure_prepared(cfg.data, cfg.tokenizer)
-    tdist.barrier()
-    if rank != 0:
-        data_path = dataset_dir(cfg.data, cfg.tokenizer)
-    manifest = load_manifest(data_path)
-    vocab = vocab_size_for(cfg.model, manifest)
-
-    topo = PipeDataParallelTopology(num_pp=P, num_dp=D)
+    topo = PipeDataParallelTopology(num_pp=p.stages, num_dp=p.data_parallel)
     coord = topo.get_coord(rank)
-    stage, replica = coord.pipe, coord.data
-    parts = partition(cfg.model.n_layer + 2, P)
-    layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=range(parts[stage], parts[stage + 1]))
+    parts = partition(cfg.model.n_layer + 2, p.stages)
+    # Only this stage's layers are built, each from (seed, layer index): the simulator's initial weights.
+    layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=range(parts[coord.pipe], parts[coord.pipe + 1]))
     with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints its seed and topology settings
         module = StagedModule(layers, parts, topo, lm_loss)
     optimizer = build_optimizer(module, cfg.optimizer)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
-    ds_config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": t.micro_batches,
-        "train_batch_size": t.micro_batch_size * t.micro_batches * D,
-        "steps_per_print": 10**12,
-        "gradient_clipping": 0.0,  # ours, in the step (asyncpipe.optim.clip_grads)
-        "zero_optimization": {"stage": 0},
-    }
-    if bf16:
-        ds_config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    ds_config = deepspeed_config(t.micro_batch_size, t.micro_batches, p.data_parallel, bf16)
     settings = PipeSettings(
         delay=cfg.delay, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip, warmup_frac=t.warmup_frac,
         min_lr_frac=t.min_lr_frac, trace=p.trace, defer_step=p.get("defer_step", None),
@@ -144,6 +122,26 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
         args=None, model=module, optimizer=optimizer, mpu=mpu, dist_init_required=False, config=ds_config,
         config_class=DeepSpeedConfig(ds_config, mpu), settings=settings,
     )  # fmt: skip
+    return engine, coord.pipe, coord.data
+
+
+def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optional[StepCallback]) -> dict:
+    import torch.distributed as tdist
+
+    from asyncpipe.data import MicroBatches, dataset_dir, ensure_prepared, load_manifest
+    from asyncpipe.train.loop import diverged
+    from asyncpipe.train.runtime import vocab_size_for
+
+    started = time.perf_counter()
+    t, p = cfg.train, cfg.pipeline
+    D = p.data_parallel
+    # One rank prepares the data; the others wait for it rather than race to write the same files.
+    if rank == 0:
+        data_path = ensure_prepared(cfg.data, cfg.tokenizer)
+    tdist.barrier()
+    if rank != 0:
+        data_path = dataset_dir(cfg.data, cfg.tokenizer)
+    engine, stage, replica = build_engine(cfg, rank, device, vocab_size_for(cfg.model, load_manifest(data_path)))
 
     train_data = MicroBatches(data_path, "train", t.seq_len, t.micro_batch_size, cfg.seed)
     val_data = MicroBatches(data_path, "val", t.seq_len, t.micro_batch_size, 0)  # the simulator's val set
@@ -210,7 +208,7 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
         # One file per rank: (instruction, micro-batch, start, end) on this host's monotonic clock.
         events = [{"stage": stage, "replica": replica, "op": n, "micro_batch": k, "start": a, "end": e}
                   for n, k, a, e in engine.trace]  # fmt: skip
-        _write_json(Path(run_dir) / f"trace-rank{rank}.json", events)
+        (Path(run_dir) / f"trace-rank{rank}.json").write_text(json.dumps(events))
     stage_summary = engine.stage_summary()
     stages = [None] * tdist.get_world_size()
     tdist.all_gather_object(stages, stage_summary)
@@ -236,157 +234,6 @@ def torch_flag(value: bool, device: Any) -> Any:
 
     # gloo broadcasts CPU tensors, nccl CUDA ones
     return torch.tensor([int(value)], device=device if device.type == "cuda" else "cpu")
-
-
-# -- local launcher ---------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _watch_parent() -> None:
-    """Exit when the launching process dies, so a killed launcher never leaves ranks behind."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(path)
-
-
-def _rank_main(spec_path: str) -> None:
-    """One rank of `launch_many` (``python -m asyncpipe.pipe.runner SPEC``): runs every job of the spec.
-
-    Rank 0 appends one JSON line per step to ``events.jsonl``; each rank writes ``result-{job}-{rank}.json``
-    per finished job, or ``error-{rank}.json`` and exits 1."""
-    spec = json.loads(Path(spec_path).read_text())
-    out = Path(spec["out"])
-    rank = int(os.environ["RANK"])
-    _watch_parent()
-    try:
-        import torch.distributed as tdist
-
-        with open(out / "events.jsonl", "a") if rank == 0 else open(os.devnull, "w") as events:
-
-            def on_step(m: dict, job: int) -> None:
-                events.write(json.dumps({"job": job, "metrics": m}) + "\n")
-                events.flush()
-
-            for i, job in enumerate(spec["jobs"]):
-                cfg = OmegaConf.create(job["config"])
-                result = run_pipeline(cfg, job["run_dir"], on_step=lambda m, i=i: on_step(m, i))
-                _write_json(out / f"result-{i}-{rank}.json", result)
-        if tdist.is_initialized():
-            tdist.destroy_process_group()
-    except BaseException as err:  # report, then die: the launcher tears the other ranks down
-        kind = "user_error" if isinstance(err, UserError) else "error"
-        text = str(err) if kind == "user_error" else traceback.format_exc()
-        _write_json(out / f"error-{rank}.json", {"kind": kind, "text": text})
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-        os._exit(1)
-
-
-def launch_many(
-    cfgs: Sequence[DictConfig],
-    run_dirs: Optional[Sequence[Optional[Union[str, os.PathLike]]]] = None,
-    on_step: Optional[Callable[[int, dict], None]] = None,
-    timeout_s: Optional[float] = None,
-) -> list[dict]:
-    """Run several pipeline configs of one world size back to back in one set of P x D local processes
-    (process start and imports paid once); returns rank 0's result per config, in order.
-
-    Ranks are subprocesses with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT);
-    ``on_step(job_index, metrics)`` is called here as rank 0 reports. Any failing rank stops them all."""
-    import subprocess
-    import tempfile
-
-    if not cfgs:
-        return []
-    worlds = {c.pipeline.stages * c.pipeline.data_parallel for c in cfgs}
-    if len(worlds) != 1:
-        raise ValueError(f"configs of one launch must share stages x data_parallel, got worlds {sorted(worlds)}")
-    world = worlds.pop()
-    dirs = list(run_dirs) if run_dirs is not None else [None] * len(cfgs)
-    # Prepare data here, once: a missing corpus is reported as a user error before any rank starts.
-    from asyncpipe.data import ensure_prepared
-
-    for c in cfgs:
-        ensure_prepared(c.data, c.tokenizer)
-    with tempfile.TemporaryDirectory(prefix="asyncpipe-launch-") as tmp:
-        out = Path(tmp)
-        jobs = [
-            {"config": OmegaConf.to_container(c, resolve=True), "run_dir": None if d is None else str(d)}
-            for c, d in zip(cfgs, dirs)
-        ]
-        spec = out / "spec.json"
-        spec.write_text(json.dumps({"out": str(out), "jobs": jobs}))
-        (out / "events.jsonl").touch()
-        threads = max(c.pipeline.threads for c in cfgs)
-        port = _free_port()
-        procs = []
-        for r in range(world):
-            env = dict(os.environ)
-            env.update(
-                RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
-            )  # fmt: skip
-            cmd = [sys.executable, "-m", "asyncpipe.pipe.runner", str(spec)]
-            procs.append(subprocess.Popen(cmd, env=env))
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        try:
-            with open(out / "events.jsonl") as events:
-                while True:
-                    for line in events.readlines():
-                        if on_step is not None and line.strip():
-                            ev = json.loads(line)
-                            on_step(ev["job"], ev["metrics"])
-                    errors = sorted(out.glob("error-*.json"))
-                    if errors:
-                        err = json.loads(errors[0].read_text())
-                        if err["kind"] == "user_error":
-                            raise UserError(err["text"])
-                        raise RuntimeError(f"pipeline {errors[0].stem} failed:\n{err['text']}")
-                    codes = [proc.poll() for proc in procs]
-                    if all(c == 0 for c in codes):
-                        for line in events.readlines():
-                            if on_step is not None and line.strip():
-                                ev = json.loads(line)
-                                on_step(ev["job"], ev["metrics"])
-                        break
-                    bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                    if bad:
-                        raise RuntimeError(f"pipeline rank {bad[0][0]} died with exit code {bad[0][1]}")
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise TimeoutError(f"pipeline run did not finish within {timeout_s:.0f} s")
-                    time.sleep(0.05)
-        finally:
-            for proc in procs:  # only our own children, by handle
-                if proc.poll() is None:
-                    proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        results = []
-        for i in range(len(cfgs)):
-            path = out / f"result-{i}-0.json"
-            results.append(json.loads(path.read_text()) if path.exists() else {})
-        return results
 
 
 def launch_local(
@@ -426,11 +273,9 @@ def launch_local(
             val = f" | val {m['val_loss']:.4f}" if "val_loss" in m else ""
             log(f"step {m['step']}/{cfg.train.steps} | loss {m['train_loss']:.4f}{val} | {m['tokens_per_s']:.0f} tok/s")
 
+    from asyncpipe.pipe.local import launch_many
+
     (result,) = launch_many([cfg], [path], on_step=relay, timeout_s=timeout_s)
     if path is not None:
         log(f"{result.get('status')}: final val loss {result.get('final_val_loss')} | run dir {path}")
     return result
-
-
-if __name__ == "__main__":
-    _rank_main(sys.argv[1])

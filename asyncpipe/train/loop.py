@@ -34,8 +34,13 @@ class StepResult:
 class Trainer:
     """Owns the model, optimizer, delayed weights and data streams of one simulated run."""
 
-    def __init__(self, cfg: DictConfig, log: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(
+        self, cfg: DictConfig, log: Optional[Callable[[str], None]] = None, rank: int = 0, world: int = 1
+    ) -> None:
         self.cfg = cfg
+        # Data-parallel replicas: replica r takes micro-batches r*m .. r*m+m-1 of each step's global batch, so
+        # D replicas of m micro-batches see exactly what one process of D*m micro-batches sees.
+        self.rank, self.world = rank, world
         self.log = log or (lambda msg: None)
         self.device = pick_device(cfg.device)
         torch.manual_seed(cfg.seed)
@@ -54,15 +59,16 @@ class Trainer:
         self.params = [p for _, p in named]
         self.delayed = DelayedWeights(self.params, [delays[name] for name, _ in named])
         self.step = 0
-        self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len
+        self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len * world
 
     # -- one optimizer step -------------------------------------------------------------------------------
     def forward_backward(self, step: int) -> float:
         """Accumulate the step's mean-loss gradient at the current model weights; returns the mean loss."""
         m = self.cfg.train.micro_batches
+        first = (step * self.world + self.rank) * m
         total = 0.0
         for j in range(m):
-            x, y = self.train_data.get(step * m + j)
+            x, y = self.train_data.get(first + j)
             x, y = x.to(self.device), y.to(self.device)
             with autocast_context(self.device, self.cfg.precision):
                 loss = lm_loss(self.model(x), y)
@@ -78,6 +84,8 @@ class Trainer:
             group["lr"] = group["base_lr"] * lr_scale
         with self.delayed.stale():
             loss = self.forward_backward(self.step)
+        if self.world > 1:
+            loss = self._average_replicas(loss)
         extras = self._fresh_grad_cosine() if self._diagnose_now() else {}
         grad_norm = clip_grads(self.params, t.grad_clip)
         self.delayed.advance()
@@ -91,6 +99,20 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         return StepResult(self.step, loss, float(grad_norm), lr, time.perf_counter() - start, extras)
 
+    def _average_replicas(self, loss: float) -> float:
+        """Mean gradient and loss over replicas: one flat all-reduce, before clipping (as the pipeline does)."""
+        import torch.distributed as tdist
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([loss], device=self.device, dtype=grads[0].dtype)])
+        tdist.all_reduce(flat)
+        flat /= self.world
+        offset = 0
+        for p, g in zip(self.params, grads):
+            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
+            offset += g.numel()
+        return float(flat[-1])
+
     def _diagnose_now(self) -> bool:
         every = self.cfg.diagnostics.fresh_grad_every
         return every > 0 and self.cfg.delay > 0 and self.step % every == 0
@@ -100,6 +122,8 @@ class Trainer:
         stale = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
         self.optimizer.zero_grad(set_to_none=True)
         self.forward_backward(self.step)
+        if self.world > 1:
+            self._average_replicas(0.0)
         fresh = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         dot = sum((a.double() * b.double()).sum() for a, b in zip(stale, fresh))
         na = math.sqrt(sum(float(a.double().pow(2).sum()) for a in stale))

@@ -1,0 +1,88 @@
+"""Per-step pipeline metrics without a sync point: each rank sends a small vector to rank 0 after its step,
+rank 0 combines a step once every rank's vector has arrived (its own step b is the last one, so no rank
+ever waits mid-run; the records may come out a step late)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+# The numbers every rank reports per optimizer step, in vector order.
+FIELDS = (
+    "step", "stage", "replica", "loss_sum", "loss_count", "stage_sq_norm", "global_norm", "lr", "wait_s",
+    "compute_s", "weight_bytes", "peak_weight_bytes", "update_sq", "correction_sq",
+)  # fmt: skip
+
+
+def combine_step(recs: list[dict[str, float]], step_time: float) -> dict[str, float]:
+    """One step's record from every rank's numbers: the metrics.jsonl keys plus per-stage extras.
+
+    train_loss: mean over all micro-batches of every replica (the simulator's mean at the same global batch);
+    grad_norm: the pre-clip global norm (from the cross-stage all-reduce when there was one); per stage of
+    replica 0: idle fraction (time waiting on communication / time in the schedule) and weight memory.
+    """
+    last_stage = max(int(r["stage"]) for r in recs)
+    last = [r for r in recs if int(r["stage"]) == last_stage]
+    loss = sum(r["loss_sum"] for r in last) / max(1.0, sum(r["loss_count"] for r in last))
+    replica0 = sorted((r for r in recs if int(r["replica"]) == 0), key=lambda r: r["stage"])
+    head = replica0[0]  # global rank 0: stage 0 of replica 0
+    norm = head["global_norm"]
+    if math.isnan(norm):
+        norm = math.sqrt(sum(r["stage_sq_norm"] for r in replica0))
+    out = {"step": int(head["step"]) + 1, "train_loss": loss, "lr": head["lr"], "grad_norm": norm}
+    out["step_time"] = step_time
+    if not math.isnan(head["update_sq"]):
+        out["update_norm"] = math.sqrt(sum(r["update_sq"] for r in replica0))
+        out["correction_norm"] = math.sqrt(sum(r["correction_sq"] for r in replica0))
+    for r in replica0:
+        s = int(r["stage"])
+        busy = r["wait_s"] + r["compute_s"]
+        out[f"stage{s}_idle_frac"] = r["wait_s"] / busy if busy > 0 else 0.0
+        out[f"stage{s}_weight_mb"] = r["weight_bytes"] / 2**20
+        out[f"stage{s}_peak_weight_mb"] = r["peak_weight_bytes"] / 2**20
+    return out
+
+
+class StepReporter:
+    """Moves each rank's per-step numbers to rank 0 over ``group`` (gloo: the vectors stay on the CPU)."""
+
+    def __init__(self, rank: int, world: int, group: Any) -> None:
+        self.rank, self.world, self.group = rank, world, group
+        self._sends: list[Any] = []
+        self._recvs: dict[int, list[tuple[torch.Tensor, Any]]] = {}  # rank 0: step -> (vector, work)
+
+    def send(self, step: int, rec: dict[str, float]) -> None:
+        vec = torch.tensor([float(rec[k]) for k in FIELDS], dtype=torch.float64)
+        if self.rank == 0:
+            parts = self._recvs.setdefault(step, [(vec, None)])
+            for r in range(1, self.world):
+                buf = torch.empty(len(FIELDS), dtype=torch.float64)
+                parts.append((buf, tdist.irecv(buf, src=r, group=self.group)))
+        else:
+            self._sends = [w for w in self._sends if not w.is_completed()]
+            self._sends.append(tdist.isend(vec, dst=0, group=self.group))
+
+    def poll(self, step_times: dict[int, float], wait: bool = False) -> list[dict[str, float]]:
+        """Rank 0: the combined records of every step all ranks have reported, in order (with ``wait``:
+        of every step posted so far). Other ranks: [] (with ``wait``, after their sends completed)."""
+        if self.rank != 0:
+            if wait:
+                for w in self._sends:
+                    w.wait()
+                self._sends = []
+            return []
+        out = []
+        for step in sorted(self._recvs):
+            parts = self._recvs[step]
+            if not wait and not all(w is None or w.is_completed() for _, w in parts):
+                break
+            for _, w in parts:
+                if w is not None:
+                    w.wait()
+            recs = [dict(zip(FIELDS, t.tolist())) for t, _ in parts]
+            out.append(combine_step(recs, step_times.pop(step, math.nan)))
+            del self._recvs[step]
+        return out

@@ -1,0 +1,61 @@
+"""DeepSpeed-side setup of one pipeline rank: communication without JIT-compiled ops, a `PipelineModule`
+cut exactly where `asyncpipe.model.partition` cuts, and the DeepSpeed config of an `engine=pipeline` run."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as tdist
+from deepspeed.runtime.pipe.module import PipelineModule
+
+
+def init_comm(backend: str, timeout_s: float = 1800.0) -> None:
+    """torch.distributed from the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT), then DeepSpeed's comm on top.
+
+    DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce op on CPU (~30-40 s) that only its
+    inference all-reduce uses; marking the op unavailable skips the build (its sole check reads this dict).
+    """
+    if not tdist.is_initialized():
+        tdist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+    import deepspeed.ops as ds_ops
+
+    compat = vars(ds_ops).get("__compatible_ops__")
+    if compat is None:
+        ds_ops.__compatible_ops__ = {"deepspeed_shm_comm": False}  # also skips probing every other op
+    else:
+        compat["deepspeed_shm_comm"] = False
+    from deepspeed import comm as ds_comm
+
+    ds_comm.init_distributed(dist_backend=backend, dist_init_required=False, verbose=False)
+
+
+class StagedModule(PipelineModule):
+    """A `PipelineModule` cut at exactly the boundaries ``parts`` (from `asyncpipe.model.partition`)."""
+
+    def __init__(self, layers: list, parts: list[int], topology: Any, loss_fn: Any) -> None:
+        object.__setattr__(self, "_fixed_parts", list(parts))  # read by _partition_layers inside super().__init__
+        super().__init__(layers, topology=topology, loss_fn=loss_fn, partition_method="asyncpipe")
+
+    def _partition_layers(self, method: str = "asyncpipe") -> None:
+        self.parts = list(self._fixed_parts)
+        if len(self.parts) != self.num_stages + 1:
+            raise ValueError(f"{len(self.parts) - 1} partitions for {self.num_stages} stages")
+        stage = self._topo.get_coord(self.global_rank).pipe
+        self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+
+
+def deepspeed_config(micro_batch_size: int, micro_batches: int, replicas: int, bf16: bool) -> dict[str, Any]:
+    """Batch geometry only: clipping, the lr schedule and the optimizer are ours (client fp32 optimizer);
+    bf16 is torch autocast over fp32 weights, never DeepSpeed's bf16 optimizer (it flattens parameters)."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": micro_batches,
+        "train_batch_size": micro_batch_size * micro_batches * replicas,
+        "steps_per_print": 10**12,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": 0},
+    }
+    if bf16:
+        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    return config
