@@ -28,6 +28,8 @@ def test_preset_parameter_count_matches_its_name(name: str) -> None:
         assert n <= 1_000_000
     elif name == "small":
         assert 5e6 <= n <= 20e6
+    elif name == "mini":
+        assert 1e6 <= n <= 5e6
     else:
         assert abs(n - NOMINAL[name]) / NOMINAL[name] <= 0.05, f"{name}: {n / 1e6:.1f}M"
 
