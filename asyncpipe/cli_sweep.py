@@ -1,12 +1,10 @@
 """The `asyncpipe sweep` command: thin Typer functions over `asyncpipe.launch` (registered by asyncpipe/cli.py).
 
 `asyncpipe sweep status DIR/NAME` is dispatched from the same command: `status` is never a valid override.
-Run `python -m asyncpipe.cli_sweep ...` to use it standalone.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -15,7 +13,6 @@ import typer
 from asyncpipe.errors import UserError
 
 EXIT_FAILED_RUNS = 1
-EXIT_USER_ERROR = 2
 
 SWEEP_OVERRIDES = typer.Argument(
     None,
@@ -55,21 +52,3 @@ def status(sweep_dir: Path = typer.Argument(..., help="A sweep directory, e.g. r
 
     sweep_status(sweep_dir)
 
-
-def main() -> None:
-    """Standalone entry point with the same error handling as `asyncpipe`."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command("sweep")(sweep)
-    app.command("status")(status)
-    try:
-        app()
-    except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USER_ERROR)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()

@@ -303,7 +303,7 @@ def test_cli_status_and_errors(tmp_path: Path, fake_command):
     result = CliRunner().invoke(_app(), ["sweep", "--out", str(tmp_path)])
     assert isinstance(result.exception, UserError) and "nothing to sweep" in str(result.exception)
     proc = subprocess.run(
-        [sys.executable, "-m", "asyncpipe.cli_sweep", "sweep", "status", str(tmp_path / "nope")],
+        [sys.executable, "-m", "asyncpipe", "sweep", "status", str(tmp_path / "nope")],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a sweep directory" in proc.stderr
