@@ -198,3 +198,26 @@ def test_deepspeed_translation_keeps_micro_batch_order():
         stream = sched.train_schedule_stream(m, P, s, batches=2)
         assert [c.micro_batch for c in of(stream, sched.ForwardPass)] == list(range(2 * m))
         assert [c.batch for c in of(stream, sched.OptimizerStep)] == [0, 1]
+
+
+@pytest.mark.parametrize("kind", ["2bw", "2bw-deferred", "1f1b"])
+@pytest.mark.parametrize("P,m", [(2, 2), (3, 3), (4, 4), (4, 6)])
+def test_stage_0_steps_after_everyone_finished_the_previous_step(kind, P, m):
+    """What the metrics path relies on: rank 0 collects step b-1 when it applies step b (everyone has sent it),
+    and a rank finishes its step b-2 send when it applies step b (rank 0 has posted that receive). Causal
+    order, so it must hold for any compute times: checked for random ones."""
+    import random
+
+    rng = random.Random(P * 100 + m)
+    N = 5
+    for _ in range(20):
+        tl = simulate_schedule(
+            kind, m, P, N, forward=rng.uniform(0.1, 3), backward=rng.uniform(0.1, 6), step=rng.uniform(0, 3),
+            collective_steps=rng.random() < 0.5,
+        )  # fmt: skip
+        ends = {(e.stage, e.batch): e.end for e in tl.events if e.kind == "step"}
+        starts = {(e.stage, e.batch): e.start for e in tl.events if e.kind == "step"}
+        for b in range(1, N):
+            assert all(starts[(0, b)] >= ends[(s, b - 1)] - 1e-9 for s in range(P)), (b, ends, starts)
+            if b >= 2:
+                assert all(starts[(s, b)] >= ends[(0, b - 2)] - 1e-9 for s in range(P)), (b, ends, starts)

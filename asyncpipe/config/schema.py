@@ -85,7 +85,8 @@ class PipelineConfig:
     stages: int = 2  # pipeline stages P (engine=pipeline; also the depth of delay_profile=pipedream)
     data_parallel: int = 1  # replicas D per stage: world = P * D
     clip: str = "global"  # global: one norm over all stages; stage: each stage clips its own
-    trace: bool = False  # record per-instruction events for `asyncpipe schedule`
+    trace: bool = False  # record per-instruction events (RUN/trace-rank{r}.json) for `asyncpipe schedule`
+    defer_step: Optional[bool] = None  # 2BW: step just before W(b+1) is first read, hiding the norm all-reduce (None = when needed)
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     threads: int = 1  # torch threads per process
 

@@ -342,10 +342,12 @@ class TwoBWPipelineEngine(PipelineEngine):
             "correction_sq": math.nan if corr is None else float(corr) ** 2,
         })  # fmt: skip
 
-    def poll_metrics(self, wait: bool = False) -> list[dict[str, float]]:
-        """Rank 0: whole-pipeline records (see `combine_step`) of the steps every rank has applied, in order;
-        ``wait``: of all steps so far. Other ranks get [] (``wait`` also completes their sends)."""
-        return self.reporter.poll(self._batch_walls, wait)
+    def poll_metrics(self, synced: bool = False) -> list[dict[str, float]]:
+        """Rank 0: whole-pipeline records (see `combine_step`) of the steps every rank has surely applied, in
+        order: all but the latest, or with ``synced`` (call it only where all ranks meet, e.g. right after
+        `evaluate`, or at the end) every step so far. Other ranks get [] (``synced`` finishes their sends)."""
+        upto = None if synced else self.global_steps - 1 - self.reporter.LAG
+        return self.reporter.collect(self._batch_walls, upto)
 
     def stage_summary(self) -> dict[str, Any]:
         """This rank's totals over the run: idle fraction, weight memory, schedule facts."""

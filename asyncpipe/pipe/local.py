@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,12 +20,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from omegaconf import DictConfig, OmegaConf
 
+from asyncpipe.dist import free_port
 from asyncpipe.errors import UserError
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _watch_parent() -> None:
@@ -117,7 +112,7 @@ def launch_many(
         spec.write_text(json.dumps({"out": str(out), "jobs": jobs}))
         (out / "events.jsonl").touch()
         threads = max(c.pipeline.threads for c in cfgs)
-        port = _free_port()
+        port = free_port()
         procs = []
         for r in range(world):
             env = dict(os.environ)

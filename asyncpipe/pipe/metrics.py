@@ -1,11 +1,11 @@
-"""Per-step pipeline metrics without a sync point: each rank sends a small vector to rank 0 after its step,
-rank 0 combines a step once every rank's vector has arrived (its own step b is the last one, so no rank
-ever waits mid-run; the records may come out a step late)."""
+"""Per-step pipeline metrics without a sync point: each rank sends a small vector to rank 0 after its step;
+rank 0 combines a step from every rank's vector one step later (or at the next sync point), so no rank ever
+waits on metrics mid-run."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as tdist
@@ -47,11 +47,19 @@ def combine_step(recs: list[dict[str, float]], step_time: float) -> dict[str, fl
 
 
 class StepReporter:
-    """Moves each rank's per-step numbers to rank 0 over ``group`` (gloo: the vectors stay on the CPU)."""
+    """Moves each rank's per-step numbers to rank 0 over ``group`` (gloo: the vectors stay on the CPU).
+
+    gloo reports a receive complete only once it is waited on, so rank 0 never polls: it waits for steps
+    that every rank has certainly sent. When rank 0 applies step b, every rank has applied step b-1 (in 2BW
+    with m >= P the data dependencies order it so, deferred or not; in 1F1B stage 0 steps last), so the
+    records up to b-1 cost no waiting; the rest are collected at sync points (evaluation, the end).
+    """
+
+    LAG = 1  # steps rank 0 stays behind its own latest step when collecting without a sync
 
     def __init__(self, rank: int, world: int, group: Any) -> None:
         self.rank, self.world, self.group = rank, world, group
-        self._sends: list[Any] = []
+        self._sends: list[tuple[int, Any]] = []  # (step, work) of this rank's unfinished sends
         self._recvs: dict[int, list[tuple[torch.Tensor, Any]]] = {}  # rank 0: step -> (vector, work)
 
     def send(self, step: int, rec: dict[str, float]) -> None:
@@ -61,28 +69,32 @@ class StepReporter:
             for r in range(1, self.world):
                 buf = torch.empty(len(FIELDS), dtype=torch.float64)
                 parts.append((buf, tdist.irecv(buf, src=r, group=self.group)))
-        else:
-            self._sends = [w for w in self._sends if not w.is_completed()]
-            self._sends.append(tdist.isend(vec, dst=0, group=self.group))
+            return
+        # Rank 0 has posted its receives of step-1 by now (same ordering argument): finishing older sends
+        # keeps the list short and never blocks for long.
+        for old, work in self._sends:
+            if old < step - 1:
+                work.wait()
+        self._sends = [(old, w) for old, w in self._sends if old >= step - 1]
+        self._sends.append((step, tdist.isend(vec, dst=0, group=self.group)))
 
-    def poll(self, step_times: dict[int, float], wait: bool = False) -> list[dict[str, float]]:
-        """Rank 0: the combined records of every step all ranks have reported, in order (with ``wait``:
-        of every step posted so far). Other ranks: [] (with ``wait``, after their sends completed)."""
+    def collect(self, step_times: dict[int, float], upto: Optional[int]) -> list[dict[str, float]]:
+        """Rank 0: the combined records of steps <= ``upto`` (None: every step posted so far), in order.
+        Other ranks: [] (with ``upto=None`` their own sends are finished first)."""
         if self.rank != 0:
-            if wait:
-                for w in self._sends:
+            if upto is None:
+                for _, w in self._sends:
                     w.wait()
                 self._sends = []
             return []
         out = []
         for step in sorted(self._recvs):
-            parts = self._recvs[step]
-            if not wait and not all(w is None or w.is_completed() for _, w in parts):
+            if upto is not None and step > upto:
                 break
+            parts = self._recvs.pop(step)
             for _, w in parts:
                 if w is not None:
                     w.wait()
             recs = [dict(zip(FIELDS, t.tolist())) for t, _ in parts]
             out.append(combine_step(recs, step_times.pop(step, math.nan)))
-            del self._recvs[step]
         return out

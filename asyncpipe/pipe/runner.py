@@ -24,24 +24,15 @@ from asyncpipe.errors import UserError
 StepCallback = Callable[[dict], None]
 
 
-def _env_int(*names: str, default: Optional[int] = None) -> int:
-    for name in names:
-        if os.environ.get(name, "").strip():
-            return int(os.environ[name])
-    if default is None:
-        raise UserError(f"engine=pipeline needs {names[0]} in the environment (set by torchrun, SLURM or launch_local)")
-    return default
-
-
 def rank_env() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's variables, else SLURM's."""
-    rank = _env_int("RANK", "SLURM_PROCID")
-    world = _env_int("WORLD_SIZE", "SLURM_NTASKS")
-    local = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
-    os.environ.setdefault("RANK", str(rank))
-    os.environ.setdefault("WORLD_SIZE", str(world))
-    os.environ.setdefault("LOCAL_RANK", str(local))  # DeepSpeed's PipelineModule reads it
-    return rank, world, local
+    """(rank, world size, local rank) of this process, from torchrun's / submitit's environment."""
+    from asyncpipe.dist import rank_env as env
+
+    found = env()
+    if found is None:
+        raise UserError("engine=pipeline ranks need RANK and WORLD_SIZE in the environment (torchrun, SLURM, launch_local)")
+    os.environ.setdefault("LOCAL_RANK", str(found[2]))  # DeepSpeed's PipelineModule reads it
+    return found
 
 
 def _train_stream(data: Any, m: int, replicas: int, replica: int, steps: int) -> Iterator[tuple]:
@@ -55,6 +46,17 @@ def _val_indices(n: int, replicas: int, replica: int) -> list[int]:
     return list(range(replica, n, replicas)) if n % replicas == 0 else list(range(n))
 
 
+def refuse_unsupported(cfg: DictConfig) -> None:
+    """What engine=pipeline cannot do yet, as one-line user errors before any process starts."""
+    if cfg.resume:
+        raise UserError("resume=true is not supported by engine=pipeline yet (2BW never flushes, so there is no "
+                        "step boundary without in-flight micro-batches to checkpoint); use engine=simulate")
+    if cfg.model.tie_embeddings:
+        raise UserError("engine=pipeline needs untied embeddings; set model.tie_embeddings=false")
+    if cfg.delay not in (0, 1) or cfg.delay_profile != "uniform":
+        raise UserError(f"engine=pipeline runs delay 0 or 1 with delay_profile=uniform, got delay={cfg.delay}")
+
+
 def run_pipeline(
     cfg: DictConfig, run_dir: Union[str, os.PathLike, None] = None, on_step: Optional[StepCallback] = None
 ) -> dict:
@@ -62,12 +64,14 @@ def run_pipeline(
     stage summary elsewhere). Rank 0 writes `metrics.jsonl` / `summary.json` to ``run_dir`` when given and
     calls ``on_step(metrics)`` per step (metrics may arrive a step late: no rank ever waits for them)."""
     import torch
+    import torch.distributed as tdist
 
     from asyncpipe.train.runtime import pick_device
 
+    refuse_unsupported(cfg)
     rank, world, local = rank_env()
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
-    if missing:
+    if missing and not tdist.is_initialized():
         raise UserError(f"engine=pipeline needs {' and '.join(missing)} in the environment (the rendezvous of rank 0)")
     p = cfg.pipeline
     if world != p.stages * p.data_parallel:
@@ -99,10 +103,6 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     from asyncpipe.pipe.stage import StagedModule, deepspeed_config
 
     t, p = cfg.train, cfg.pipeline
-    if cfg.model.tie_embeddings:
-        raise UserError("engine=pipeline needs untied embeddings; set model.tie_embeddings=false")
-    if cfg.delay not in (0, 1) or cfg.delay_profile != "uniform":
-        raise UserError(f"engine=pipeline runs delay 0 or 1 with delay_profile=uniform, got delay={cfg.delay}")
     topo = PipeDataParallelTopology(num_pp=p.stages, num_dp=p.data_parallel)
     coord = topo.get_coord(rank)
     parts = partition(cfg.model.n_layer + 2, p.stages)
@@ -115,7 +115,7 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     ds_config = deepspeed_config(t.micro_batch_size, t.micro_batches, p.data_parallel, bf16)
     settings = PipeSettings(
         delay=cfg.delay, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip, warmup_frac=t.warmup_frac,
-        min_lr_frac=t.min_lr_frac, trace=p.trace, defer_step=p.get("defer_step", None),
+        min_lr_frac=t.min_lr_frac, trace=p.trace, defer_step=p.defer_step,
     )  # fmt: skip
     mpu = module.mpu()
     engine = TwoBWPipelineEngine(
@@ -190,16 +190,16 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
             if eval_now:
                 final_val = evaluate()  # collective: every rank is between the same two steps here
                 val_at[step] = final_val
-                emit(engine.poll_metrics())
+                emit(engine.poll_metrics(synced=True))
                 # Divergence ends the run only here, where every rank already meets; rank 0 decides.
-                flag = torch_flag(status == "diverged", device)
+                flag = _flag(status == "diverged", device)
                 tdist.broadcast(flag, src=0)
                 if bool(flag.item()) and step < t.steps:
                     status, stop = "diverged", True
                     break
             else:
                 emit(engine.poll_metrics())
-        emit(engine.poll_metrics(wait=True))
+        emit(engine.poll_metrics(synced=True))
     except BaseException:
         if tracker is not None:
             tracker.finish({"status": "failed", "wall_time": time.perf_counter() - started})
@@ -229,11 +229,34 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
     return {**summary, "history": history, "stopped_early": stop}
 
 
-def torch_flag(value: bool, device: Any) -> Any:
+def _flag(value: bool, device: Any) -> Any:
     import torch
 
-    # gloo broadcasts CPU tensors, nccl CUDA ones
+    # gloo broadcasts CPU tensors, nccl CUDA ones.
     return torch.tensor([int(value)], device=device if device.type == "cuda" else "cpu")
+
+
+def run_rank(cfg: DictConfig, log: Callable[[str], None] = print) -> dict:
+    """This process is one rank of an `engine=pipeline` job started by torchrun or SLURM: rank 0 prepares
+    the run dir and writes the record, every rank trains its stage; returns rank 0's summary."""
+    from asyncpipe.run import prepare_run_dir
+
+    refuse_unsupported(cfg)
+    rank, _, _ = rank_env()
+    path = prepare_run_dir(cfg) if rank == 0 else Path(cfg.run.dir)
+    every = max(1, cfg.train.log_every)
+
+    def progress(m: dict) -> None:
+        if m["step"] % every == 0 or m["step"] == cfg.train.steps or "val_loss" in m:
+            log(_progress_line(m, cfg.train.steps))
+
+    result = run_pipeline(cfg, path, on_step=progress if rank == 0 else None)
+    return {k: v for k, v in result.items() if k != "history"}
+
+
+def _progress_line(m: dict, steps: int) -> str:
+    val = f" | val {m['val_loss']:.4f}" if "val_loss" in m else ""
+    return f"step {m['step']}/{steps} | loss {m['train_loss']:.4f}{val} | {m['tokens_per_s']:.0f} tok/s"
 
 
 def launch_local(
@@ -250,6 +273,7 @@ def launch_local(
     ``None``/``False`` writes nothing. The children get the resolved config, so ``overrides`` are not needed
     again. Progress prints through ``log`` unless ``on_step`` takes the per-step metrics.
     """
+    refuse_unsupported(cfg)
     path: Optional[Path] = None
     if run_dir is True:
         from asyncpipe.run import prepare_run_dir
@@ -257,8 +281,6 @@ def launch_local(
         path = prepare_run_dir(cfg)
     elif run_dir:
         path = Path(run_dir)
-    if cfg.resume:
-        raise UserError("resume=true is not supported by engine=pipeline yet (2BW has no flush to checkpoint at)")
     every = max(1, cfg.train.log_every)
     p = cfg.pipeline
     log(
@@ -270,12 +292,12 @@ def launch_local(
         if on_step is not None:
             on_step(m)
         elif m["step"] % every == 0 or m["step"] == cfg.train.steps or "val_loss" in m:
-            val = f" | val {m['val_loss']:.4f}" if "val_loss" in m else ""
-            log(f"step {m['step']}/{cfg.train.steps} | loss {m['train_loss']:.4f}{val} | {m['tokens_per_s']:.0f} tok/s")
+            log(_progress_line(m, cfg.train.steps))
 
     from asyncpipe.pipe.local import launch_many
 
     (result,) = launch_many([cfg], [path], on_step=relay, timeout_s=timeout_s)
+    result = {k: v for k, v in result.items() if k != "history"}  # metrics.jsonl holds it
     if path is not None:
         log(f"{result.get('status')}: final val loss {result.get('final_val_loss')} | run dir {path}")
     return result

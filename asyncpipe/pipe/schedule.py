@@ -95,8 +95,9 @@ class TwoBWSchedule:
     batches by `CommitP2P`, so a send and its matching receive are always posted in the same round on both
     sides (the Megatron pairing: send-activation with receive-grad, send-grad with receive-activation).
 
-    ``steps()`` yields lists of instructions; `TwoBWPipelineEngine.train_batch` runs the stream up to the next
-    `OptimizerStep` per call: warm-up in the first call, the drain in the last.
+    ``steps()`` yields lists of instructions; `TwoBWPipelineEngine.train_batch` runs the stream up to the
+    next `ReduceGrads` per call (a cut with no message in flight between stages): warm-up in the first call,
+    the drain in the last.
 
     ``defer_step``: each `OptimizerStep(b)` moves from right after `ReduceGrads(b)` to just before the first
     forward of batch b+2, the first use of its output W(b+1) (steps with no such forward close the stream).
@@ -112,7 +113,7 @@ class TwoBWSchedule:
         if micro_batches < stages:
             raise UserError(
                 f"2BW needs train.micro_batches >= pipeline.stages (got {micro_batches} < {stages}): with fewer, "
-                "a stage would need a third weight version; raise train.micro_batches or use delay=0"
+                "stage 0 would start batch b+2 before step b made its weights; raise train.micro_batches or use delay=0"
             )
         self.micro_batches, self.stages, self.stage_id, self.batches = micro_batches, stages, stage_id, batches
         self.defer_step = defer_step

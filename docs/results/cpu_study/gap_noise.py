@@ -1,0 +1,58 @@
+"""Seed noise of the loss gaps in docs/results/cpu_study.md: per-seed (paired) gaps from a study's run dirs.
+
+`asyncpipe report` gives mean ± std per cell; a gap's spread needs the runs themselves. Seeds fix the init and
+the data order, so a seed's async run is compared with the same seed's sync run (paired), and the unpaired
+standard error sqrt(s_a^2/n_a + s_s^2/n_s) is printed beside it.
+Usage: python docs/results/cpu_study/gap_noise.py runs/study/cpu_study
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+
+def variant(cfg: dict) -> str:
+    if int(cfg.get("delay") or 0) == 0:
+        name = "sync"
+    elif cfg.get("delay_profile") == "pipedream":
+        name = f"pipedream(P={cfg['pipeline']['stages']})"
+    else:
+        name = f"{cfg['delay']}-step"
+    return name + ("+EF" if cfg["optimizer"].get("ef", {}).get("enabled") else "")
+
+
+def std(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return math.nan
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def main(root: Path) -> None:
+    loss: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for summary in sorted(root.rglob("summary.json")):
+        s = json.loads(summary.read_text())
+        if s.get("status") != "completed":
+            continue
+        cfg = yaml.safe_load((summary.parent / "config.yaml").read_text())
+        loss[(cfg["optimizer"]["name"], variant(cfg))][int(cfg["seed"])] = float(s["final_val_loss"])
+    print("| optimizer | variant | n | gap to sync (mean of per-seed gaps) | std of per-seed gaps | unpaired s.e. |")
+    print("|---|---|---|---|---|---|")
+    for (opt, var), runs in sorted(loss.items()):
+        sync = loss.get((opt, "sync"), {})
+        if var == "sync" or not sync:
+            continue
+        gaps = [runs[k] - sync[k] for k in sorted(runs) if k in sync]
+        a, b = list(runs.values()), list(sync.values())
+        se = math.sqrt(std(a) ** 2 / len(a) + std(b) ** 2 / len(b)) if len(a) > 1 and len(b) > 1 else math.nan
+        print(f"| {opt} | {var} | {len(gaps)} | {sum(gaps) / len(gaps):+.4f} | {std(gaps):.4f} | {se:.4f} |")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
