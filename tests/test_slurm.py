@@ -96,13 +96,10 @@ def test_pipeline_run_is_one_job_of_two_tasks(slurm_cluster: Path, tmp_path: Pat
     record = json.loads((run_dir / "slurm_job.json").read_text())
     assert (record["nodes"], record["tasks_per_node"]) == (1, 2)
     assert "NumTasks=2" in scontrol_job(record["job_id"])
-    # The tasks must be the two ranks of one pipeline (not each task starting its own local pipeline, which
-    # would log every step twice). Until run_training joins the SLURM job as one rank, this is a known gap.
-    if remote.states[0].state != "completed" or len(losses(run_dir)) != 6:
-        pytest.xfail(
-            "engine=pipeline does not yet run as one rank per SLURM task "
-            f"(state {remote.states[0].state}, {len(losses(run_dir))} loss records for 6 steps; see {run_dir}/slurm.out)"
-        )
+    # The tasks are the two ranks of one pipeline (not each task starting its own local pipeline, which would
+    # log every step twice).
+    assert remote.states[0].state == "completed", (run_dir / "slurm.out").read_text()[-2000:]
+    assert len(losses(run_dir)) == 6
     local = run_sweep(grid, out=tmp_path / "local", name="pipe", display=quiet())
     assert local.states[0].state == "completed"
     assert losses(run_dir) == pytest.approx(losses(tmp_path / "local" / "pipe" / "seed=0"), rel=1e-5)
