@@ -68,11 +68,13 @@ def report(
     wandb_project: Optional[str] = typer.Option(None, "--wandb", help="Read runs from W&B: ENTITY/PROJECT."),
     group: Optional[str] = typer.Option(None, "--group", help="With --wandb: the run group (sweep name)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where report files go (default DIR/NAME/report)."),
+    log_wandb: bool = typer.Option(True, "--wandb-log/--no-wandb-log", help="Also log table and plots to a W&B "
+                                   "summary run of the group (when the runs' W&B mode is not disabled)."),
 ) -> None:
     """Loss-gap tables (sync / 1-step / 1-step+EF per optimizer) and plots for a sweep."""
     from rich.console import Console
 
-    from asyncpipe.report import build_report, build_report_from_wandb, render_terminal
+    from asyncpipe.report import build_report, build_report_from_wandb, log_report_to_wandb, render_terminal
 
     if wandb_project:
         if not group:
@@ -85,6 +87,12 @@ def report(
     Console().print(render_terminal(rep))
     for path in rep.files.values():
         typer.echo(f"wrote {path}")
+    configs = sorted(sweep_dir.glob("*/config.yaml")) if sweep_dir is not None else []
+    if log_wandb and configs:
+        from omegaconf import OmegaConf
+
+        if log_report_to_wandb(rep, OmegaConf.load(configs[0])):
+            typer.echo("logged the report to W&B")
 
 
 @app.command()

@@ -66,3 +66,16 @@ def test_existing_run_dir_is_not_overwritten(tmp_path: Path) -> None:
     assert asyncpipe("train", "train.steps=2", f"run.dir={run}").returncode == 0
     proc = asyncpipe("train", "train.steps=2", f"run.dir={run}")
     assert proc.returncode == 2 and "already holds a run" in proc.stderr
+
+
+def test_fresh_gradient_cosine_diagnostic(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = asyncpipe("train", "delay=1", "train.steps=6", "diagnostics.fresh_grad_every=2", f"run.dir={run}")
+    assert proc.returncode == 0, proc.stderr
+    metrics = [m for m in read_metrics(run) if m["step"] > 0]
+    with_cos = [m["step"] for m in metrics if "fresh_grad_cos" in m]
+    assert with_cos == [1, 3, 5]  # measured before the steps 0, 2, 4 are applied
+    assert all(-1.0 <= m["fresh_grad_cos"] <= 1.0 for m in metrics if "fresh_grad_cos" in m)
+    # at step 0 the stale weights are W(0) itself: stale and fresh gradients coincide
+    assert metrics[0]["fresh_grad_cos"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics[2]["fresh_grad_cos"] < 1.0 - 1e-6
