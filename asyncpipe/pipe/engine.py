@@ -108,6 +108,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         self._by_wait: dict[str, float] = {}  # seconds blocked inside handlers, per collective
         self._batch_walls: dict[int, float] = {}  # batch -> seconds its train_batch() call took here
         self.trace: list[tuple] = []
+        self.last_loss = math.nan  # last stage: mean train loss of the latest reduced batch
 
     # -- the schedule ----------------------------------------------------------------------------------
     def train_batch(self, data_iter: Any = None, sync: bool = True) -> None:  # type: ignore[override]
@@ -143,13 +144,27 @@ class TwoBWPipelineEngine(PipelineEngine):
             if self._p2p_ops:
                 raise RuntimeError("a batch ended with communication queued but not committed")
             if sync or not self.defer_step:
-                while self.global_steps <= b:  # hoist the pending steps (in order) to here
-                    self._run(sched.OptimizerStep(batch=self.global_steps))
+                self.apply_pending()
             if b == self.settings.total_steps - 1:
                 rest = list(self._cmds)
                 if any(not isinstance(c, sched.OptimizerStep) or c.batch >= self.global_steps for c in rest):
                     raise RuntimeError(f"stage {self.stage_id}: instructions left after the last batch: {rest}")
         self._batch_walls[b] = time.perf_counter() - started
+
+    def apply_pending(self) -> None:
+        """At a cut: apply the deferred optimizer steps of the batches run so far (in order), as ``sync`` does."""
+        while self.global_steps < self._batches_run:
+            self._run(sched.OptimizerStep(batch=self.global_steps))
+
+    def restart_at(self, step: int) -> None:
+        """Continue a run whose first ``step`` optimizer steps are already in the weights (a resumed checkpoint):
+        the next `train_batch` runs batch ``step``, warming the 2BW stream up again from there."""
+        self.global_steps = self._batches_run = step
+        self.global_samples = step * self.train_batch_size()
+        if self._schedule is not None:
+            s = self._schedule
+            self._schedule = sched.TwoBWSchedule(s.micro_batches, s.stages, s.stage_id, s.batches, s.defer_step, step)
+            self._cmds = (cmd for tick in self._schedule.steps() for cmd in tick)
 
     def _exec_schedule(self, pipe_schedule: Any) -> None:
         self._reserve_pipe_buffers(pipe_schedule.num_pipe_buffers())
@@ -271,6 +286,9 @@ class TwoBWPipelineEngine(PipelineEngine):
         """Take the batch's gradients off its weight version, average them over data-parallel replicas and
         start the cross-stage norm all-reduce (waited for by the step, so a deferred step overlaps it)."""
         b = self.global_steps if batch is None else batch
+        if self.is_last_stage():  # the batch's mean loss, known at its cut (divergence is checked there)
+            total, count = (self.total_loss, self.micro_batches) if self._cmds is None else self._batch_loss[b]
+            self.last_loss = float(total) / max(1, count)
         grads = self.stash.take_grads(self._batch_version(b))
         if self._dp > 1:
             flat = torch.cat([g.reshape(-1) for g in grads])

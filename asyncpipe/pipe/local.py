@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from omegaconf import DictConfig, OmegaConf
 
 from asyncpipe.dist import free_port
-from asyncpipe.errors import UserError
+from asyncpipe.errors import EXIT_INTERRUPTED, UserError
 
 
 def _watch_parent() -> None:
@@ -52,6 +52,10 @@ def _rank_main(spec_path: str) -> None:
     out = Path(spec["out"])
     rank = int(os.environ["RANK"])
     _watch_parent()
+    from asyncpipe.train.signals import StopRequest
+
+    # Installed before the heavy imports: a SIGTERM during start-up still ends in a checkpoint, not a crash.
+    stop = StopRequest().__enter__()
     try:
         import torch.distributed as tdist
 
@@ -63,10 +67,16 @@ def _rank_main(spec_path: str) -> None:
                 events.write(json.dumps({"job": job, "metrics": m}) + "\n")
                 events.flush()
 
+            interrupted = False
             for i, job in enumerate(spec["jobs"]):
+                if interrupted:  # a stop ends the launch: later jobs are reported, not run
+                    skipped = {"status": "interrupted", "steps": 0, "exit_code": EXIT_INTERRUPTED}
+                    _write_json(out / f"result-{i}-{rank}.json", skipped)
+                    continue
                 cfg = OmegaConf.create(job["config"])
-                result = run_pipeline(cfg, job["run_dir"], on_step=lambda m, i=i: on_step(m, i))
+                result = run_pipeline(cfg, job["run_dir"], on_step=lambda m, i=i: on_step(m, i), stop=stop)
                 _write_json(out / f"result-{i}-{rank}.json", result)
+                interrupted = result.get("status") == "interrupted"
         if tdist.is_initialized():
             tdist.barrier()  # nobody tears down while a peer still talks to it
             tdist.destroy_process_group()
@@ -74,9 +84,37 @@ def _rank_main(spec_path: str) -> None:
         kind = "user_error" if isinstance(err, UserError) else "error"
         text = str(err) if kind == "user_error" else traceback.format_exc()
         _write_json(out / f"error-{rank}.json", {"kind": kind, "text": text})
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
+        if kind != "user_error":  # a user error is printed once, by the launcher
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
         os._exit(1)
+
+
+class _Forward:
+    """While active (main thread only), SIGTERM / SIGUSR1 / SIGUSR2 sent to the launcher go to every rank, which
+    checkpoint at the next agreed cut and finish as ``interrupted``; the launcher keeps waiting for them."""
+
+    def __init__(self, procs: list) -> None:
+        import signal
+
+        from asyncpipe.train.signals import SIGNALS
+
+        self.procs, self.previous = procs, {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._relay)
+
+    def _relay(self, signum: int, frame: Any) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
 
 
 def launch_many(
@@ -123,6 +161,7 @@ def launch_many(
             cmd = [sys.executable, "-m", "asyncpipe.pipe.local", str(spec)]
             procs.append(subprocess.Popen(cmd, env=env))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        forwarding = _Forward(procs)
         try:
             with open(out / "events.jsonl") as events:
 
@@ -161,6 +200,7 @@ def launch_many(
                         raise TimeoutError(f"pipeline run did not finish within {timeout_s:.0f} s")
                     time.sleep(0.05)
         finally:
+            forwarding.__exit__()
             for proc in procs:  # only our own children, by handle
                 if proc.poll() is None:
                     proc.terminate()

@@ -3,6 +3,7 @@
 
 Data order matches the simulator: step t, replica r, micro-batch j reads global micro-batch t*m*D + r*m + j, so
 P stages x D replicas with m micro-batches each equals `engine=simulate` with m*D micro-batches.
+Checkpoints (`checkpoint.every`, stop signals), resume=true and divergence act at batch cuts (`pipe.faults`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def rank_env() -> tuple[int, int, int]:
     return found
 
 
-def _train_stream(data: Any, m: int, replicas: int, replica: int, steps: int) -> Iterator[tuple]:
-    for t in range(steps):
+def _train_stream(data: Any, m: int, replicas: int, replica: int, steps: int, start: int = 0) -> Iterator[tuple]:
+    for t in range(start, steps):
         for j in range(m):
             yield data.get(t * m * replicas + replica * m + j)
 
@@ -48,9 +49,6 @@ def _val_indices(n: int, replicas: int, replica: int) -> list[int]:
 
 def refuse_unsupported(cfg: DictConfig) -> None:
     """What engine=pipeline cannot do yet, as one-line user errors before any process starts."""
-    if cfg.resume:
-        raise UserError("resume=true is not supported by engine=pipeline yet (2BW never flushes, so there is no "
-                        "step boundary without in-flight micro-batches to checkpoint); use engine=simulate")
     if cfg.model.tie_embeddings:
         raise UserError("engine=pipeline needs untied embeddings; set model.tie_embeddings=false")
     if cfg.delay not in (0, 1) or cfg.delay_profile != "uniform":
@@ -58,11 +56,19 @@ def refuse_unsupported(cfg: DictConfig) -> None:
 
 
 def run_pipeline(
-    cfg: DictConfig, run_dir: Union[str, os.PathLike, None] = None, on_step: Optional[StepCallback] = None
+    cfg: DictConfig,
+    run_dir: Union[str, os.PathLike, None] = None,
+    on_step: Optional[StepCallback] = None,
+    stop: Any = None,
+    log: Optional[Callable[[str], None]] = None,
 ) -> dict:
     """Train this rank's share of an `engine=pipeline` run; returns the run summary on rank 0 (this rank's
     stage summary elsewhere). Rank 0 writes `metrics.jsonl` / `summary.json` to ``run_dir`` when given and
-    calls ``on_step(metrics)`` per step (metrics may arrive a step late: no rank ever waits for them)."""
+    calls ``on_step(metrics)`` per step (metrics may arrive a step late: no rank ever waits for them).
+
+    ``stop``: a `StopRequest` already installed by the caller (else one is installed here): a signal on any
+    rank checkpoints every rank at the next agreed cut and ends the run as ``interrupted``. ``log``: rank 0's
+    messages (resume, checkpoints; default print)."""
     import torch
     import torch.distributed as tdist
 
@@ -89,7 +95,7 @@ def run_pipeline(
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     init_comm(backend, float(os.environ.get("ASYNCPIPE_PG_TIMEOUT", "1800")))
-    return _train(cfg, rank, device, run_dir, on_step)
+    return _train(cfg, rank, device, run_dir, on_step, stop, log or print)
 
 
 def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[Any, int, int]:
@@ -125,16 +131,23 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     return engine, coord.pipe, coord.data
 
 
-def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optional[StepCallback]) -> dict:
+def _train(
+    cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optional[StepCallback], stop: Any,
+    log: Callable[[str], None],
+) -> dict:
     import torch.distributed as tdist
 
     from asyncpipe.data import MicroBatches, dataset_dir, ensure_prepared, load_manifest
+    from asyncpipe.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
+    from asyncpipe.pipe import faults
     from asyncpipe.train.loop import diverged
     from asyncpipe.train.runtime import vocab_size_for
+    from asyncpipe.train.signals import StopRequest
 
     started = time.perf_counter()
     t, p = cfg.train, cfg.pipeline
-    D = p.data_parallel
+    D, world = p.data_parallel, tdist.get_world_size()
+    say = log if rank == 0 else (lambda _: None)
     # One rank prepares the data; the others wait for it rather than race to write the same files.
     if rank == 0:
         data_path = ensure_prepared(cfg.data, cfg.tokenizer)
@@ -142,6 +155,17 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
     if rank != 0:
         data_path = dataset_dir(cfg.data, cfg.tokenizer)
     engine, stage, replica = build_engine(cfg, rank, device, vocab_size_for(cfg.model, load_manifest(data_path)))
+    # Agreement at cuts and checkpoint barriers on a CPU group of their own, whatever the device.
+    control_group = tdist.new_group(list(range(world)), backend="gloo")
+    control = faults.CutControl(control_group, engine.is_last_stage())
+    start = 0
+    if cfg.resume:
+        resumed = faults.resume(engine, cfg, run_dir, rank, world, control_group, say)
+        start = engine.global_steps
+        if rank == 0:
+            from asyncpipe.track import RunDir
+
+            RunDir(run_dir).truncate_metrics(after_step=start if resumed is not None else -1)
 
     train_data = MicroBatches(data_path, "train", t.seq_len, t.micro_batch_size, cfg.seed)
     val_data = MicroBatches(data_path, "val", t.seq_len, t.micro_batch_size, 0)  # the simulator's val set
@@ -158,11 +182,13 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
         tracker = Tracker(cfg, run_dir, rank=0)
     val_at: dict[int, float] = {}
     history: list[dict] = []
-    status, stop = "completed", False
+    status, final_val, save_s = "completed", math.nan, []
 
     def emit(records: list[dict]) -> None:
         nonlocal status
         for rec in records:
+            if status == "diverged":
+                break  # the record ends at the first diverged step, as the simulator's does
             rec["tokens"] = rec["step"] * tokens_per_step
             rec["tokens_per_s"] = tokens_per_step / max(rec["step_time"], 1e-9)
             if rec["step"] in val_at:
@@ -175,30 +201,44 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
             if on_step is not None:
                 on_step(rec)
 
-    final_val = evaluate()
-    if rank == 0:
-        val_at[0] = final_val
-        start_rec = {"step": 0, "tokens": 0, "val_loss": final_val}
-        if tracker is not None:
-            tracker.log(start_rec)
-    data_iter = _train_stream(train_data, t.micro_batches, D, replica, t.steps)
-    engine.set_dataiterator(data_iter)
+    if start == 0:
+        final_val = evaluate()
+        if rank == 0:
+            val_at[0] = final_val
+            if tracker is not None:
+                tracker.log({"step": 0, "tokens": 0, "val_loss": final_val})
+    engine.set_dataiterator(_train_stream(train_data, t.micro_batches, D, replica, t.steps, start))
+    every = cfg.checkpoint.every
     try:
-        for step in range(1, t.steps + 1):
-            eval_now = step % t.eval_every == 0 or step == t.steps
-            engine.train_batch(sync=eval_now)  # a deferred step must land before anyone reads the weights
-            if eval_now:
-                final_val = evaluate()  # collective: every rank is between the same two steps here
-                val_at[step] = final_val
-                emit(engine.poll_metrics(synced=True))
-                # Divergence ends the run only here, where every rank already meets; rank 0 decides.
-                flag = _flag(status == "diverged", device)
-                tdist.broadcast(flag, src=0)
-                if bool(flag.item()) and step < t.steps:
-                    status, stop = "diverged", True
+        with contextlib.nullcontext(stop) if stop is not None else StopRequest() as stop:
+            for step in range(start + 1, t.steps + 1):
+                eval_now = step % t.eval_every == 0 or step == t.steps
+                save_now = bool(every) and step % every == 0 and step < t.steps and run_dir is not None
+                engine.train_batch(sync=eval_now or save_now)  # a deferred step lands before weights are read
+                seen = control.exchange(stop.requested, engine.last_loss)  # what every rank knew one cut ago
+                blown = seen.loss is not None and diverged(seen.loss, t.diverge_loss)
+                halt = step < t.steps and (seen.stop or blown)
+                if halt:
+                    engine.apply_pending()
+                if eval_now:
+                    final_val = evaluate()  # collective: every rank is between the same two steps here
+                    val_at[step] = final_val
+                # At a sync'd cut every rank has applied every step: rank 0 collects them all (before a checkpoint
+                # is marked complete, so a resumed run's metrics.jsonl has every step up to it).
+                emit(engine.poll_metrics(synced=eval_now or save_now or halt))
+                if halt and blown:
+                    status = "diverged"
+                    say(f"diverged at step {step - 1}: train loss {seen.loss}")
                     break
-            else:
-                emit(engine.poll_metrics())
+                path = None
+                if (save_now or halt) and run_dir is not None:  # no run dir (a benchmark): nothing to resume
+                    path, took = faults.save(engine, cfg, run_dir, rank, world, control_group)
+                    save_s.append(took)
+                if halt:
+                    status = "interrupted"
+                    say(f"{stop.signal_name or 'stop'}: checkpoint {path} written; resume=true continues")
+                    break
+            control.finish()
         emit(engine.poll_metrics(synced=True))
     except BaseException:
         if tracker is not None:
@@ -210,30 +250,27 @@ def _train(cfg: DictConfig, rank: int, device: Any, run_dir: Any, on_step: Optio
                   for n, k, a, e in engine.trace]  # fmt: skip
         (Path(run_dir) / f"trace-rank{rank}.json").write_text(json.dumps(events))
     stage_summary = engine.stage_summary()
-    stages = [None] * tdist.get_world_size()
+    stage_summary.update(cut_control_wait_s=control.wait_s, cuts=control.cuts, checkpoint_save_s=save_s)
+    stages = [None] * world
     tdist.all_gather_object(stages, stage_summary)
-    if rank != 0:
-        return {"rank": rank, "stage_summary": stage_summary, "stopped_early": stop}
-    done = history[-1]["step"] if history else 0
+    stopped = status != "completed"
+    code = {"completed": 0, "diverged": EXIT_DIVERGED, "interrupted": EXIT_INTERRUPTED}[status]
+    if rank != 0:  # every rank exits with the run's code (under SLURM each is a task)
+        return {"rank": rank, "stage_summary": stage_summary, "stopped_early": stopped, "status": status,
+                "exit_code": code}  # fmt: skip
+    done = history[-1]["step"] if history else start
     summary = {
         "status": status,
         "final_val_loss": final_val if math.isfinite(final_val) else None,
         "tokens": done * tokens_per_step,
         "steps": done,
         "wall_time": time.perf_counter() - started,
-        "exit_code": {"completed": 0, "diverged": 3}[status],
+        "exit_code": code,
         "stages": stages,
     }
     if tracker is not None:
         tracker.finish(summary)
-    return {**summary, "history": history, "stopped_early": stop}
-
-
-def _flag(value: bool, device: Any) -> Any:
-    import torch
-
-    # gloo broadcasts CPU tensors, nccl CUDA ones.
-    return torch.tensor([int(value)], device=device if device.type == "cuda" else "cpu")
+    return {**summary, "history": history, "stopped_early": stopped}
 
 
 def run_rank(cfg: DictConfig, log: Callable[[str], None] = print) -> dict:
@@ -250,7 +287,7 @@ def run_rank(cfg: DictConfig, log: Callable[[str], None] = print) -> dict:
         if m["step"] % every == 0 or m["step"] == cfg.train.steps or "val_loss" in m:
             log(_progress_line(m, cfg.train.steps))
 
-    result = run_pipeline(cfg, path, on_step=progress if rank == 0 else None)
+    result = run_pipeline(cfg, path, on_step=progress if rank == 0 else None, log=log)
     return {k: v for k, v in result.items() if k != "history"}
 
 

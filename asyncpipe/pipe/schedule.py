@@ -102,21 +102,27 @@ class TwoBWSchedule:
     ``defer_step``: each `OptimizerStep(b)` moves from right after `ReduceGrads(b)` to just before the first
     forward of batch b+2, the first use of its output W(b+1) (steps with no such forward close the stream).
     A cross-stage reduction started by `ReduceGrads` then overlaps a batch of work instead of stalling.
+
+    ``start``: the stream begins at batch ``start`` (a resumed run), warming up afresh; micro-batch numbers and
+    version pins stay absolute, so batch b still runs on W(max(b-1, 0)).
     """
 
     delay = 1
 
     def __init__(
-        self, micro_batches: int, stages: int, stage_id: int, batches: int, defer_step: bool = False
+        self, micro_batches: int, stages: int, stage_id: int, batches: int, defer_step: bool = False,
+        start: int = 0,
     ) -> None:
         _check(micro_batches, stages, stage_id, batches)
+        if not 0 <= start < batches:
+            raise ValueError(f"start batch {start} is not one of the run's {batches} batches")
         if micro_batches < stages:
             raise UserError(
                 f"2BW needs train.micro_batches >= pipeline.stages (got {micro_batches} < {stages}): with fewer, "
                 "stage 0 would start batch b+2 before step b made its weights; raise train.micro_batches or use delay=0"
             )
         self.micro_batches, self.stages, self.stage_id, self.batches = micro_batches, stages, stage_id, batches
-        self.defer_step = defer_step
+        self.defer_step, self.start = defer_step, start
         self.is_first_stage = stage_id == 0
         self.is_last_stage = stage_id == stages - 1
 
@@ -131,7 +137,7 @@ class TwoBWSchedule:
         return max(micro_batch // self.micro_batches - 1, 0)
 
     def warmup(self) -> int:
-        return min(self.stages - 1 - self.stage_id, self.micro_batches * self.batches)
+        return min(self.stages - 1 - self.stage_id, self.micro_batches * (self.batches - self.start))
 
     # -- the instruction stream --------------------------------------------------------------------------
     def _buf(self, k: int) -> int:
@@ -188,19 +194,19 @@ class TwoBWSchedule:
             yield waiting
 
     def _ticks(self) -> Iterator[list[Instruction]]:
-        total = self.micro_batches * self.batches
+        first, total = self.micro_batches * self.start, self.micro_batches * self.batches
         warm = self.warmup()
-        for k in range(warm):
+        for k in range(first, first + warm):
             yield self._commit(self._recv_act(k)) + self._forward(k) + self._commit(self._send_act(k))
-        steady = total - warm
+        steady = total - first - warm
         for i in range(steady):
-            f, k = warm + i, i
+            f, k = first + warm + i, first + i
             cmds = self._commit(self._recv_act(f)) if i == 0 else []
             cmds += self._forward(f) + self._commit(self._send_act(f) + self._recv_grad(k)) + self._backward(k)
             # The next forward's input is received in the same round as this backward's gradient goes out.
             nxt = self._recv_act(f + 1) if i < steady - 1 else []
             yield cmds + self._commit(self._send_grad(k) + nxt) + self._step_after(k)
-        for k in range(steady, total):
+        for k in range(first + steady, total):
             yield self._commit(self._recv_grad(k)) + self._backward(k) + self._commit(self._send_grad(k)) + self._step_after(k)
 
     def __iter__(self) -> Iterator[list[Instruction]]:

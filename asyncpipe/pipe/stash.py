@@ -133,3 +133,43 @@ class WeightStash:
             self.slot_version[dst % 2] = dst
         if self.in_flight.get(dst - 2, 0) == 0:
             self.in_flight.pop(dst - 2, None)
+
+    # -- checkpoints: taken at a batch cut, where every optimizer step so far has been applied ------------
+    def state_dict(self) -> dict:
+        """The versions a resumed run needs: W(latest) and, with delay 1, W(latest-1), which the next batch
+        runs on (in-flight micro-batches are not saved: a resumed stream recomputes them). The tensors are the
+        live slots: serialize them before the next step."""
+        wanted = [self.latest] if not self.delay else [v for v in (self.latest - 1, self.latest) if v >= 0]
+        versions = {}
+        for v in wanted:
+            slot = self.slots[self._slot(v)]
+            assert slot is not None
+            versions[v] = [t.detach() for t in slot]
+        return {"delay": self.delay, "latest": self.latest, "versions": versions}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the versions of `state_dict` into this (fresh) stash; the optimizer handles end on the latest."""
+        if state["delay"] != self.delay or self.latest != 0 or any(self.in_flight.values()):
+            raise RuntimeError("load a stash state only into a fresh stash of the same delay")
+        latest = int(state["latest"])
+        for v, tensors in state["versions"].items():
+            slot = v % 2 if self.delay else 0
+            if self.slots[slot] is None:
+                self.slots[slot] = [
+                    nn.Parameter(torch.empty_like(p), requires_grad=p.requires_grad) for p in self.params
+                ]
+            params = self.slots[slot]
+            assert params is not None
+            if len(params) != len(tensors):
+                raise RuntimeError(f"checkpoint holds {len(tensors)} tensors, this stage has {len(params)}")
+            for p, t in zip(params, tensors):
+                p.data.copy_(t)
+            self.slot_version[slot] = v
+        self.latest = latest
+        self.in_flight = {}
+        newest = self.slots[latest % 2 if self.delay else 0]
+        assert newest is not None
+        for p, v in zip(self.params, newest):
+            p.data = v.data
+        self.peak_bytes = max(self.peak_bytes, self.weight_bytes)

@@ -1,0 +1,123 @@
+"""Fault tolerance of `engine=pipeline`: what every rank agrees on at a batch cut (stop requests, divergence),
+and checkpoints of a stage taken at a cut, in the simulator's format (`asyncpipe.train.checkpoint`).
+
+A cut (the end of `train_batch`) has no message between stages in flight. Once its deferred optimizer steps
+are applied, a stage's future depends only on its weight versions (2BW: W(b) for batch b+1 and the latest
+W(b+1)), its optimizer state (EF buffer included) and the step: a resumed run re-warms the pipeline from
+batch b+1 and recomputes, bit for bit, the forwards that were in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as tdist
+
+from asyncpipe.errors import UserError
+from asyncpipe.train import checkpoint
+
+
+@dataclass
+class CutView:
+    """What every rank knows at a cut about the previous one: a stop was asked for, that batch's mean loss."""
+
+    stop: bool = False
+    loss: Optional[float] = None
+
+
+class CutControl:
+    """One tiny all-reduce per cut, [stop requests, sum of last-stage losses, their count], posted at cut b
+    and read at cut b+1: by then every rank has passed cut b (stage P-1 cannot finish batch b+1 before stage 0
+    has passed cut b), so the wait is short and no rank stalls the pipeline for it. Decisions therefore act one
+    batch late, identically on every rank."""
+
+    def __init__(self, group: Any, is_last_stage: bool) -> None:
+        self.group, self.is_last_stage = group, is_last_stage
+        self._posted: Optional[tuple[torch.Tensor, Any]] = None
+        self.wait_s = 0.0
+        self.cuts = 0
+
+    def exchange(self, stop: bool, loss: float) -> CutView:
+        """At a cut: read the previous cut's agreement, then post this one's."""
+        seen = self._take()
+        vec = torch.tensor([float(stop), loss if self.is_last_stage else 0.0, float(self.is_last_stage)],
+                           dtype=torch.float64)  # fmt: skip
+        self._posted = (vec, tdist.all_reduce(vec, group=self.group, async_op=True))
+        self.cuts += 1
+        return seen
+
+    def finish(self) -> CutView:
+        """Wait for the last posted agreement (call on every rank before leaving the loop together)."""
+        return self._take()
+
+    def _take(self) -> CutView:
+        if self._posted is None:
+            return CutView()
+        vec, work = self._posted
+        self._posted = None
+        started = time.perf_counter()
+        work.wait()
+        self.wait_s += time.perf_counter() - started
+        stops, loss_sum, count = vec.tolist()
+        return CutView(stop=stops > 0, loss=loss_sum / count if count else None)
+
+
+def engine_state(engine: Any) -> dict:
+    """This stage's state at a cut whose optimizer steps are all applied."""
+    if engine.global_steps != engine._batches_run:
+        raise RuntimeError("checkpoint at a cut with a deferred optimizer step pending; apply_pending() first")
+    return {
+        "step": engine.global_steps,
+        "stash": engine.stash.state_dict(),
+        "optimizer": engine.optimizer.state_dict(),
+        "rng": torch.get_rng_state(),  # nothing in the model draws today; kept so dropout would resume exactly
+    }
+
+
+def load_engine_state(engine: Any, state: dict) -> None:
+    engine.stash.load_state_dict(state["stash"])
+    engine.optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    engine.restart_at(int(state["step"]))
+
+
+def save(engine: Any, cfg: Any, run_dir: Path, rank: int, world: int, group: Any) -> tuple[Path, float]:
+    """Every rank writes its part of a checkpoint at this cut; returns (directory, seconds this rank took)."""
+    started = time.perf_counter()
+    path = checkpoint.save(
+        Path(run_dir), engine.global_steps, engine_state(engine), checkpoint.fingerprint_of(cfg), rank=rank,
+        world=world, barrier=lambda: tdist.barrier(group=group), keep=cfg.checkpoint.keep,
+    )  # fmt: skip
+    return path, time.perf_counter() - started
+
+
+def resume(engine: Any, cfg: Any, run_dir: Optional[Path], rank: int, world: int, group: Any,
+           log: Callable[[str], None]) -> Optional[Path]:  # fmt: skip
+    """resume=true: load the latest complete checkpoint into ``engine`` on every rank (or none: step 0).
+
+    Every rank reads its own part; a bad part on any rank is a `UserError` on all of them, raised before
+    anything in the run dir changes."""
+    if run_dir is None:
+        raise UserError("resume=true needs a run dir to resume from (run.dir)")
+    path, state, error = None, None, None
+    try:
+        path = checkpoint.latest_complete(Path(run_dir), world=world, log=log if rank == 0 else (lambda _: None))
+        if path is not None:
+            state = checkpoint.load(path, checkpoint.fingerprint_of(cfg), rank=rank)
+    except UserError as err:
+        error = str(err)
+    errors: list = [None] * world
+    tdist.all_gather_object(errors, error, group=group)
+    first = next((e for e in errors if e), None)
+    if first is not None:
+        raise UserError(first)
+    if state is None:
+        log("resume=true but no complete checkpoint: starting from step 0")
+        return None
+    load_engine_state(engine, state)
+    log(f"resumed from {path} at step {engine.global_steps}")
+    return path
