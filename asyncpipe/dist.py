@@ -25,8 +25,10 @@ def rank_env() -> Optional[tuple[int, int, int]]:
     return rank, world, int(os.environ.get("LOCAL_RANK", rank))
 
 
-def init_process_group(device_type: str, timeout_s: float = 600.0) -> None:
-    """gloo on CPU, nccl on CUDA, rendezvous from MASTER_ADDR / MASTER_PORT; a no-op when already initialised."""
+def init_process_group(device_type: str, timeout_s: Optional[float] = None) -> None:
+    """gloo on CPU, nccl on CUDA, rendezvous from MASTER_ADDR / MASTER_PORT; a no-op when already initialised.
+
+    The timeout (default $ASYNCPIPE_PG_TIMEOUT, else 1800 s) bounds how long a rank waits for a dead peer."""
     import torch.distributed as tdist
 
     if tdist.is_initialized():
@@ -35,6 +37,8 @@ def init_process_group(device_type: str, timeout_s: float = 600.0) -> None:
     env = rank_env()
     assert env is not None, "init_process_group needs RANK and WORLD_SIZE in the environment"
     rank, world, _ = env
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("ASYNCPIPE_PG_TIMEOUT", "1800"))
     tdist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
