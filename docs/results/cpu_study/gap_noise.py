@@ -3,7 +3,8 @@
 `asyncpipe report` gives mean ± std per cell; a gap's spread needs the runs themselves. Seeds fix the init and
 the data order, so a seed's async run is compared with the same seed's sync run (paired), and the unpaired
 standard error sqrt(s_a^2/n_a + s_s^2/n_s) is printed beside it.
-Usage: python docs/results/cpu_study/gap_noise.py runs/study/cpu_study
+Usage: python docs/results/cpu_study/gap_noise.py runs/study/cpu_study [more sweep dirs: their runs join the same
+table, e.g. runs/study/pipedream_depth, whose PipeDream runs are compared with cpu_study's sync runs]
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def std(xs: list[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def main(root: Path) -> None:
+def main(roots: list[Path]) -> None:
     loss: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-    for summary in sorted(root.rglob("summary.json")):
+    for summary in sorted(p for root in roots for p in root.rglob("summary.json")):
         s = json.loads(summary.read_text())
         if s.get("status") != "completed":
             continue
@@ -52,7 +53,14 @@ def main(root: Path) -> None:
         a, b = list(runs.values()), list(sync.values())
         se = math.sqrt(std(a) ** 2 / len(a) + std(b) ** 2 / len(b)) if len(a) > 1 and len(b) > 1 else math.nan
         print(f"| {opt} | {var} | {len(gaps)} | {sum(gaps) / len(gaps):+.4f} | {std(gaps):.4f} | {se:.4f} |")
+    # EF's effect on its own: the same seed's 1-step+EF run minus its 1-step run (the sync run cancels out).
+    print("\n| optimizer | EF run - 1-step run, same seed (mean) | std | n |\n|---|---|---|---|")
+    for (opt, var), runs in sorted(loss.items()):
+        base = loss.get((opt, var.replace("+EF", "")), {}) if var.endswith("+EF") else {}
+        diffs = [runs[k] - base[k] for k in sorted(runs) if k in base]
+        if diffs:
+            print(f"| {opt} | {sum(diffs) / len(diffs):+.4f} | {std(diffs):.4f} | {len(diffs)} |")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main([Path(a) for a in sys.argv[1:]])
