@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from asyncpipe import cli_sweep  # typer and asyncpipe.errors only: --help stays fast
+from asyncpipe import cli_perf, cli_sweep  # typer and asyncpipe.errors only: --help stays fast
 from asyncpipe.errors import EXIT_USER_ERROR, UserError
 
 app = typer.Typer(
@@ -28,6 +28,8 @@ app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
 app.command("sweep")(cli_sweep.sweep)
+app.command("schedule")(cli_perf.schedule)
+bench_app.command("pipeline")(cli_perf.bench_pipeline)
 
 OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. model=tiny optimizer=muon_ef delay=1 train.steps=50")
 

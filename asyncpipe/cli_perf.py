@@ -1,0 +1,239 @@
+"""Performance commands for the `asyncpipe` CLI: `bench pipeline` (1F1B vs 2BW throughput and memory) and
+`schedule` (a schedule's timeline, idealised from the engine's own schedule classes or measured from a trace).
+
+The lead registers them in `asyncpipe/cli.py`; only typer and asyncpipe.errors are imported at module level so
+`asyncpipe --help` stays fast. The timeline helpers (`ideal_timeline`, `trace_timeline`, `render_text`,
+`render_png`, `steady_gaps`) are plain functions the tests call directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from asyncpipe.errors import UserError
+
+SCHEDULES = ("gpipe", "1f1b", "2bw")
+_LETTER = {"forward": "F", "backward": "B", "step": "U", "eval": "E"}
+_COLOR = {"forward": "#4c72b0", "backward": "#55a868", "step": "#c44e52", "eval": "#999999"}
+
+
+# -- timelines ---------------------------------------------------------------------------------------------
+def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
+                   forward: float = 1.0, backward: float = 2.0, step: float = 1.0) -> Any:  # fmt: skip
+    """The `asyncpipe.pipe.timeline.Timeline` of the instruction streams the engine executes for ``kind``,
+    replayed against each other with unit costs (F, B and optimizer step durations)."""
+    from asyncpipe.pipe.timeline import simulate_schedule
+
+    if kind not in SCHEDULES:
+        raise UserError(f"--schedule {kind!r} is unknown; choose one of: {', '.join(SCHEDULES)}")
+    if stages < 1 or micro_batches < 1 or batches < 1:
+        raise UserError("--stages, --micro-batches and --batches must all be >= 1")
+    return simulate_schedule(kind, micro_batches, stages, batches, forward=forward, backward=backward, step=step)
+
+
+def _eval_forwards(config: dict) -> tuple[int, int, int, int]:
+    """(eval forwards per evaluation, eval_every, steps, micro_batches) from a run's config.yaml (as a dict)."""
+    t, p = config.get("train", {}), config.get("pipeline", {})
+    n, d = int(t.get("eval_batches", 8)), int(p.get("data_parallel", 1))
+    per_eval = n // d if n % d == 0 else n  # the runner's share per replica
+    return per_eval, int(t.get("eval_every", 25)), int(t.get("steps", 100)), int(t.get("micro_batches", 4))
+
+
+def _label_ops(ops: list[dict], config: dict) -> list[tuple[str, Optional[int], float, float]]:
+    """(kind, micro-batch, start, end) of one rank's compute ops; evaluation forwards become ``eval``.
+
+    2BW's training instructions carry their micro-batch, DeepSpeed's (1F1B, evaluation) only a buffer, so
+    1F1B ops are numbered by walking the run's known order: one evaluation, then per step m forwards and m
+    backwards up to its optimizer step, and an evaluation after every eval_every-th and the last step."""
+    per_eval, every, steps, m = _eval_forwards(config)
+    by_number = all(o["micro_batch"] is None for o in ops if o["op"] in ("ForwardPass", "BackwardPass"))
+    out: list[tuple[str, Optional[int], float, float]] = []
+    evals_left, step, nf, nb = per_eval, 0, 0, 0
+    for o in ops:
+        name, k = o["op"], o["micro_batch"]
+        if name == "ForwardPass":
+            if (by_number and evals_left > 0) or (not by_number and k is None):
+                evals_left -= 1
+                out.append(("eval", None, o["start"], o["end"]))
+                continue
+            out.append(("forward", nf if by_number else k, o["start"], o["end"]))
+            nf += 1
+        elif name == "BackwardPass":
+            out.append(("backward", nb if by_number else k, o["start"], o["end"]))
+            nb += 1
+        elif name == "OptimizerStep":
+            out.append(("step", None, o["start"], o["end"]))
+            step += 1
+            if by_number and (step % every == 0 or step == steps):
+                evals_left = per_eval
+    return out
+
+
+def trace_timeline(run_dir: Path) -> Any:
+    """A `Timeline` of a real run from its ``trace-rank{r}.json`` files (replica 0 of every stage), times in
+    seconds from the first recorded instruction; waiting on communication shows as idle."""
+    from asyncpipe.pipe.timeline import Event, Timeline
+
+    files = sorted(Path(run_dir).glob("trace-rank*.json"))
+    if not files:
+        raise UserError(f"no trace-rank*.json in {run_dir}; run with pipeline.trace=true to record one")
+    config: dict = {}
+    cfg_path = Path(run_dir) / "config.yaml"
+    if cfg_path.exists():
+        import yaml
+
+        config = yaml.safe_load(cfg_path.read_text()) or {}
+    per_stage: dict[int, list[dict]] = {}
+    for f in files:
+        ops = json.loads(f.read_text())
+        if ops and ops[0].get("replica", 0) == 0:
+            per_stage[int(ops[0]["stage"])] = ops
+    t0 = min(o["start"] for ops in per_stage.values() for o in ops)
+    events, busy = [], [0.0] * (max(per_stage) + 1)
+    for s, ops in sorted(per_stage.items()):
+        for kind, k, a, e in _label_ops(ops, config):
+            events.append(Event(s, kind, k, a - t0, e - t0))
+            busy[s] += e - a
+    makespan = max(ev.end for ev in events) if events else 0.0
+    return Timeline(events, makespan, busy)
+
+
+def steady_gaps(timeline: Any, tol: float = 1e-9) -> list[float]:
+    """Per stage: idle time between its first backward and its last forward (the 1F1B steady state, which
+    2BW keeps across batch boundaries; a flushed schedule idles there at every batch boundary)."""
+    out = []
+    for s in range(len(timeline.busy)):
+        evs = sorted((e for e in timeline.events if e.stage == s and e.kind != "eval"), key=lambda e: e.start)
+        lo = min((e.start for e in evs if e.kind == "backward"), default=0.0)
+        hi = max((e.end for e in evs if e.kind == "forward"), default=0.0)
+        inside = [e for e in evs if e.start >= lo - tol and e.end <= hi + tol]
+        gaps = sum(max(0.0, b.start - a.end) for a, b in zip(inside, inside[1:]))
+        out.append(gaps if gaps > tol else 0.0)
+    return out
+
+
+def _label(e: Any) -> str:
+    if e.kind == "step":
+        return f"U{e.batch}" if e.batch is not None else "U"
+    return _LETTER[e.kind] + ("" if e.micro_batch is None else str(e.micro_batch))
+
+
+def render_text(timeline: Any, cell: Optional[float] = None, width: Optional[int] = None) -> str:
+    """Stages as rows, time as cells: ``S0 |F0  F1  B0------...|``; a block's label fills its first cell and
+    ``-`` its remaining cells, ``.`` is idle. ``cell`` is the time per cell (default: the shortest block,
+    so unit-cost schedules are exact); ``width`` the characters per cell (default: the longest label + 1)."""
+    evs = [e for e in timeline.events if e.end > e.start]
+    if not evs:
+        return ""
+    cell = cell or min(e.end - e.start for e in evs)
+    width = width or max(len(_label(e)) for e in evs) + 1
+    n = int(round(timeline.makespan / cell + 0.4999))
+    rows = []
+    for s in range(len(timeline.busy)):
+        cells = ["." * width] * n
+        for e in (e for e in evs if e.stage == s):
+            a, b = int(round(e.start / cell)), max(int(round(e.end / cell)), int(round(e.start / cell)) + 1)
+            for i in range(a, min(b, n)):
+                cells[i] = (_label(e)[:width].ljust(width) if i == a else "-" * width) if width > 1 else (
+                    _LETTER[e.kind] if i == a else _LETTER[e.kind].lower())  # fmt: skip
+        rows.append(f"S{s} |" + "".join(cells) + "|")
+    idle = "  ".join(f"S{s} {f:.3f}" for s, f in enumerate(timeline.idle_fraction))
+    return "\n".join(rows) + f"\nidle fraction: {idle}\n"
+
+
+def render_png(timeline: Any, path: Path, title: str) -> None:
+    """Stages x time bar chart: forward, backward, optimizer step (and evaluation) blocks; gaps are bubbles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    P = len(timeline.busy)
+    span = timeline.makespan or 1.0
+    fig, ax = plt.subplots(figsize=(min(40, max(8, len(timeline.events) / P * 0.35)), 0.6 * P + 1.6))
+    for e in timeline.events:
+        if e.end <= e.start:
+            continue
+        ax.broken_barh([(e.start, e.end - e.start)], (e.stage - 0.4, 0.8), facecolors=_COLOR[e.kind],
+                       edgecolor="white", linewidth=0.5)  # fmt: skip
+        if (e.end - e.start) / span > 0.006 and e.kind in ("forward", "backward"):
+            ax.text((e.start + e.end) / 2, e.stage, str(e.micro_batch), ha="center", va="center", fontsize=7,
+                    color="white")  # fmt: skip
+    ax.set_yticks(range(P), [f"stage {s}  (idle {f:.0%})" for s, f in enumerate(timeline.idle_fraction)])
+    ax.set_ylim(P - 0.5, -0.5)
+    ax.set_xlim(0, span)
+    ax.set_xlabel("time")
+    ax.set_title(title)
+    kinds = sorted({e.kind for e in timeline.events}, key=list(_COLOR).index)
+    ax.legend(handles=[Patch(color=_COLOR[k], label=k) for k in kinds], loc="upper center",
+              bbox_to_anchor=(0.5, -0.25), ncol=len(kinds), frameon=False)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- commands ----------------------------------------------------------------------------------------------
+def schedule(
+    stages: int = typer.Option(4, "--stages", "-p", help="Pipeline stages P."),
+    micro_batches: int = typer.Option(8, "--micro-batches", "-m", help="Micro-batches per batch m."),
+    schedule: str = typer.Option("2bw", "--schedule", help="gpipe, 1f1b (DeepSpeed's, with flush) or 2bw."),
+    batches: int = typer.Option(3, "--batches", help="Batches (optimizer steps) to draw."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="A run dir recorded with pipeline.trace=true: "
+                                         "draw its measured timeline instead."),  # fmt: skip
+    out: Path = typer.Option(Path("runs/schedules"), "--out", help="Directory for the PNG and text files."),
+    forward: float = typer.Option(1.0, help="Idealised forward time."),
+    backward: float = typer.Option(2.0, help="Idealised backward time."),
+    step: float = typer.Option(1.0, help="Idealised optimizer-step time."),
+) -> None:
+    """Draw a pipeline schedule as a stages x time timeline (PNG + text), from the engine's schedule classes or
+    from a traced run."""
+    if trace is not None:
+        tl = trace_timeline(trace)
+        stem = f"trace-{Path(trace).resolve().name}"
+        title = f"measured timeline of {trace} (idle = waiting on communication)"
+        text = render_text(tl, cell=tl.makespan / 160, width=1)
+    else:
+        tl = ideal_timeline(schedule, stages, micro_batches, batches, forward, backward, step)
+        stem = f"{schedule}-P{stages}-m{micro_batches}"
+        costs = f"F={forward:g}, B={backward:g}, U={step:g}"
+        title = f"{schedule}: P={stages}, m={micro_batches}, {batches} batches ({costs})"
+        text = render_text(tl)
+    out.mkdir(parents=True, exist_ok=True)
+    png, txt = out / f"{stem}.png", out / f"{stem}.txt"
+    render_png(tl, png, title)
+    txt.write_text(f"# {title}\n{text}")
+    typer.echo(text, nl=False)
+    gaps = steady_gaps(tl)
+    typer.echo("steady-state idle per stage (first backward .. last forward): "
+               + "  ".join(f"S{s} {g:.3g}" for s, g in enumerate(gaps)))  # fmt: skip
+    typer.echo(f"wrote {png}\nwrote {txt}")
+
+
+def bench_pipeline(
+    overrides: Optional[List[str]] = typer.Argument(None, help="Hydra overrides, e.g. model=small "
+                                                    "pipeline.stages=2 train.micro_batches=4"),  # fmt: skip
+    rounds: int = typer.Option(3, help="Alternating [1F1B, 2BW] rounds after the warm-up."),
+    steps: int = typer.Option(6, help="Optimizer steps per job (the first and last are not timed)."),
+    warmup_steps: int = typer.Option(3, help="Steps of the untimed warm-up job."),
+    simulator: bool = typer.Option(True, "--simulator/--no-simulator", help="Also bench the simulator "
+                                   "(delay=1 vs delay=0 step time)."),  # fmt: skip
+    out: Optional[Path] = typer.Option(None, help="JSON result (default runs/bench/pipeline-{model}-P{P}-m{m}.json)."),
+) -> None:
+    """Throughput of DeepSpeed's 1F1B vs our 2BW on the same model, stages and micro-batches, alternating in
+    one launch: tokens/s, ratio vs the ideal (m+P-1)/m, idle fraction and weight + optimizer memory per stage."""
+    from asyncpipe.bench.pipeline import bench_pipeline as run_bench
+    from asyncpipe.bench.pipeline import format_result
+    from asyncpipe.track import atomic_write_json
+
+    res = run_bench(overrides or [], rounds=rounds, steps=steps, warmup_steps=warmup_steps, simulator=simulator,
+                    log=lambda msg: typer.echo(msg, err=True))  # fmt: skip
+    typer.echo(format_result(res))
+    path = out or Path("runs/bench") / f"pipeline-{res['model']}-P{res['stages']}-m{res['micro_batches']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, res)
+    typer.echo(f"wrote {path}")

@@ -1,0 +1,91 @@
+"""`asyncpipe bench pipeline`: the arithmetic of the result (pure) and one tiny end-to-end run (slow)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from asyncpipe import cli_perf
+from asyncpipe.bench.pipeline import _job_stats, ideal_speedup, optimizer_state_bytes
+
+
+def test_ideal_speedup_is_the_flush_bubble() -> None:
+    assert ideal_speedup(2, 4) == pytest.approx(1.25)
+    assert ideal_speedup(4, 8) == pytest.approx(11 / 8)
+    assert ideal_speedup(1, 4) == 1.0
+
+
+def test_job_stats_times_only_the_steady_steps() -> None:
+    hist = [{"step": i + 1, "step_time": t, "stage0_idle_frac": f, "stage1_idle_frac": 0.5}
+            for i, (t, f) in enumerate([(9.0, 0.9), (1.0, 0.1), (3.0, 0.3), (2.0, 0.2), (9.0, 0.9)])]  # fmt: skip
+    hist.insert(0, {"step": 0, "val_loss": 3.0})  # the start record has no step time
+    st = _job_stats({"history": hist, "stages": [{"stage": 0}]}, tokens_per_step=100, skip=1)
+    assert st["steps_timed"] == 3
+    assert st["tokens_per_s"] == pytest.approx(300 / 6.0) and st["step_time_s"] == pytest.approx(2.0)
+    assert st["idle_frac"] == [pytest.approx(0.2), pytest.approx(0.5)]
+    assert st["min_step_time_s"] == 1.0
+
+
+def _cfg(optimizer: str):
+    from asyncpipe.config import compose
+
+    return compose(["model=tiny", f"optimizer={optimizer}", "engine=pipeline", "pipeline.stages=2"])
+
+
+def test_optimizer_state_is_two_moments_and_ef_adds_one_buffer() -> None:
+    import torch
+
+    from asyncpipe.data import ensure_prepared, load_manifest
+    from asyncpipe.model import build_layers, partition
+
+    cfg = _cfg("adamw")
+    vocab = load_manifest(ensure_prepared(cfg.data, cfg.tokenizer))["tokenizer"]["vocab_size"]
+    parts = partition(cfg.model.n_layer + 2, 2)
+    plain, ef = optimizer_state_bytes(cfg), optimizer_state_bytes(_cfg("adamw_ef"))
+    for s in range(2):
+        layers = build_layers(cfg.model, vocab, indices=range(parts[s], parts[s + 1]))
+        params = [p for layer in layers if layer is not None for p in layer.parameters()]
+        n_bytes = sum(p.numel() * p.element_size() for p in params)
+        step_bytes = plain[s]["optimizer_state_bytes"] - 2 * n_bytes  # AdamW's per-tensor step counters
+        assert 0 <= step_bytes <= len(params) * torch.tensor(0.0).element_size() * 2
+        assert plain[s]["ef_buffer_bytes"] == 0
+        assert ef[s]["ef_buffer_bytes"] == n_bytes
+        assert ef[s]["optimizer_state_bytes"] == plain[s]["optimizer_state_bytes"]
+
+
+@pytest.mark.slow
+def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
+    app = typer.Typer(pretty_exceptions_enable=False)
+    app.command("pipeline")(cli_perf.bench_pipeline)
+    app.command("other")(lambda: None)
+    out = tmp_path / "bench.json"
+    args = ["pipeline", "model=tiny", "pipeline.stages=2", "train.micro_batches=2", "train.micro_batch_size=2",
+            "train.seq_len=16", "--rounds", "1", "--steps", "3", "--warmup-steps", "1", "--out", str(out)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "fraction of ideal" in res.output
+    r = json.loads(out.read_text())
+    assert r["stages"] == 2 and r["micro_batches"] == 2 and r["ideal_ratio"] == pytest.approx(1.5)
+    v = r["variants"]
+    assert r["ratio_2bw_over_1f1b"] == pytest.approx(v["2bw"]["tokens_per_s"] / v["1f1b"]["tokens_per_s"])
+    assert r["fraction_of_ideal"] == pytest.approx(r["ratio_2bw_over_1f1b"] / 1.5)
+    best = {n: v[n]["tokens_per_s_best_step"] for n in v}
+    assert r["ratio_best_step"] == pytest.approx(best["2bw"] / best["1f1b"])
+    assert v["2bw"]["tokens_per_s_best_step"] >= v["2bw"]["tokens_per_s"]
+    for name, versions in (("1f1b", 1.0), ("2bw", 2.0)):
+        v = r["variants"][name]
+        assert v["tokens_per_s"] > 0 and len(v["idle_frac_per_stage"]) == 2
+        assert len(v["compute_s_per_micro_batch"]) == 2 and all(x > 0 for x in v["compute_s_per_micro_batch"])
+        assert all(0.0 <= f < 1.0 for f in v["idle_frac_per_stage"])
+        for mem in v["memory_per_stage"]:
+            assert mem["weight_versions_peak"] == pytest.approx(versions)
+            assert mem["optimizer_state_mb"] > mem["param_mb"] > 0
+            assert mem["peak_weight_plus_optimizer_mb"] == pytest.approx(
+                mem["peak_weight_mb"] + mem["optimizer_state_mb"] + mem["ef_buffer_mb"])
+    assert set(r["simulator"]["ratio_to_delay0"]) == {"delay0", "delay1", "delay1_ef"}
+    assert set(r["targets"]) == {"ratio_ge_0.95_ideal", "fastest_step_ratio_ge_0.95_ideal", "weights_le_two_versions",
+                                "simulator_delay1_le_1.10"}

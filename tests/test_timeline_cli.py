@@ -1,0 +1,126 @@
+"""`asyncpipe schedule`: timelines drawn from the engine's own schedule streams (and from recorded traces)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from asyncpipe import cli_perf
+from asyncpipe.errors import UserError
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer(pretty_exceptions_enable=False)
+    app.command("schedule")(cli_perf.schedule)
+    app.command("other")(lambda: None)  # two commands: typer keeps "schedule" as a subcommand name
+    return app
+
+
+@pytest.mark.parametrize("kind", ["2bw", "1f1b", "gpipe"])
+def test_schedule_command_writes_png_and_text(tmp_path: Path, kind: str) -> None:
+    res = CliRunner().invoke(_app(), ["schedule", "--stages", "4", "--micro-batches", "8", "--schedule", kind,
+                                      "--batches", "3", "--out", str(tmp_path)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    png, txt = tmp_path / f"{kind}-P4-m8.png", tmp_path / f"{kind}-P4-m8.txt"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    rows = [line for line in txt.read_text().splitlines() if line.startswith("S")]
+    assert [r[:4] for r in rows] == ["S0 |", "S1 |", "S2 |", "S3 |"]
+    assert rows[0].startswith("S0 |F0  F1  ")  # stage 0 starts at once with its first forwards
+    assert rows[3].startswith("S3 |" + "." * 12 + "F0 ")  # the last stage waits three forward slots
+    # Every forward and backward of every micro-batch is drawn exactly once per stage.
+    for row in rows:
+        assert sorted(int(k) for k in re.findall(r"F(\d+)", row)) == list(range(24))
+        assert sorted(int(k) for k in re.findall(r"B(\d+)", row)) == list(range(24))
+
+
+def test_2bw_never_idles_between_batches_after_warmup_but_1f1b_does() -> None:
+    tl = cli_perf.ideal_timeline("2bw", 4, 8, 3)
+    assert cli_perf.steady_gaps(tl) == [0.0] * 4
+    # The batch boundaries lie inside that steady window on every stage: the steps of batches 0 and 1.
+    for s in range(4):
+        fwd = [e for e in tl.events if e.stage == s and e.kind == "forward"]
+        bwd = [e for e in tl.events if e.stage == s and e.kind == "backward"]
+        steps = [e for e in tl.events if e.stage == s and e.kind == "step"]
+        assert len(steps) == 3
+        assert all(min(b.start for b in bwd) < u.start < max(f.end for f in fwd) for u in steps[:2])
+    flushed = cli_perf.ideal_timeline("1f1b", 4, 8, 3)
+    assert all(g > 0 for g in cli_perf.steady_gaps(flushed))
+
+
+@pytest.mark.parametrize("stages,m", [(2, 2), (2, 4), (2, 8), (4, 8), (3, 5)])
+@pytest.mark.parametrize("fwd,bwd", [(1.0, 1.0), (1.0, 2.0)])
+def test_flushed_schedules_idle_exactly_the_bubble_formula(stages: int, m: int, fwd: float, bwd: float) -> None:
+    bubble = (stages - 1) / (m + stages - 1)
+    for kind in ("1f1b", "gpipe"):
+        tl = cli_perf.ideal_timeline(kind, stages, m, 3, forward=fwd, backward=bwd, step=0.0)
+        assert tl.idle_fraction == pytest.approx([bubble] * stages)
+    # 2BW pays the fill and drain once per run, not once per batch.
+    tl = cli_perf.ideal_timeline("2bw", stages, m, 3, forward=fwd, backward=bwd, step=0.0)
+    assert tl.idle_fraction == pytest.approx([(stages - 1) / (3 * m + stages - 1)] * stages)
+
+
+def test_unknown_schedule_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="choose one of"):
+        cli_perf.ideal_timeline("interleaved", 2, 4, 1)
+
+
+def _op(name: str, start: float, mb=None, stage: int = 0) -> dict:
+    return {"stage": stage, "replica": 0, "op": name, "micro_batch": mb, "start": start, "end": start + 0.5}
+
+
+def test_trace_of_a_1f1b_run_is_numbered_and_evaluation_is_set_apart(tmp_path: Path) -> None:
+    # One stage, m=2, 2 steps, eval_every=1 with 1 eval forward: E, F F B B U, E, F F B B U, E.
+    seq = ["ForwardPass", "LoadMicroBatch", "ForwardPass", "ForwardPass", "BackwardPass", "BackwardPass",
+           "OptimizerStep", "ForwardPass", "ForwardPass", "ForwardPass", "BackwardPass", "BackwardPass",
+           "OptimizerStep", "ForwardPass"]  # fmt: skip
+    (tmp_path / "trace-rank0.json").write_text(json.dumps([_op(n, 10.0 + i) for i, n in enumerate(seq)]))
+    cfg = "train:\n  steps: 2\n  eval_every: 1\n  eval_batches: 1\n  micro_batches: 2\n"
+    (tmp_path / "config.yaml").write_text(cfg)
+    tl = cli_perf.trace_timeline(tmp_path)
+    got = [(e.kind, e.micro_batch) for e in tl.events]
+    assert got == [("eval", None), ("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1), ("step", None),
+                   ("eval", None), ("forward", 2), ("forward", 3), ("backward", 2), ("backward", 3), ("step", None),
+                   ("eval", None)]  # fmt: skip
+    assert tl.events[0].start == 0.0 and tl.makespan == pytest.approx(13.5)
+    assert tl.busy == [pytest.approx(13 * 0.5)]
+
+
+def test_trace_of_a_2bw_run_keeps_its_micro_batches(tmp_path: Path) -> None:
+    ops = [_op("ForwardPass", 0.0), _op("ForwardPass", 1.0, 0), _op("CommitP2P", 1.5), _op("BackwardPass", 2.0, 0)]
+    (tmp_path / "trace-rank0.json").write_text(json.dumps(ops))
+    (tmp_path / "trace-rank1.json").write_text(json.dumps([_op("ForwardPass", 1.2, 0, stage=1)]))
+    tl = cli_perf.trace_timeline(tmp_path)
+    assert [(e.stage, e.kind, e.micro_batch) for e in tl.events] == [
+        (0, "eval", None), (0, "forward", 0), (0, "backward", 0), (1, "forward", 0)]  # fmt: skip
+    assert tl.idle_fraction[0] == pytest.approx(1 - 1.5 / 2.5)  # the commit's wait counts as idle
+    text = cli_perf.render_text(tl, cell=0.5, width=1)
+    assert text.splitlines()[0] == "S0 |E.F.B|"  # 0.5 s blocks with 0.5 s gaps
+
+
+def test_trace_missing_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="pipeline.trace=true"):
+        cli_perf.trace_timeline(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_traced_pipeline_run_draws_its_measured_timeline(tmp_path: Path) -> None:
+    from asyncpipe.config import compose
+    from asyncpipe.pipe.runner import launch_local
+
+    run = tmp_path / "run"
+    cfg = compose(["model=tiny", "engine=pipeline", "delay=1", "pipeline.stages=2", "train.micro_batches=2",
+                   "train.micro_batch_size=2", "train.seq_len=16", "train.steps=3", "train.eval_batches=1",
+                   "pipeline.trace=true", f"run.dir={run}", "tracker.wandb.mode=disabled"])  # fmt: skip
+    assert launch_local(cfg, log=lambda _: None, timeout_s=300)["status"] == "completed"
+    res = CliRunner().invoke(_app(), ["schedule", "--trace", str(run), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "out" / "trace-run.png").exists() and (tmp_path / "out" / "trace-run.txt").exists()
+    tl = cli_perf.trace_timeline(run)
+    for s in (0, 1):
+        assert sorted(e.micro_batch for e in tl.events if e.stage == s and e.kind == "forward") == list(range(6))
+        assert sum(e.kind == "step" for e in tl.events if e.stage == s) == 3
