@@ -1,5 +1,5 @@
 """Typed configs: dataclass schemas, Hydra composition, validation with one-line errors. Never imports torch."""
 
-from asyncpipe.config.compose import ConfigError, compose, conf_dir, group_options, load_run_config, to_yaml
+from asyncpipe.config.compose import ConfigError, compose, conf_dir, group_options, to_yaml
 
-__all__ = ["ConfigError", "compose", "conf_dir", "group_options", "load_run_config", "to_yaml"]
+__all__ = ["ConfigError", "compose", "conf_dir", "group_options", "to_yaml"]

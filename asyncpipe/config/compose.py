@@ -104,15 +104,3 @@ def compose(overrides: Sequence[str] = (), *, validate_values: bool = True) -> D
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
-
-def load_run_config(path: Path) -> DictConfig:
-    """A run dir's resolved `config.yaml`, typed again against the schema."""
-    from asyncpipe.config.schema import Config
-
-    if not path.is_file():
-        raise ConfigError(f"no config at {path}")
-    try:
-        return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))  # type: ignore[return-value]
-    except Exception as exc:
-        raise ConfigError(f"{path} is not an asyncpipe run config: {str(exc).splitlines()[0]}") from None
-
