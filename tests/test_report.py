@@ -103,6 +103,8 @@ def expected_stats() -> dict[tuple[str, str], dict]:
         sync = out[(opt, "sync")]["mean"]
         for variant in ("1-step", "1-step+EF"):
             out[(opt, variant)]["gap"] = out[(opt, variant)]["mean"] - sync
+            pairs = [vals[(opt, variant, s)] - vals[(opt, "sync", s)] for s in SEEDS]
+            out[(opt, variant)]["gap_std"] = statistics.stdev(pairs)
         g1, ge = out[(opt, "1-step")]["gap"], out[(opt, "1-step+EF")]["gap"]
         out[(opt, "1-step+EF")]["closed"] = (g1 - ge) / g1 * 100
     return out
@@ -124,7 +126,7 @@ def test_table_numbers_match_inputs(sweep):
         c = cells.loc[(opt, variant)]
         assert c["n"] == e["n"] and close(c["mean"], e["mean"]) and close(c["std"], e["std"])
         if variant != "sync":
-            assert close(c["gap_to_sync"], e["gap"])
+            assert close(c["gap_to_sync"], e["gap"]) and close(c["gap_std"], e["gap_std"])
         if variant == "1-step+EF":
             assert close(c["gap_closed_pct"], e["closed"])
     # The diverged and the unfinished run are counted in their cells, not averaged in.
@@ -135,7 +137,8 @@ def test_table_numbers_match_inputs(sweep):
     assert table.loc["adamw", "1-step"] == f"{a1['mean']:.4f} ± {a1['std']:.4f} (n=3; 1 diverged)"
     m_ef = exp[("muon", "1-step+EF")]
     assert table.loc["muon", "1-step+EF"] == f"{m_ef['mean']:.4f} ± {m_ef['std']:.4f} (n=3; 1 unfinished)"
-    assert table.loc["muon", "gap 1-step"] == f"{exp[('muon', '1-step')]['gap']:+.4f}"
+    m1 = exp[("muon", "1-step")]
+    assert table.loc["muon", "gap 1-step"] == f"{m1['gap']:+.4f} ± {m1['gap_std']:.4f}"
     assert table.loc["adamw", "% gap closed 1-step+EF"] == f"{exp[('adamw', '1-step+EF')]['closed']:.1f}%"
     statuses = report.runs.set_index("run")["status"]
     assert statuses["adamw-1-step-s3"] == "diverged" and statuses["muon-1-step+EF-s3"] == "unfinished"
@@ -194,7 +197,8 @@ def test_sweep_without_ef_shows_dashes_and_setting_axes(tmp_path):
         gap = statistics.fmean(vals[(lr, "1-step", s)] for s in (0, 1)) - statistics.fmean(
             vals[(lr, "sync", s)] for s in (0, 1)
         )
-        assert row["gap 1-step"] == f"{gap:+.4f}"
+        pairs = [vals[(lr, "1-step", s)] - vals[(lr, "sync", s)] for s in (0, 1)]
+        assert row["gap 1-step"] == f"{gap:+.4f} ± {statistics.stdev(pairs):.4f}"
 
 
 def test_pipedream_profile_is_its_own_column(tmp_path):

@@ -76,7 +76,8 @@ def _matched_note(group: GroupTable) -> str:
     return (
         f"Final val loss compared at **{group.matched_tokens} tokens** (the last token count every completed run "
         "in this group evaluated at; each run's last val loss at or before it). Mean ± sample std (ddof=1) over "
-        "seeds; diverged, failed and unfinished runs are counted, never averaged."
+        "seeds; a gap's ± is the sample std of the per-seed differences to the same seed's sync run. Diverged, "
+        "failed and unfinished runs are counted, never averaged."
     )
 
 

@@ -74,9 +74,10 @@ def compute_cells(runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[pd.DataFram
         key = dict(zip(keys, key_values))
         matched, values = matched_values(group, curves)
         for optimizer, opt_runs in group.groupby("optimizer", dropna=False, sort=True):
-            stats = {}
+            stats, by_seed = {}, {}
             for variant, cell in opt_runs.groupby("variant", sort=False):
                 vals = pd.Series([values[r] for r in cell["run"] if r in values], dtype="float64")
+                by_seed[variant] = {s: values[r] for r, s in zip(cell["run"], cell["seed"]) if r in values}
                 status_counts = cell.loc[cell["status"] != COMPLETED, "status"].value_counts()
                 stats[variant] = {
                     **key,
@@ -94,6 +95,7 @@ def compute_cells(runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[pd.DataFram
             sync_mean = stats.get("sync", {}).get("mean", math.nan)
             for variant, row in stats.items():
                 row["gap_to_sync"] = row["mean"] - sync_mean if variant != "sync" else math.nan
+                row["gap_std"] = paired_gap_std(by_seed[variant], by_seed.get("sync", {})) if variant != "sync" else math.nan
             for variant, row in stats.items():
                 base = stats.get(base_variant(variant) or "", {})
                 gap_base = base.get("gap_to_sync", math.nan)
@@ -102,6 +104,20 @@ def compute_cells(runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[pd.DataFram
             order = variant_order(list(stats))
             rows.extend(stats[v] for v in sorted(stats, key=order.index))
     return pd.DataFrame(rows), keys
+
+
+def paired_gap_std(runs: dict, sync: dict) -> float:
+    """Seed noise of a gap: sample std (ddof=1) of the per-seed differences run(seed) - sync(seed). A seed fixes
+    the init and the data order, so pairing by seed removes the noise both runs share."""
+    diffs = pd.Series([runs[s] - sync[s] for s in runs if s in sync], dtype="float64")
+    return diffs.std(ddof=1) if len(diffs) > 1 else math.nan
+
+
+def fmt_gap(row: pd.Series | None) -> str:
+    if row is None or not math.isfinite(row["gap_to_sync"]):
+        return "—"
+    spread = f" ± {row['gap_std']:.4f}" if math.isfinite(row["gap_std"]) else ""
+    return f"{row['gap_to_sync']:+.4f}{spread}"
 
 
 def fmt_cell(row: pd.Series | None) -> str:
@@ -129,8 +145,7 @@ def group_tables(cells: pd.DataFrame, keys: list[str]) -> list[GroupTable]:
             by_variant = {r["variant"]: r for _, r in opt_cells.iterrows()}
             row = {v: fmt_cell(by_variant.get(v)) for v in variants}
             for v in variants[1:]:
-                r = by_variant.get(v)
-                row[f"gap {v}"] = fmt_number(r["gap_to_sync"] if r is not None else math.nan, "+.4f")
+                row[f"gap {v}"] = fmt_gap(by_variant.get(v))
             for v in variants:
                 if base_variant(v) in variants and base_variant(v) != "sync":
                     r = by_variant.get(v)
