@@ -143,6 +143,7 @@ class WandbMirror:
         self.mode = resolve_mode(_select(cfg, "tracker.wandb.mode", "auto"))
         if self.mode == "disabled":
             return
+        os.environ.setdefault("WANDB_SILENT", "true")  # wandb's terminal warnings read the env, not Settings
         try:
             import wandb
         except Exception as exc:  # not installed, or broken install

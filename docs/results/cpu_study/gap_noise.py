@@ -2,7 +2,8 @@
 
 `asyncpipe report` gives mean ± std per cell; a gap's spread needs the runs themselves. Seeds fix the init and
 the data order, so a seed's async run is compared with the same seed's sync run (paired), and the unpaired
-standard error sqrt(s_a^2/n_a + s_s^2/n_s) is printed beside it.
+standard error sqrt(s_a^2/n_a + s_s^2/n_s) is printed beside it. Two more paired tables follow: EF's effect
+(EF run - 1-step run) and, for PipeDream runs, PipeDream - 2BW (pipedream(P) run - 1-step run), same seed.
 Usage: python docs/results/cpu_study/gap_noise.py runs/study/cpu_study [more sweep dirs: their runs join the same
 table, e.g. runs/study/pipedream_depth, whose PipeDream runs are compared with cpu_study's sync runs]
 """
@@ -60,6 +61,16 @@ def main(roots: list[Path]) -> None:
         diffs = [runs[k] - base[k] for k in sorted(runs) if k in base]
         if diffs:
             print(f"| {opt} | {sum(diffs) / len(diffs):+.4f} | {std(diffs):.4f} | {len(diffs)} |")
+    # PipeDream against 2BW's uniform 1-step delay: the same seed's pipedream(P) run minus its 1-step run.
+    rows = []
+    for (opt, var), runs in sorted(loss.items(), key=lambda kv: (kv[0][0], len(kv[0][1]), kv[0][1])):
+        base = loss.get((opt, "1-step"), {}) if var.startswith("pipedream") else {}
+        diffs = [runs[k] - base[k] for k in sorted(runs) if k in base]
+        if diffs:
+            rows.append(f"| {opt} | {var} | {sum(diffs) / len(diffs):+.4f} | {std(diffs):.4f} | {len(diffs)} |")
+    if rows:
+        print("\n| optimizer | variant | run - 1-step (2BW) run, same seed (mean) | std | n |\n|---|---|---|---|---|")
+        print("\n".join(rows))
 
 
 if __name__ == "__main__":
