@@ -69,14 +69,14 @@ def _run_rank(cfg: DictConfig, rank: int, world: int, log: Callable[[str], None]
             f"launched as {world} processes but the config needs {_world_of(cfg)} "
             f"(pipeline.stages x pipeline.data_parallel for engine=pipeline, pipeline.data_parallel for simulate)"
         )
+    if cfg.engine == "pipeline":  # sets up its own groups, with pipeline.backend
+        from asyncpipe.pipe.runner import run_rank
+
+        return run_rank(cfg, log=log)
     from asyncpipe.dist import init_process_group
     from asyncpipe.train.runtime import pick_device
 
     init_process_group(pick_device(cfg.device).type)
-    if cfg.engine == "pipeline":
-        from asyncpipe.pipe.runner import run_rank
-
-        return run_rank(cfg, log=log)
     return _run_simulated(cfg, log, rank, world)
 
 

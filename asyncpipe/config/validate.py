@@ -11,6 +11,7 @@ DELAY_PROFILES = ("uniform", "pipedream")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 CLIP_MODES = ("global", "stage")
+BACKENDS = ("auto", "gloo", "nccl")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -33,6 +34,7 @@ def validate(cfg: DictConfig) -> None:
     _choice("device", cfg.device, DEVICES)
     _choice("precision", cfg.precision, PRECISIONS)
     _choice("pipeline.clip", p.clip, CLIP_MODES)
+    _choice("pipeline.backend", p.backend, BACKENDS)
     _choice("tracker.wandb.mode", cfg.tracker.wandb.mode, WANDB_MODES)
     _need(cfg.delay >= 0, f"delay={cfg.delay} must be >= 0 (0 = synchronous, 1 = PipeDream-2BW)")
     _need(o.lr > 0, f"optimizer.lr={o.lr} must be > 0")
