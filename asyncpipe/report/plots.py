@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from asyncpipe.report.load import COMPLETED  # noqa: E402
-from asyncpipe.report.tables import GroupTable, variant_order  # noqa: E402
+from asyncpipe.report.tables import CANONICAL, GroupTable, variant_order  # noqa: E402
 from asyncpipe.track.files import atomic_write_bytes  # noqa: E402
 
 FIGSIZE = (12, 8)
@@ -28,6 +28,20 @@ def line_style(variant: str) -> str:
     if variant.startswith("sync"):
         return "-"
     return ":" if "+EF" in variant else "--"
+
+
+MARKERS = "osD^vP*X"
+
+
+def _line_kwargs(variant: str, variants: list[str]) -> dict:
+    """Sync / 1-step / 1-step+EF differ by line style; any other variant (pipedream(P=4), 2-step, …) also gets
+    its own marker, so several of them of one optimizer stay apart in one colour."""
+    kwargs: dict = {"linestyle": line_style(variant)}
+    others = [v for v in variants if v not in CANONICAL]
+    if variant in others:
+        kwargs["marker"] = MARKERS[others.index(variant) % len(MARKERS)]
+        kwargs["markersize"] = 4
+    return kwargs
 
 
 def mean_curve(curves: pd.DataFrame, runs: list[str]) -> pd.Series:
@@ -76,12 +90,14 @@ def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Grou
     for ax, group in zip(axes, groups):
         done = _group_runs(runs, group)
         for opt, opt_runs in done.groupby("optimizer", sort=True):
-            for variant in variant_order(list(opt_runs["variant"])):
+            variants = variant_order(list(opt_runs["variant"]))
+            for variant in variants:
                 cell = opt_runs[opt_runs["variant"] == variant]
                 curve = mean_curve(curves, list(cell["run"]))
                 if not curve.empty:
                     label = f"{opt} {variant} (n={len(cell)})"
-                    ax.plot(curve.index, curve.values, line_style(variant), color=colours[str(opt)], label=label)
+                    ax.plot(curve.index, curve.values, color=colours[str(opt)], label=label,
+                            **_line_kwargs(variant, variants))
         _decorate(ax, group, "val loss")
     fig.suptitle("Validation loss vs tokens (mean over completed seeds)")
     fig.tight_layout()
@@ -95,14 +111,16 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
         done = _group_runs(runs, group)
         for opt, opt_runs in done.groupby("optimizer", sort=True):
             sync = mean_curve(curves, list(opt_runs.loc[opt_runs["variant"] == "sync", "run"]))
-            for variant in variant_order(list(opt_runs["variant"])):
+            variants = variant_order(list(opt_runs["variant"]))
+            for variant in variants:
                 cell = opt_runs[opt_runs["variant"] == variant]
                 if variant == "sync" or cell.empty or sync.empty:
                     continue
                 gap = (mean_curve(curves, list(cell["run"])) - sync).dropna()
                 if not gap.empty:
                     label = f"{opt} {variant} − sync"
-                    ax.plot(gap.index, gap.values, line_style(variant), color=colours[str(opt)], label=label)
+                    ax.plot(gap.index, gap.values, color=colours[str(opt)], label=label,
+                            **_line_kwargs(variant, variants))
         ax.axhline(0.0, color="grey", linewidth=0.8)
         _decorate(ax, group, "val loss − sync val loss")
     fig.suptitle("Loss gap to synchronous training vs tokens (means over completed seeds)")

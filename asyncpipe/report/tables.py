@@ -7,6 +7,7 @@ Std is the sample standard deviation (ddof=1), so a single seed has no std.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,10 @@ def matched_values(group_runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[int 
 
 def variant_order(variants: list[str]) -> list[str]:
     """Canonical columns first (always shown), then any other variants in a stable order."""
-    others = sorted(set(variants) - set(CANONICAL), key=lambda v: (v.split("+")[0] != "sync", v))
+    def natural(v: str) -> list:  # pipedream(P=2) < pipedream(P=16)
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", v)]
+
+    others = sorted(set(variants) - set(CANONICAL), key=lambda v: (v.split("+")[0] != "sync", natural(v)))
     return CANONICAL + others
 
 
