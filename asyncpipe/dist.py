@@ -42,6 +42,16 @@ def init_process_group(device_type: str, timeout_s: Optional[float] = None) -> N
     tdist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
+def destroy_process_group() -> None:
+    """Tear the group down, together, before the interpreter exits: gloo's threads otherwise abort a rank at exit
+    ("terminate called without an active exception") after the run itself succeeded."""
+    import torch.distributed as tdist
+
+    if tdist.is_initialized():
+        tdist.barrier()  # no rank tears down while a peer still talks to it
+        tdist.destroy_process_group()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,9 +84,10 @@ def spawn_local(world: int, argv: Sequence[str], threads: int = 1, poll_s: float
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)}
     try:
         while True:
-            codes = [p.poll() for p in procs]
+            # A rank killed by signal N reports -N; report it the way a shell does (128 + N).
+            codes = [None if c is None else (128 - c if c < 0 else c) for c in (p.poll() for p in procs)]
             if all(c is not None for c in codes):
-                return max(codes, key=lambda c: (c != 0, abs(c)))  # type: ignore[arg-type]
+                return max(codes, key=lambda c: (c != 0, c))  # type: ignore[arg-type]
             failed = [c for c in codes if c not in (None, 0)]
             if failed:
                 time.sleep(2.0)  # let the failing rank's error reach the terminal, then stop the rest

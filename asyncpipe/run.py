@@ -69,15 +69,19 @@ def _run_rank(cfg: DictConfig, rank: int, world: int, log: Callable[[str], None]
             f"launched as {world} processes but the config needs {_world_of(cfg)} "
             f"(pipeline.stages x pipeline.data_parallel for engine=pipeline, pipeline.data_parallel for simulate)"
         )
+    from asyncpipe.dist import destroy_process_group, init_process_group
+
     if cfg.engine == "pipeline":  # sets up its own groups, with pipeline.backend
         from asyncpipe.pipe.runner import run_rank
 
-        return run_rank(cfg, log=log)
-    from asyncpipe.dist import init_process_group
-    from asyncpipe.train.runtime import pick_device
+        summary = run_rank(cfg, log=log)
+    else:
+        from asyncpipe.train.runtime import pick_device
 
-    init_process_group(pick_device(cfg.device).type)
-    return _run_simulated(cfg, log, rank, world)
+        init_process_group(pick_device(cfg.device).type)
+        summary = _run_simulated(cfg, log, rank, world)
+    destroy_process_group()  # after a success only: with a rank gone, the teardown's barrier would wait forever
+    return summary
 
 
 def _run_simulated(cfg: DictConfig, log: Callable[[str], None], rank: int = 0, world: int = 1) -> dict:
