@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from asyncpipe.dist import free_port
+from asyncpipe.dist import destroy_process_group, free_port
 from asyncpipe.errors import EXIT_INTERRUPTED, UserError
 
 
@@ -57,8 +57,6 @@ def _rank_main(spec_path: str) -> None:
     # Installed before the heavy imports: a SIGTERM during start-up still ends in a checkpoint, not a crash.
     stop = StopRequest().__enter__()
     try:
-        import torch.distributed as tdist
-
         from asyncpipe.pipe.runner import run_pipeline
 
         with open(out / "events.jsonl", "a") if rank == 0 else open(os.devnull, "w") as events:
@@ -77,9 +75,7 @@ def _rank_main(spec_path: str) -> None:
                 result = run_pipeline(cfg, job["run_dir"], on_step=lambda m, i=i: on_step(m, i), stop=stop)
                 _write_json(out / f"result-{i}-{rank}.json", result)
                 interrupted = result.get("status") == "interrupted"
-        if tdist.is_initialized():
-            tdist.barrier()  # nobody tears down while a peer still talks to it
-            tdist.destroy_process_group()
+        destroy_process_group()
     except BaseException as err:  # report, then die: the launcher tears the other ranks down
         kind = "user_error" if isinstance(err, UserError) else "error"
         text = str(err) if kind == "user_error" else traceback.format_exc()
