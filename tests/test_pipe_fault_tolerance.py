@@ -157,12 +157,17 @@ def test_sigterm_checkpoints_every_rank_exits_4_then_resumes(references, tmp_pat
     assert losses(run) == losses(references[1])
 
 
+def unfinished_copy(reference: Path, run: Path) -> Path:
+    """A completed reference run dir, copied and made to look unfinished (as after a crash)."""
+    shutil.copytree(reference, run)
+    (run / "summary.json").unlink()
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_partial_checkpoint_falls_back_to_the_previous_one(references, tmp_path: Path) -> None:
-    run = tmp_path / "partial"
-    shutil.copytree(references[1], run)
-    (run / "summary.json").unlink()
+    run = unfinished_copy(references[1], tmp_path / "partial")
     ckpts = sorted((run / "checkpoints").iterdir())
     assert [c.name for c in ckpts] == ["step_00000008", "step_00000012"]  # every=4, keep=2, none at the end
     (ckpts[-1] / "rank1.pt").unlink()  # a crash after rank 0's part (the marker alone is not trusted)
@@ -173,13 +178,10 @@ def test_partial_checkpoint_falls_back_to_the_previous_one(references, tmp_path:
     assert losses(run) == losses(references[1])
 
 
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_corrupt_part_on_another_rank_is_a_one_line_error(references, tmp_path: Path) -> None:
-    run = tmp_path / "corrupt"
-    shutil.copytree(references[1], run)
-    (run / "summary.json").unlink()
+    run = unfinished_copy(references[1], tmp_path / "corrupt")
     (sorted((run / "checkpoints").iterdir())[-1] / "rank1.pt").write_bytes(b"not a checkpoint")
     before = read_metrics(run)
     proc = asyncpipe("train", *RUN, "delay=1", f"run.dir={run}", "resume=true")
