@@ -48,6 +48,9 @@ def test_every_group_option_composes() -> None:
         (["engine=pipeline", "pipeline.stages=5"], "pipeline.stages=5 exceeds the 4 transformer blocks"),
         (["engine=pipeline", "model=135m", "train.seq_len=64"], "needs untied embeddings"),
         (["engine=warp"], "engine=warp is not allowed; choose one of: simulate, pipeline"),
+        (["optimizer=muon", "optimizer.adjust_lr_fn=sqrt"], "optimizer.adjust_lr_fn=sqrt is not allowed"),
+        (["optimizer=muon", "optimizer.ns_steps=0"], "optimizer.ns_steps=0 must be >= 1"),
+        (["tracker.wandb.mode=sometimes"], "tracker.wandb.mode=sometimes is not allowed"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(overrides: list[str], needle: str) -> None:

@@ -27,7 +27,8 @@ from asyncpipe.data import (
     load_manifest,
     prepare,
 )
-from asyncpipe.data.corpus import HAMLET_PATH, load_corpus, load_hamlet, load_kjv, load_shakespeare, split_scenes
+from asyncpipe.data.corpora import load_corpus
+from asyncpipe.data.corpus import HAMLET_PATH, load_hamlet, load_kjv, load_shakespeare, split_scenes
 from asyncpipe.data.tokenizer import ByteTokenizer, load_gpt2
 from asyncpipe.errors import UserError
 

@@ -132,7 +132,7 @@ def test_a_rank_error_reaches_the_launcher_as_one_line():
     from asyncpipe.config import compose
     from asyncpipe.errors import UserError
 
-    # Config validation would refuse this first; skip it so the engine's own check is what fires.
-    cfg = compose(BASE + ["pipeline.stages=4", "delay=1", "train.micro_batches=2"], validate_values=False)
-    with pytest.raises(UserError, match="micro_batches >= pipeline.stages"):
+    # Only a rank can tell: the vocabulary check needs the prepared data's tokenizer.
+    cfg = compose(BASE + ["pipeline.stages=2", "delay=1", "train.micro_batches=2", "model.vocab_size=16"])
+    with pytest.raises(UserError, match="model.vocab_size=16 is smaller than the tokenizer"):
         _launch([cfg])

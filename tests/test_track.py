@@ -166,8 +166,10 @@ def test_resolve_mode(clean_wandb_env, monkeypatch, tmp_path):
     monkeypatch.setenv("NETRC", str(tmp_path / "missing"))
     monkeypatch.setenv("WANDB_API_KEY", SECRET)
     assert resolve_mode("auto") == "online"
-    with pytest.raises(UserError, match="tracker.wandb.mode"):
-        resolve_mode("sometimes")
+    from asyncpipe.config import ConfigError, compose
+
+    with pytest.raises(ConfigError, match="tracker.wandb.mode=sometimes"):
+        compose(["tracker.wandb.mode=sometimes"])
 
 
 def test_clean_config_and_tags(monkeypatch):

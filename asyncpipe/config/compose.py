@@ -14,13 +14,10 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from asyncpipe.errors import UserError
+from asyncpipe.config.validate import validate
+from asyncpipe.errors import ConfigError
 
 GROUPS = ("model", "optimizer", "tokenizer", "data", "launcher")
-
-
-class ConfigError(UserError):
-    """A config the user composed is invalid."""
 
 
 def conf_dir() -> Path:
@@ -95,8 +92,6 @@ def compose(overrides: Sequence[str] = (), *, validate_values: bool = True) -> D
     finally:
         GlobalHydra.instance().clear()
     if validate_values:
-        from asyncpipe.config.validate import validate
-
         validate(cfg)
     return cfg
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from asyncpipe.errors import UserError
+from asyncpipe.errors import ConfigError
 
 ENGINES = ("simulate", "pipeline")
 DELAY_PROFILES = ("uniform", "pipedream")
@@ -13,12 +13,11 @@ PRECISIONS = ("auto", "fp32", "bf16")
 CLIP_MODES = ("global", "stage")
 BACKENDS = ("auto", "gloo", "nccl")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+MUON_ADJUST_LR_FNS = ("original", "match_rms_adamw")  # torch.optim.Muon; null = original
 
 
 def _need(ok: bool, message: str) -> None:
     if not ok:
-        from asyncpipe.config.compose import ConfigError
-
         raise ConfigError(message)
 
 
@@ -41,6 +40,9 @@ def validate(cfg: DictConfig) -> None:
     _need(o.aux_lr is None or o.aux_lr > 0, f"optimizer.aux_lr={o.aux_lr} must be > 0 (or null = optimizer.lr)")
     _need(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay} must be >= 0")
     _need(o.ef.lam >= 0, f"optimizer.ef.lam={o.ef.lam} must be >= 0")
+    if o.adjust_lr_fn is not None:
+        _choice("optimizer.adjust_lr_fn", o.adjust_lr_fn, ("null",) + MUON_ADJUST_LR_FNS)
+    _need(o.ns_steps >= 1, f"optimizer.ns_steps={o.ns_steps} must be >= 1")
     for key in ("steps", "micro_batch_size", "micro_batches", "seq_len", "eval_every", "eval_batches", "log_every"):
         _need(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
     _need(0 <= t.warmup_frac < 1, f"train.warmup_frac={t.warmup_frac} must be in [0, 1)")

@@ -112,26 +112,3 @@ def load_kjv() -> Corpus:
         chapters.setdefault(key, []).append(f"{verse['verse']} {verse['text'].strip()}")
     docs = [f"{book} {ch}\n" + "\n".join(verses) + "\n" for (book, ch), verses in chapters.items()]
     return Corpus("kjv", docs, [source_entry(path.name, raw)])
-
-
-# --- dispatch ---------------------------------------------------------------------------------
-
-
-def load_corpus(name: str, sources: list[str], cache_dir: Path, progress: Progress | None = None) -> Corpus:
-    """The documents of corpus `name`; `sources` only means something for `docs` (Debian packages)."""
-    if name not in CORPORA:
-        raise UserError(f"unknown corpus data={name}; allowed: {', '.join(CORPORA)}")
-    if sources and name != "docs":
-        raise UserError(f"data.sources is only used by data=docs (got {list(sources)} for data={name})")
-    if name == "hamlet":
-        corpus = load_hamlet()
-    elif name == "shakespeare":
-        corpus = load_shakespeare()
-    elif name == "kjv":
-        corpus = load_kjv()
-    else:
-        from asyncpipe.data.debian import load_debian_docs
-
-        corpus = load_debian_docs(list(sources) or ["python3.11-doc"], cache_dir, progress)
-    corpus.documents = [d for d in corpus.documents if d.strip()]
-    return corpus

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from asyncpipe.data.corpus import load_corpus
+from asyncpipe.data.corpora import load_corpus
 from asyncpipe.data.tokenizer import TOKENIZER_FILE, HFTokenizer, build_tokenizer, check_tokenizer_config
 from asyncpipe.errors import UserError
 

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from asyncpipe.errors import UserError
 from asyncpipe.launch.expand import RunSpec, SweepPlan
+from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, PENDING, QUEUED, RUNNING
 from asyncpipe.track.files import atomic_write_json
 
 MANIFEST = "sweep.json"
@@ -24,8 +25,6 @@ LAUNCH_RECORD = "launch.json"  # exit code of the last launch, for runs that die
 SLURM_RECORD = "slurm_job.json"
 RETIRED = ".retired"
 
-PENDING, QUEUED, RUNNING = "pending", "queued", "running"
-COMPLETED, DIVERGED, FAILED, INTERRUPTED = "completed", "diverged", "failed", "interrupted"
 FINAL = (COMPLETED, DIVERGED, FAILED)  # never re-run automatically (failed/diverged: --retry-failed)
 STATES = (PENDING, QUEUED, RUNNING, COMPLETED, DIVERGED, FAILED, INTERRUPTED)
 

@@ -11,21 +11,14 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
-from asyncpipe.errors import UserError
 from asyncpipe.optim.combined import CombinedOptimizer
 from asyncpipe.optim.registry import HiddenFn, block_matrices, decay_groups, register, trainable
 
-ADJUST_LR_FNS = ("original", "match_rms_adamw")
 
 
 @register("muon")
 def build_muon(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn]) -> torch.optim.Optimizer:
-    adjust = cfg.adjust_lr_fn
-    if adjust is not None and adjust not in ADJUST_LR_FNS:
-        allowed = ", ".join(("null",) + ADJUST_LR_FNS)
-        raise UserError(f"optimizer.adjust_lr_fn={adjust} is not allowed; choose one of: {allowed}")
-    if cfg.ns_steps < 1:
-        raise UserError(f"optimizer.ns_steps={cfg.ns_steps} must be >= 1")
+    adjust = cfg.adjust_lr_fn  # values checked by asyncpipe.config.validate
     is_hidden = hidden if hidden is not None else block_matrices(module)
     named = trainable(module)
     matrices = [(n, p) for n, p in named if p.dim() == 2 and is_hidden(n, p)]

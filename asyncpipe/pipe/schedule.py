@@ -117,9 +117,9 @@ class TwoBWSchedule:
         if not 0 <= start < batches:
             raise ValueError(f"start batch {start} is not one of the run's {batches} batches")
         if micro_batches < stages:
-            raise UserError(
-                f"2BW needs train.micro_batches >= pipeline.stages (got {micro_batches} < {stages}): with fewer, "
-                "stage 0 would start batch b+2 before step b made its weights; raise train.micro_batches or use delay=0"
+            raise ValueError(  # config.validate refuses such a config; this guards direct use
+                f"2BW needs micro_batches >= stages (got {micro_batches} < {stages}): with fewer, "
+                "stage 0 would start batch b+2 before step b made its weights"
             )
         self.micro_batches, self.stages, self.stage_id, self.batches = micro_batches, stages, stage_id, batches
         self.defer_step, self.start = defer_step, start

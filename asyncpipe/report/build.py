@@ -129,11 +129,11 @@ def render_terminal(report: Report) -> Any:
 
 def log_report_to_wandb(report: Report, cfg_like: Any) -> bool:
     """Best effort: log the gap table and plots to a `report` run in the W&B group; True when something was logged."""
-    from asyncpipe.track.wandb_mirror import WandbMirror, _select
+    from asyncpipe.track.wandb_mirror import WandbMirror, config_value
 
     if report.out_dir is None or not report.files:
         return False
-    group = _select(cfg_like, "tracker.wandb.group")
+    group = config_value(cfg_like, "tracker.wandb.group")
     mirror = WandbMirror(cfg_like, report.out_dir, rank=0, name=f"{group or 'sweep'}-report", job_type="report")
     if not mirror.active:
         return False

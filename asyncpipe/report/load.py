@@ -14,6 +14,7 @@ import pandas as pd
 import yaml
 
 from asyncpipe.errors import UserError
+from asyncpipe.status import COMPLETED
 from asyncpipe.track.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, parse_metrics_lines
 
 # Frame column -> dotted key in the composed config.
@@ -33,7 +34,6 @@ AXES = {
 }
 RUN_COLUMNS = ["run", "path", *AXES, "variant", "status", "final_tokens", "summary_val_loss"]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
-COMPLETED = "completed"
 
 
 def lookup(config: dict, dotted: str) -> Any:

@@ -14,12 +14,13 @@ from typing import Any
 import pandas as pd
 
 from asyncpipe.report.load import COMPLETED
+from asyncpipe.status import DIVERGED, FAILED
 
 BASE_KEYS = ["model", "data"]
 # Axes that, when they vary for one optimizer, split a (model, data) group into settings.
 SETTING_AXES = ["tokenizer", "engine", "stages", "lr"]
 CANONICAL = ["sync", "1-step", "1-step+EF"]
-EXCLUDED_STATUSES = ["diverged", "failed", "unfinished"]
+EXCLUDED_STATUSES = [DIVERGED, FAILED, "unfinished"]
 
 
 @dataclass

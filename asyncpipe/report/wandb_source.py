@@ -10,9 +10,10 @@ import pandas as pd
 from asyncpipe.errors import UserError
 from asyncpipe.report.build import Report, assemble
 from asyncpipe.report.load import frames, run_record
+from asyncpipe.status import COMPLETED, FAILED
 
 # W&B run states -> our summary status, for runs whose summary has no `status` (e.g. killed before finish()).
-_STATE_STATUS = {"finished": "completed", "crashed": "failed", "failed": "failed", "killed": "failed", "running": None}
+_STATE_STATUS = {"finished": COMPLETED, "crashed": FAILED, "failed": FAILED, "killed": FAILED, "running": None}
 
 
 def _plain_config(config: dict) -> dict:
@@ -44,7 +45,7 @@ def frames_from_wandb_runs(runs: Iterable[Any]) -> tuple[pd.DataFrame, pd.DataFr
             continue
         summary = {k: v for k, v in dict(run.summary).items() if not str(k).startswith("_")}
         if "status" not in summary:
-            summary["status"] = _STATE_STATUS.get(getattr(run, "state", None), "failed")
+            summary["status"] = _STATE_STATUS.get(getattr(run, "state", None), FAILED)
             if summary["status"] is None:
                 summary = None
         history = run.scan_history(keys=["tokens", "val_loss"])

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from asyncpipe.status import COMPLETED
 from asyncpipe.track.files import RunDir
 from asyncpipe.track.wandb_mirror import WandbMirror
 
@@ -31,4 +32,4 @@ class Tracker:
             return
         self.run.write_summary(summary)
         self.wandb.summary(summary)
-        self.wandb.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+        self.wandb.finish(exit_code=0 if summary.get("status") == COMPLETED else 1)

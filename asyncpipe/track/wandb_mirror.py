@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import urlparse
 
+from omegaconf import DictConfig, OmegaConf
+
 from asyncpipe.errors import UserError
 from asyncpipe.track.files import atomic_write_text
 
-MODES = ("auto", "online", "offline", "disabled")
 ID_FILE = "wandb_id.txt"
 INIT_TIMEOUT_S = 30.0  # an unreachable server must not hold a run for the default 90 s
 _SECRET_WORDS = ("key", "secret", "password", "passwd", "credential")
@@ -28,17 +29,11 @@ _SECRET_WORDS = ("key", "secret", "password", "passwd", "credential")
 _SECRET_WHOLE_WORDS = ("token", "auth")
 
 
-def _select(cfg: Any, dotted: str, default: Any = None) -> Any:
-    """cfg.a.b.c for an OmegaConf node or a plain dict; `default` when any part is missing."""
-    node = cfg
-    for part in dotted.split("."):
-        try:
-            node = node[part] if isinstance(node, dict) else getattr(node, part)
-        except Exception:  # missing key, MISSING value, interpolation error: treat all as absent
-            return default
-        if node is None:
-            return default
-    return node
+def config_value(cfg: Any, dotted: str, default: Any = None) -> Any:
+    """cfg.a.b.c of an OmegaConf node or a plain dict (`OmegaConf.select`); `default` when missing or null."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg or {})
+    value = OmegaConf.select(node, dotted, default=None, throw_on_missing=False)
+    return default if value is None else value
 
 
 def has_api_key() -> bool:
@@ -55,9 +50,8 @@ def has_api_key() -> bool:
 
 
 def resolve_mode(mode: str) -> str:
-    """The wandb.init mode for a configured mode: auto/online fall back to offline without an API key."""
-    if mode not in MODES:
-        raise UserError(f"tracker.wandb.mode={mode!r} is not allowed; use one of {', '.join(MODES)}")
+    """The wandb.init mode for a configured mode (checked by `asyncpipe.config.validate`): auto/online fall
+    back to offline without an API key."""
     if mode in ("offline", "disabled"):
         return mode
     env_mode = os.environ.get("WANDB_MODE", "").lower()
@@ -110,13 +104,13 @@ def derive_tags(cfg: Any) -> list[str]:
     """Tags naming the run's axes (optimizer, delay, EF, model, engine) plus tracker.wandb.tags."""
     tags = []
     for label, dotted in (("opt", "optimizer.name"), ("delay", "delay"), ("model", "model.name"), ("engine", "engine")):
-        value = _select(cfg, dotted)
+        value = config_value(cfg, dotted)
         if value is not None:
             tags.append(f"{label}:{value}")
-    ef = _select(cfg, "optimizer.ef.enabled")
+    ef = config_value(cfg, "optimizer.ef.enabled")
     if ef is not None:
         tags.append("ef:on" if ef else "ef:off")
-    tags.extend(str(t) for t in (_select(cfg, "tracker.wandb.tags") or []))
+    tags.extend(str(t) for t in (config_value(cfg, "tracker.wandb.tags") or []))
     # W&B rejects tags longer than 64 characters; duplicates are noise.
     return list(dict.fromkeys(t[:64] for t in tags))
 
@@ -140,7 +134,7 @@ class WandbMirror:
         self._start_step = 0
         if rank != 0:
             return
-        self.mode = resolve_mode(_select(cfg, "tracker.wandb.mode", "auto"))
+        self.mode = resolve_mode(config_value(cfg, "tracker.wandb.mode", "auto"))
         if self.mode == "disabled":
             return
         os.environ.setdefault("WANDB_SILENT", "true")  # wandb's terminal warnings read the env, not Settings
@@ -152,12 +146,12 @@ class WandbMirror:
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.run = wandb.init(
-                project=_select(cfg, "tracker.wandb.project", "asyncpipe"),
-                entity=_select(cfg, "tracker.wandb.entity"),
-                group=_select(cfg, "tracker.wandb.group"),
+                project=config_value(cfg, "tracker.wandb.project", "asyncpipe"),
+                entity=config_value(cfg, "tracker.wandb.entity"),
+                group=config_value(cfg, "tracker.wandb.group"),
                 tags=derive_tags(cfg),
                 config=clean_config(cfg),
-                name=name or _select(cfg, "run.name") or self.run_dir.name,
+                name=name or config_value(cfg, "run.name") or self.run_dir.name,
                 job_type=job_type,
                 dir=str(self.run_dir),
                 id=self._run_id(),
