@@ -17,8 +17,9 @@ import typer
 from asyncpipe.errors import UserError
 
 SCHEDULES = ("gpipe", "1f1b", "2bw")
-_LETTER = {"forward": "F", "backward": "B", "step": "U", "eval": "E"}
-_COLOR = {"forward": "#4c72b0", "backward": "#55a868", "step": "#c44e52", "eval": "#999999"}
+SYNC = ("zb-h1", "interleaved-1f1b", "dualpipev")  # drawn from `asyncpipe.pipe.orders`, next to 1F1B and 2BW
+_LETTER = {"forward": "F", "backward": "B", "weight": "W", "step": "U", "eval": "E"}
+_COLOR = {"forward": "#4c72b0", "backward": "#55a868", "weight": "#8172b3", "step": "#c44e52", "eval": "#999999"}
 
 
 # -- timelines ---------------------------------------------------------------------------------------------
@@ -116,10 +117,47 @@ def steady_gaps(timeline: Any, tol: float = 1e-9) -> list[float]:
     return out
 
 
-def _label(e: Any) -> str:
+def sync_timeline(kind: str, stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0) -> Any:
+    """One batch of a synchronous schedule (`asyncpipe.pipe.orders`: 1f1b, zb-h1, interleaved-1f1b, dualpipev),
+    replayed by data dependencies."""
+    from asyncpipe.pipe.orders import plan, replay
+
+    return replay(plan(kind, stages, micro_batches), forward, backward)
+
+
+def bubble_table(stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0,
+                 batches: int = 3) -> dict[str, Optional[float]]:  # fmt: skip
+    """Per schedule, the idle fraction of its most idle stage over one batch with a free optimizer step (None
+    where the schedule cannot run this P and m); ``2bw`` is its steady state (no flush: 0) and ``2bw-run`` a
+    ``batches``-batch run, paying one fill and drain."""
+    from asyncpipe.pipe.orders import SYNC_SCHEDULES, bubble
+
+    out: dict[str, Optional[float]] = {k: bubble(k, stages, micro_batches, forward, backward) for k in SYNC_SCHEDULES}
+    if micro_batches >= stages:
+        run = ideal_timeline("2bw", stages, micro_batches, batches, forward, backward, 0.0)
+        out["2bw"] = max(steady_gaps(run)) / (micro_batches * (forward + backward))
+        out["2bw-run"] = max(run.idle_fraction)
+    else:
+        out["2bw"] = out["2bw-run"] = None
+    return out
+
+
+def _local_chunk(timeline: Any) -> dict[tuple[int, int], int]:
+    """(stage, chunk) -> the chunk's index among its stage's chunks (a, b, ... in labels)."""
+    chunks: dict[int, set] = {}
+    for e in timeline.events:
+        if e.chunk is not None:
+            chunks.setdefault(e.stage, set()).add(e.chunk)
+    return {(s, c): i for s, cs in chunks.items() for i, c in enumerate(sorted(cs))}
+
+
+def _label(e: Any, local: Optional[dict] = None) -> str:
     if e.kind == "step":
         return f"U{e.batch}" if e.batch is not None else "U"
-    return _LETTER[e.kind] + ("" if e.micro_batch is None else str(e.micro_batch))
+    label = _LETTER[e.kind] + ("" if e.micro_batch is None else str(e.micro_batch))
+    if e.chunk is not None and local is not None and len({c for (s, c) in local if s == e.stage}) > 1:
+        label += "abcdefgh"[local[(e.stage, e.chunk)] % 8]
+    return label
 
 
 def render_text(timeline: Any, cell: Optional[float] = None, width: Optional[int] = None) -> str:
@@ -129,8 +167,9 @@ def render_text(timeline: Any, cell: Optional[float] = None, width: Optional[int
     evs = [e for e in timeline.events if e.end > e.start]
     if not evs:
         return ""
+    local = _local_chunk(timeline)
     cell = cell or min(e.end - e.start for e in evs)
-    width = width or max(len(_label(e)) for e in evs) + 1
+    width = width or max(len(_label(e, local)) for e in evs) + 1
     n = int(round(timeline.makespan / cell + 0.4999))
     rows = []
     for s in range(len(timeline.busy)):
@@ -138,7 +177,7 @@ def render_text(timeline: Any, cell: Optional[float] = None, width: Optional[int
         for e in (e for e in evs if e.stage == s):
             a, b = int(round(e.start / cell)), max(int(round(e.end / cell)), int(round(e.start / cell)) + 1)
             for i in range(a, min(b, n)):
-                cells[i] = (_label(e)[:width].ljust(width) if i == a else "-" * width) if width > 1 else (
+                cells[i] = (_label(e, local)[:width].ljust(width) if i == a else "-" * width) if width > 1 else (
                     _LETTER[e.kind] if i == a else _LETTER[e.kind].lower())  # fmt: skip
         rows.append(f"S{s} |" + "".join(cells) + "|")
     idle = "  ".join(f"S{s} {f:.3f}" for s, f in enumerate(timeline.idle_fraction))
@@ -147,31 +186,44 @@ def render_text(timeline: Any, cell: Optional[float] = None, width: Optional[int
 
 def render_png(timeline: Any, path: Path, title: str) -> None:
     """Stages x time bar chart: forward, backward, optimizer step (and evaluation) blocks; gaps are bubbles."""
+    render_pngs([(title, timeline)], path)
+
+
+def render_pngs(panels: list[tuple[str, Any]], path: Path) -> None:
+    """One stages x time bar chart per (title, timeline), stacked on a shared time axis; a rank's second (third,
+    ...) model chunk is drawn lighter."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    P = len(timeline.busy)
-    span = timeline.makespan or 1.0
-    fig, ax = plt.subplots(figsize=(min(40, max(8, len(timeline.events) / P * 0.35)), 0.6 * P + 1.6))
-    for e in timeline.events:
-        if e.end <= e.start:
-            continue
-        ax.broken_barh([(e.start, e.end - e.start)], (e.stage - 0.4, 0.8), facecolors=_COLOR[e.kind],
-                       edgecolor="white", linewidth=0.5)  # fmt: skip
-        if (e.end - e.start) / span > 0.006 and e.kind in ("forward", "backward"):
-            ax.text((e.start + e.end) / 2, e.stage, str(e.micro_batch), ha="center", va="center", fontsize=7,
-                    color="white")  # fmt: skip
-    ax.set_yticks(range(P), [f"stage {s}  (idle {f:.0%})" for s, f in enumerate(timeline.idle_fraction)])
-    ax.set_ylim(P - 0.5, -0.5)
-    ax.set_xlim(0, span)
-    ax.set_xlabel("time")
-    ax.set_title(title)
-    kinds = sorted({e.kind for e in timeline.events}, key=list(_COLOR).index)
-    ax.legend(handles=[Patch(color=_COLOR[k], label=k) for k in kinds], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25), ncol=len(kinds), frameon=False)  # fmt: skip
+    span = max(tl.makespan for _, tl in panels) or 1.0
+    n_ev = max(len(tl.events) / max(1, len(tl.busy)) for _, tl in panels)
+    heights = [0.6 * len(tl.busy) + 0.9 for _, tl in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(min(40, max(8, n_ev * 0.35)), sum(heights) + 0.9),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)  # fmt: skip
+    kinds: set = set()
+    for ax, (title, timeline) in zip(axes[:, 0], panels):
+        P, local = len(timeline.busy), _local_chunk(timeline)
+        for e in timeline.events:
+            if e.end <= e.start:
+                continue
+            light = e.chunk is not None and local.get((e.stage, e.chunk), 0) % 2 == 1
+            ax.broken_barh([(e.start, e.end - e.start)], (e.stage - 0.4, 0.8), facecolors=_COLOR[e.kind],
+                           alpha=0.55 if light else 1.0, edgecolor="white", linewidth=0.5)  # fmt: skip
+            if (e.end - e.start) / span > 0.006 and e.kind in ("forward", "backward", "weight"):
+                ax.text((e.start + e.end) / 2, e.stage, str(e.micro_batch), ha="center", va="center", fontsize=7,
+                        color="white")  # fmt: skip
+        kinds |= {e.kind for e in timeline.events}
+        ax.set_yticks(range(P), [f"stage {s}  (idle {f:.0%})" for s, f in enumerate(timeline.idle_fraction)])
+        ax.set_ylim(P - 0.5, -0.5)
+        ax.set_xlim(0, span)
+        ax.set_title(title, fontsize=10)
+    axes[-1, 0].set_xlabel("time")
+    ordered = sorted(kinds, key=list(_COLOR).index)
+    axes[-1, 0].legend(handles=[Patch(color=_COLOR[k], label=k) for k in ordered], loc="upper center",
+                       bbox_to_anchor=(0.5, -0.45), ncol=len(ordered), frameon=False)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -181,37 +233,66 @@ def render_png(timeline: Any, path: Path, title: str) -> None:
 def schedule(
     stages: int = typer.Option(4, "--stages", "-p", help="Pipeline stages P."),
     micro_batches: int = typer.Option(8, "--micro-batches", "-m", help="Micro-batches per batch m."),
-    schedule: str = typer.Option("2bw", "--schedule", help="gpipe, 1f1b (DeepSpeed's, with flush) or 2bw."),
+    schedule: str = typer.Option("2bw", "--schedule", help="gpipe, 1f1b (DeepSpeed's, with flush), 2bw, or a "
+                                 "synchronous low-bubble schedule drawn next to 1F1B and 2BW: "
+                                 "zb-h1, interleaved-1f1b (2 chunks per rank), dualpipev (DeepSpeed's)."),  # fmt: skip
     batches: int = typer.Option(3, "--batches", help="Batches (optimizer steps) to draw."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="A run dir recorded with pipeline.trace=true: "
                                          "draw its measured timeline instead."),  # fmt: skip
     out: Path = typer.Option(Path("runs/schedules"), "--out", help="Directory for the PNG and text files."),
     forward: float = typer.Option(1.0, help="Idealised forward time."),
-    backward: float = typer.Option(2.0, help="Idealised backward time."),
+    backward: float = typer.Option(2.0, help="Idealised backward time (zb-h1 splits it in two halves: B and W)."),
     step: float = typer.Option(1.0, help="Idealised optimizer-step time."),
 ) -> None:
-    """Draw a pipeline schedule as a stages x time timeline (PNG + text), from the engine's schedule classes or
-    from a traced run."""
+    """Draw a pipeline schedule as a stages x time timeline (PNG + text), from the engine's schedule classes,
+    from a synchronous schedule's own rules, or from a traced run."""
     if trace is not None:
         tl = trace_timeline(trace)
         stem = f"trace-{Path(trace).resolve().name}"
-        title = f"measured timeline of {trace} (idle = waiting on communication)"
+        panels = [(f"measured timeline of {trace} (idle = waiting on communication)", tl)]
         text = render_text(tl, cell=tl.makespan / 160, width=1)
+    elif schedule in SYNC:
+        costs = f"F={forward:g}, B={backward:g}, optimizer step free"
+        panels = [(f"{schedule}: P={stages}, m={micro_batches}, one batch ({costs})",
+                   sync_timeline(schedule, stages, micro_batches, forward, backward)),
+                  (f"1f1b: one batch", sync_timeline("1f1b", stages, micro_batches, forward, backward))]  # fmt: skip
+        if micro_batches >= stages:
+            panels.append((f"2bw: {batches} batches (no flush)",
+                           ideal_timeline("2bw", stages, micro_batches, batches, forward, backward, 0.0)))  # fmt: skip
+        stem = f"{schedule}-P{stages}-m{micro_batches}"
+        cell = min(e.end - e.start for _, tl in panels for e in tl.events if e.end > e.start)
+        width = max(len(_label(e, _local_chunk(tl))) for _, tl in panels for e in tl.events) + 1
+        text = "".join(f"# {t}\n{render_text(tl, cell=cell, width=width)}" for t, tl in panels)
+        tl = panels[0][1]
     else:
         tl = ideal_timeline(schedule, stages, micro_batches, batches, forward, backward, step)
         stem = f"{schedule}-P{stages}-m{micro_batches}"
         costs = f"F={forward:g}, B={backward:g}, U={step:g}"
-        title = f"{schedule}: P={stages}, m={micro_batches}, {batches} batches ({costs})"
+        panels = [(f"{schedule}: P={stages}, m={micro_batches}, {batches} batches ({costs})", tl)]
         text = render_text(tl)
     out.mkdir(parents=True, exist_ok=True)
     png, txt = out / f"{stem}.png", out / f"{stem}.txt"
-    render_png(tl, png, title)
-    txt.write_text(f"# {title}\n{text}")
+    render_pngs(panels, png)
+    if trace is None and schedule in SYNC:
+        text += format_bubbles(bubble_table(stages, micro_batches, forward, backward, batches), batches)
+    txt.write_text(f"# {panels[0][0]}\n{text}")
     typer.echo(text, nl=False)
-    gaps = steady_gaps(tl)
-    typer.echo("steady-state idle per stage (first backward .. last forward): "
-               + "  ".join(f"S{s} {g:.3g}" for s, g in enumerate(gaps)))  # fmt: skip
+    gaps = steady_gaps(tl) if trace is not None or schedule not in SYNC else []
+    if gaps:
+        typer.echo("steady-state idle per stage (first backward .. last forward): "
+                   + "  ".join(f"S{s} {g:.3g}" for s, g in enumerate(gaps)))  # fmt: skip
     typer.echo(f"wrote {png}\nwrote {txt}")
+
+
+def format_bubbles(table: dict[str, Optional[float]], batches: int) -> str:
+    """The bubble table as text lines (n/a where a schedule cannot run)."""
+    notes = {"1f1b": "(P-1)/(m+P-1)", "zb-h1": "B and W split in halves", "interleaved-1f1b": "2 chunks per rank",
+             "dualpipev": "2 chunks per rank (V), W inside B", "2bw": "steady state: no flush",
+             "2bw-run": f"{batches} batches: one fill and drain"}  # fmt: skip
+    lines = ["bubble (idle fraction of the most idle stage per batch, optimizer step free):"]
+    for k, v in table.items():
+        lines.append(f"  {k:17s} {'n/a' if v is None else f'{v:.3f}':>6s}  {notes.get(k, '')}")
+    return "\n".join(lines) + "\n"
 
 
 def bench_pipeline(

@@ -32,12 +32,13 @@ class ScheduleError(AssertionError):
 @dataclass
 class Event:
     stage: int
-    kind: str  # forward, backward, step
+    kind: str  # forward, backward, weight (a split-off weight gradient), step
     micro_batch: Optional[int]
     start: float
     end: float
     version: Optional[int] = None
     batch: Optional[int] = None
+    chunk: Optional[int] = None  # model chunk (virtual stage) of a multi-chunk schedule
 
 
 @dataclass

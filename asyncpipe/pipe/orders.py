@@ -1,0 +1,226 @@
+"""Synchronous schedules that shrink the flush bubble, as per-rank compute orders replayed by data dependencies.
+
+A schedule here is, per pipeline rank, the order in which it runs forwards (F), backwards (B) and, for
+zero-bubble schedules, deferred weight-gradient passes (W) of one batch, on model chunks (virtual stages).
+`replay` starts every op as soon as its rank is free and its inputs exist (communication is free and eager):
+the idealised timeline, its bubble, and a deadlock check. Pure Python: no torch.
+
+- ``1f1b``: one chunk per rank, P-1-r warm-up forwards, then one forward and one backward (DeepSpeed's flushed
+  1F1B; the same order as `asyncpipe.pipe.schedule.train_schedule_stream`, here without instructions).
+- ``zb-h1``: 1F1B with the backward split into B (input gradient, on the critical path) and W (weight
+  gradient); rank r holds back its W's by r backwards and runs them after the last B (Qi et al. 2023).
+- ``interleaved-1f1b``: v chunks per rank, chunk c on rank c mod P; forwards go round the chunks in groups of
+  P micro-batches, depth first (Narayanan et al. 2021).
+- ``dualpipev``: two chunks per rank in a V: rank r holds chunk r and chunk 2P-1-r, so rank 0 runs both the
+  embedding and the loss. The order is DeepSpeed's own `DualPipeVSchedule` (which keeps W inside B).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+from asyncpipe.errors import UserError
+
+if TYPE_CHECKING:
+    from asyncpipe.pipe.timeline import Timeline
+
+SYNC_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "dualpipev")
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # "F", "B" (whole backward, or input gradient when the plan splits it), "W" (weight gradient)
+    chunk: int  # virtual stage: 0 holds the embedding, n_chunks - 1 the loss
+    micro_batch: int
+
+
+@dataclass
+class Plan:
+    """One batch of a synchronous schedule: each rank's op order and which rank holds each chunk."""
+
+    name: str
+    stages: int  # pipeline ranks P
+    micro_batches: int
+    chunk_rank: list[int]  # chunk -> rank
+    ranks: list[list[Op]]
+    split_backward: bool = False  # B is the input gradient only and a W op follows
+
+    @property
+    def chunks_per_rank(self) -> int:
+        return len(self.chunk_rank) // self.stages
+
+
+def one_f_one_b(stages: int, micro_batches: int) -> Plan:
+    ranks = []
+    for r in range(stages):
+        warm = min(stages - 1 - r, micro_batches)
+        ops = [Op("F", r, k) for k in range(warm)]
+        for i in range(micro_batches - warm):
+            ops += [Op("F", r, warm + i), Op("B", r, i)]
+        ops += [Op("B", r, k) for k in range(micro_batches - warm, micro_batches)]
+        ranks.append(ops)
+    return Plan("1f1b", stages, micro_batches, list(range(stages)), ranks)
+
+
+def zb_h1(stages: int, micro_batches: int) -> Plan:
+    """1F1B order of F and B (input gradient); each W follows a later B so that rank r lags r W's behind,
+    and the lagging W's run after the rank's last B, where 1F1B would wait for the drain."""
+    ranks = []
+    for r in range(stages):
+        warm = min(stages - 1 - r, micro_batches)
+        ops, done_b, done_w = [Op("F", r, k) for k in range(warm)], 0, 0
+
+        def backward(k: int) -> list[Op]:
+            nonlocal done_b, done_w
+            out = [Op("B", r, k)]
+            done_b += 1
+            if done_b > r:  # W of the oldest backward whose W is still pending
+                out.append(Op("W", r, done_w))
+                done_w += 1
+            return out
+
+        for i in range(micro_batches - warm):
+            ops += [Op("F", r, warm + i)] + backward(i)
+        for k in range(micro_batches - warm, micro_batches):
+            ops += backward(k)
+        ops += [Op("W", r, k) for k in range(done_w, micro_batches)]
+        ranks.append(ops)
+    return Plan("zb-h1", stages, micro_batches, list(range(stages)), ranks, split_backward=True)
+
+
+def interleaved_1f1b(stages: int, micro_batches: int, chunks: int = 2) -> Plan:
+    """Megatron's interleaved 1F1B with ``chunks`` model chunks per rank; needs m a multiple of P."""
+    P, m, v = stages, micro_batches, chunks
+    if m % P:
+        raise UserError(f"interleaved-1f1b needs micro-batches divisible by stages (got m={m}, P={P})")
+    total = m * v
+
+    def unit(i: int, backward: bool) -> tuple[int, int]:
+        """The i-th forward (or backward) unit of a rank: (local chunk, micro-batch), P micro-batches per group."""
+        group, j = divmod(i, P * v)
+        local = j // P
+        return (v - 1 - local if backward else local), group * P + j % P
+
+    ranks = []
+    for r in range(P):
+        warm = min((P - 1 - r) * 2 + (v - 1) * P, total)
+        ops = []
+        for i in range(warm):
+            c, k = unit(i, False)
+            ops.append(Op("F", c * P + r, k))
+        for i in range(total - warm):
+            c, k = unit(warm + i, False)
+            cb, kb = unit(i, True)
+            ops += [Op("F", c * P + r, k), Op("B", cb * P + r, kb)]
+        for i in range(total - warm, total):
+            cb, kb = unit(i, True)
+            ops.append(Op("B", cb * P + r, kb))
+        ranks.append(ops)
+    chunk_rank = [c % P for c in range(P * v)]
+    return Plan("interleaved-1f1b", P, m, chunk_rank, ranks)
+
+
+def dualpipev(stages: int, micro_batches: int) -> Plan:
+    """DeepSpeed's `DualPipeVSchedule` order: phase 0 of rank r is chunk r, phase 1 is chunk 2P-1-r; the n-th
+    forward (backward) of a phase on a rank is micro-batch n. Needs m >= 2P (DeepSpeed's own check)."""
+    P, m = stages, micro_batches
+    if m < 2 * P:
+        raise UserError(f"dualpipev needs micro-batches >= 2 x stages (got m={m}, P={P})")
+    from deepspeed.runtime.pipe.schedule import BackwardPass, DualPipeVSchedule, ForwardPass
+
+    ranks = []
+    for r in range(P):
+        seen = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}
+        ops = []
+        for tick in DualPipeVSchedule(micro_batches=m, stages=P, stage_id=r):
+            for cmd in tick:
+                kind = "F" if isinstance(cmd, ForwardPass) else "B" if isinstance(cmd, BackwardPass) else None
+                if kind is None:
+                    continue
+                k = seen[(kind, cmd.phase)]
+                seen[(kind, cmd.phase)] = k + 1
+                ops.append(Op(kind, r if cmd.phase == 0 else 2 * P - 1 - r, k))
+        ranks.append(ops)
+    chunk_rank = list(range(P)) + list(reversed(range(P)))
+    return Plan("dualpipev", P, m, chunk_rank, ranks)
+
+
+PLANS: dict[str, Callable[[int, int], Plan]] = {
+    "1f1b": one_f_one_b, "zb-h1": zb_h1, "interleaved-1f1b": interleaved_1f1b, "dualpipev": dualpipev,
+}  # fmt: skip
+
+
+def plan(name: str, stages: int, micro_batches: int) -> Plan:
+    if name not in PLANS:
+        raise UserError(f"unknown synchronous schedule {name!r}; choose one of: {', '.join(PLANS)}")
+    if stages < 1 or micro_batches < 1:
+        raise UserError("stages and micro-batches must be >= 1")
+    return PLANS[name](stages, micro_batches)
+
+
+def deps(op: Op, n_chunks: int, split_backward: bool) -> list[Op]:
+    """The ops whose results ``op`` reads."""
+    if op.kind == "F":
+        return [Op("F", op.chunk - 1, op.micro_batch)] if op.chunk > 0 else []
+    if op.kind == "B":
+        own = [Op("F", op.chunk, op.micro_batch)]
+        return own + ([Op("B", op.chunk + 1, op.micro_batch)] if op.chunk < n_chunks - 1 else [])
+    return [Op("B", op.chunk, op.micro_batch)]
+
+
+def replay(p: Plan, forward: float = 1.0, backward: float = 2.0, weight_share: float = 0.5) -> "Timeline":
+    """Run every rank's order against the others: an op starts when its rank is free and its dependencies
+    are done. ``forward``/``backward`` are the costs of a whole stage's worth of layers (a chunk costs 1/chunks
+    per rank of it); with a split backward, B costs (1 - weight_share) of it and W the rest. Raises
+    `ScheduleError` on a deadlock, a dependency on an op no rank runs, or an op run twice or on the wrong rank."""
+    from asyncpipe.pipe.timeline import Event, ScheduleError, Timeline
+
+    n_chunks, v = len(p.chunk_rank), p.chunks_per_rank
+    cost = {"F": forward / v, "B": backward / v, "W": 0.0}
+    if p.split_backward:
+        cost["B"], cost["W"] = backward * (1 - weight_share) / v, backward * weight_share / v
+    owner: dict[Op, int] = {}
+    for r, ops in enumerate(p.ranks):
+        for op in ops:
+            if op in owner:
+                raise ScheduleError(f"{op} runs twice (ranks {owner[op]} and {r})")
+            if p.chunk_rank[op.chunk] != r:
+                raise ScheduleError(f"rank {r} runs {op}, but chunk {op.chunk} lives on rank {p.chunk_rank[op.chunk]}")
+            owner[op] = r
+    end: dict[Op, float] = {}
+    pc, clock = [0] * p.stages, [0.0] * p.stages
+    events, busy = [], [0.0] * p.stages
+    while any(pc[r] < len(p.ranks[r]) for r in range(p.stages)):
+        moved = False
+        for r in range(p.stages):
+            while pc[r] < len(p.ranks[r]):
+                op = p.ranks[r][pc[r]]
+                need = deps(op, n_chunks, p.split_backward)
+                missing = [d for d in need if d not in owner]
+                if missing:
+                    raise ScheduleError(f"{op} on rank {r} needs {missing[0]}, which no rank runs")
+                if any(d not in end for d in need):
+                    break
+                start = max([clock[r]] + [end[d] for d in need])
+                dur = cost[op.kind]
+                kind = {"F": "forward", "B": "backward", "W": "weight"}[op.kind]
+                events.append(Event(r, kind, op.micro_batch, start, start + dur, chunk=op.chunk))
+                end[op] = clock[r] = start + dur
+                busy[r] += dur
+                pc[r] += 1
+                moved = True
+        if not moved:
+            stuck = "; ".join(f"rank {r} at {p.ranks[r][pc[r]]}" for r in range(p.stages) if pc[r] < len(p.ranks[r]))
+            raise ScheduleError(f"{p.name}: deadlock: {stuck}")
+    return Timeline(events, max(clock, default=0.0), busy)
+
+
+def bubble(name: str, stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0) -> Optional[float]:
+    """Idle fraction of the busiest-idle rank over one batch of ``name`` (None where it cannot run)."""
+    try:
+        tl = replay(plan(name, stages, micro_batches), forward, backward)
+    except UserError:
+        return None
+    return max(tl.idle_fraction)
+
