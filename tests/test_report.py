@@ -118,7 +118,9 @@ def test_table_numbers_match_inputs(sweep):
     report = build_report(sweep)
     assert len(report.groups) == 1
     group = report.groups[0]
-    assert group.key == {"model": "tiny", "data": "hamlet"}
+    assert group.key == {"model.name": "tiny", "data.name": "hamlet"}
+    assert report.group_keys == [] and report.grouping.row_keys == ["optimizer.lr"]
+    assert report.grouping.variant_keys == ["delay", "optimizer.ef.enabled"]
     assert group.matched_tokens == 5000
     exp = expected_stats()
     cells = report.cells.set_index(["optimizer", "variant"])
@@ -188,10 +190,10 @@ def test_sweep_without_ef_shows_dashes_and_setting_axes(tmp_path):
                 write_run(tmp_path, f"{lr}-{variant}-{seed}", cfg, curve(final, EVAL_TOKENS), {"status": "completed"})
     report = build_report(tmp_path, out_dir=tmp_path / "elsewhere")
     assert (tmp_path / "elsewhere" / "gaps.csv").exists()
-    assert report.group_keys == ["model", "data", "lr"]
-    assert [g.key["lr"] for g in report.groups] == [1e-3, 3e-3]
+    assert report.group_keys == ["optimizer.lr"]
+    assert [g.key["optimizer.lr"] for g in report.groups] == [1e-3, 3e-3]
     for group in report.groups:
-        lr = group.key["lr"]
+        lr = group.key["optimizer.lr"]
         row = group.table.loc["adamw"]
         assert row["1-step+EF"] == "—" and row["% gap closed 1-step+EF"] == "—" and row["gap 1-step+EF"] == "—"
         gap = statistics.fmean(vals[(lr, "1-step", s)] for s in (0, 1)) - statistics.fmean(
@@ -209,7 +211,7 @@ def test_pipedream_profile_is_its_own_column(tmp_path):
     table = report.groups[0].table
     assert list(table.columns[:4]) == ["sync", "1-step", "1-step+EF", "pipedream(P=4)"]
     assert table.loc["adamw", "gap pipedream(P=4)"] == f"{3.3 - 3.0:+.4f}"
-    assert report.group_keys == ["model", "data"]
+    assert report.group_keys == []
 
 
 def test_empty_and_missing_dirs_are_user_errors(tmp_path):
@@ -311,3 +313,103 @@ def test_report_never_imports_torch(sweep):
         "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+# --- grouping that cannot lie ------------------------------------------------------------------------------
+
+
+def test_runs_differing_in_an_unlisted_key_are_never_pooled(tmp_path):
+    """Weight decay and step count are not in any list of axes: they still split the runs, and no cell pools
+    runs that differ in them (all these runs share seed 0)."""
+    finals_ = {}
+    for wd in (0.0, 0.1):
+        for variant in ("sync", "1-step"):
+            final = 3.0 + wd + (0.2 if variant == "1-step" else 0.0)
+            finals_[(wd, 100, variant)] = final
+            write_run(tmp_path, f"wd{wd}-{variant}", config("adamw", variant, 0, optimizer__weight_decay=wd),
+                      curve(final, EVAL_TOKENS), {"status": "completed"})  # fmt: skip
+    cfg = config("adamw", "sync", 0, optimizer__weight_decay=0.1, train={"steps": 50})
+    write_run(tmp_path, "steps50", cfg, curve(3.7, EVAL_TOKENS), {"status": "completed"})
+    report = build_report(tmp_path)
+    assert report.group_keys == ["optimizer.weight_decay", "train.steps"]
+    assert (report.cells["n"] <= 1).all()  # every run alone in its cell: nothing averaged
+    assert len(report.groups) == 3 and sorted(len(g.runs) for g in report.groups) == [1, 2, 2]
+    by_wd = {(g.key["optimizer.weight_decay"], g.key["train.steps"]): g for g in report.groups}
+    for wd in (0.0, 0.1):
+        row = by_wd[(wd, "<absent>")].table.loc["adamw"]
+        assert row["gap 1-step"] == f"{finals_[(wd, 100, '1-step')] - finals_[(wd, 100, 'sync')]:+.4f}"
+    assert by_wd[(0.1, 50)].table.loc["adamw", "sync"] == "3.7000 (n=1)"
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "Tables split by: `optimizer.weight_decay`, `train.steps`" in md
+
+
+def test_runs_sharing_a_seed_and_every_setting_are_shown_apart(tmp_path):
+    for i, final in enumerate((3.0, 3.1)):  # the same run twice (only the ignored data.root differs)
+        cfg = config("adamw", "sync", 0)
+        cfg["data"]["root"] = f"/cache{i}"
+        write_run(tmp_path, f"copy{i}", cfg, curve(final, EVAL_TOKENS), {"status": "completed"})
+    write_run(tmp_path, "other", config("adamw", "sync", 1), curve(3.5, EVAL_TOKENS), {"status": "completed"})
+    report = build_report(tmp_path)
+    cell = report.cells.set_index("variant").loc["sync"]
+    assert cell["n"] == 3 and pd.isna(cell["mean"]) and pd.isna(cell["std"])
+    text = report.groups[0].table.loc["adamw", "sync"]
+    assert text.startswith("not averaged") and "seed 0: 3.0000 (copy0), 3.1000 (copy1)" in text
+    assert any("shown apart, not averaged" in w for w in report.warnings)
+    assert "shown apart, not averaged" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_named_variants_are_columns_in_file_order(tmp_path):
+    """A sweep file's variants name the columns, in file order; the first is the gaps' reference; the keys they
+    set are named as the columns' keys, and per-optimizer lrs are row settings, not table splits."""
+    variants = {"sync": (0, False), "1-step": (1, False), "1-step+EF": (1, True)}
+    (tmp_path / "sweep.json").write_text('{"name": "s", "variants": {"sync": [], "1-step+EF": [], "1-step": []}}')
+    vals = {}
+    for opt, lr in (("adamw", 3e-3), ("muon", 1e-2)):
+        for name, (delay, ef) in variants.items():
+            for seed in (0, 1):
+                final = 3.0 + delay * 0.3 - ef * 0.1 + seed * 0.01
+                vals[(opt, name, seed)] = final
+                cfg = config(opt, name, seed, optimizer__lr=lr)
+                cfg["run"] = {"variant": name, "dir": f"/x/{opt}{name}{seed}"}
+                write_run(tmp_path, f"{opt}-{name}-{seed}", cfg, curve(final, EVAL_TOKENS), {"status": "completed"})
+    report = build_report(tmp_path)
+    assert report.grouping.named_variants and report.group_keys == []
+    assert report.grouping.variant_keys == ["delay", "optimizer.ef.enabled"]
+    assert report.grouping.row_keys == ["optimizer.lr"]
+    table = report.groups[0].table
+    assert list(table.columns[:4]) == ["settings", "sync", "1-step+EF", "1-step"]
+    assert table.loc["adamw", "settings"] == "lr=0.003"
+    assert table.loc["muon", "% gap closed 1-step+EF"] == f"{0.1 / 0.3 * 100:.1f}%"
+    diffs = report.cells.set_index(["optimizer", "variant"]).loc[("muon", "1-step+EF")]
+    assert diffs["base_variant"] == "1-step" and close(diffs["diff_to_base"], -0.1)
+
+
+def test_cut_off_metrics_line_is_named(tmp_path):
+    write_run(tmp_path, "a", config("adamw", "sync", 0), curve(3.0, EVAL_TOKENS), {"status": "completed"})
+    with open(tmp_path / "a" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 9, "tokens": 90')
+    report = build_report(tmp_path)
+    assert any(w.startswith("run a: last line of metrics.jsonl is cut off") and "ignored" in w for w in report.warnings)
+    assert report.groups[0].matched_tokens == 5000
+
+
+def test_two_sweeps_compared_against_a_baseline(tmp_path):
+    """`report B --baseline A`: B's columns are gapped against A's sync runs of the same seed."""
+    base, other = tmp_path / "base", tmp_path / "depth"
+    for root, name in ((base, "base"), (other, "depth")):
+        root.mkdir()
+        (root / "sweep.json").write_text(f'{{"name": "{name}"}}')
+    for seed in (0, 1):
+        write_run(base, f"sync{seed}", config("muon", "sync", seed), curve(3.0 + seed * 0.1, EVAL_TOKENS),
+                  {"status": "completed"})  # fmt: skip
+        for p in (2, 4):
+            cfg = config("muon", "1-step", seed, delay_profile="pipedream", pipeline__stages=p)
+            write_run(other, f"p{p}s{seed}", cfg, curve(3.0 + seed * 0.1 + p * 0.05 + seed * 0.01, EVAL_TOKENS),
+                      {"status": "completed"})  # fmt: skip
+    report = build_report(other, baseline=base)
+    table = report.groups[0].table
+    assert list(table.columns[:3]) == ["base:sync", "depth:pipedream(P=2)", "depth:pipedream(P=4)"]
+    assert report.groups[0].reference == "base:sync"
+    pairs = [0.2, 0.21]
+    assert table.loc["muon", "gap depth:pipedream(P=4)"] == f"{statistics.fmean(pairs):+.4f} ± {statistics.stdev(pairs):.4f}"
+    assert report.out_dir == tmp_path / "report-base-vs-depth"

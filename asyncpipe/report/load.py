@@ -15,6 +15,7 @@ import yaml
 
 from asyncpipe.errors import UserError
 from asyncpipe.status import COMPLETED
+from asyncpipe.report.groups import flatten
 from asyncpipe.track.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, parse_metrics_lines
 
 # Frame column -> dotted key in the composed config.
@@ -32,8 +33,11 @@ AXES = {
     "engine": "engine",
     "seed": "seed",
 }
-RUN_COLUMNS = ["run", "path", *AXES, "variant", "status", "final_tokens", "summary_val_loss"]
+RUN_COLUMNS = ["run", "path", *AXES, "variant", "variant_named", "sweep", "status", "final_tokens", "summary_val_loss",
+               "note", "config"]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
+MANIFEST = "sweep.json"
+RETIRED = ".retired"  # failed attempts a sweep moved aside (--retry-failed): not runs of the sweep
 
 
 def lookup(config: dict, dotted: str) -> Any:
@@ -70,15 +74,23 @@ def normalize_status(summary: dict | None) -> str:
 
 
 def run_record(
-    name: str, path: str, config: dict, summary: dict | None, metrics: Iterable[dict]
+    name: str, path: str, config: dict, summary: dict | None, metrics: Iterable[dict], note: str = ""
 ) -> tuple[dict, list[dict]]:
-    """One run's row and its evaluation rows (only records with both tokens and a finite val_loss)."""
-    row: dict[str, Any] = {"run": name, "path": path}
+    """One run's row and its evaluation rows (only records with both tokens and a finite val_loss).
+
+    The column is the sweep file's variant name (`run.variant`) when the run has one, else named from its delay
+    settings; `config` holds the whole flattened config, which asyncpipe.report.groups compares."""
+    row: dict[str, Any] = {"run": name, "path": path, "note": note, "sweep": ""}
     for column, dotted in AXES.items():
         row[column] = lookup(config, dotted)
     row["ef"] = bool(row["ef"])
     row["delay"] = int(row["delay"] or 0)
-    row["variant"] = variant_label(row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"])
+    named = lookup(config, "run.variant")
+    row["variant_named"] = named is not None
+    row["variant"] = str(named) if named is not None else variant_label(
+        row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"]
+    )
+    row["config"] = flatten(config)
     if row["engine"] != "pipeline":
         # Simulated: the stage count only matters through delay_profile=pipedream, which the variant names;
         # keeping it would split sync runs from the async runs they are compared with.
@@ -112,7 +124,7 @@ def find_run_dirs(root: Path, exclude: Path | None = None) -> list[Path]:
     found: list[Path] = []
     for cfg in sorted(root.rglob(CONFIG_FILE)):
         run = cfg.parent
-        if "wandb" in run.relative_to(root).parts:
+        if "wandb" in run.relative_to(root).parts or RETIRED in run.relative_to(root).parts:
             continue
         if exclude is not None and (run == exclude or exclude in run.parents):
             continue
@@ -133,18 +145,48 @@ def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
             summary = json.loads((run / SUMMARY_FILE).read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             summary = None  # a torn summary means the run did not finish cleanly: count it as unfinished
-    metrics = []
+    metrics, note = [], ""
     if (run / METRICS_FILE).exists():
-        metrics = parse_metrics_lines((run / METRICS_FILE).read_text(encoding="utf-8"), str(run / METRICS_FILE))
-    return run_record(name, str(run), config, summary, metrics)
+        text = (run / METRICS_FILE).read_text(encoding="utf-8")
+        metrics = parse_metrics_lines(text, str(run / METRICS_FILE))
+        if text.strip() and not text.endswith("\n") and len(metrics) < len([x for x in text.split("\n") if x.strip()]):
+            note = f"last line of {METRICS_FILE} is cut off (a crash mid-write): ignored, the {len(metrics)} lines before it are used"
+    return run_record(name, str(run), config, summary, metrics, note)
 
 
-def load_sweep(sweep_dir: Path, exclude: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Frames for every run dir under `sweep_dir` (which may itself be a single run dir)."""
+def named_variants(root: Path) -> list[str]:
+    """The variant names of the sweep manifests under `root` (itself included), in file order."""
+    names: list[str] = []
+    for path in sorted(root.rglob(MANIFEST)):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        names.extend(v for v in (data.get("variants") or {}) if v not in names)
+    return names
+
+
+def sweep_label(sweep_dir: Path) -> str:
+    """A sweep's name: its manifest's `name`, else the directory's name."""
+    try:
+        return str(json.loads((sweep_dir / MANIFEST).read_text(encoding="utf-8"))["name"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return sweep_dir.resolve().name
+
+
+def load_sweep(sweep_dir: Path, exclude: Path | None = None, label: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Frames for every run dir under `sweep_dir` (which may itself be a single run dir). With a `label` (several
+    sweeps in one report) run names and columns are prefixed `label/` and `label:`."""
     if not sweep_dir.is_dir():
         raise UserError(f"{sweep_dir} is not a directory; pass a sweep directory (DIR/NAME) or a run directory")
     runs = find_run_dirs(sweep_dir, exclude)
     if not runs:
         raise UserError(f"no runs found under {sweep_dir} (a run is a directory containing {CONFIG_FILE})")
     records = [load_run_dir(run, str(run.relative_to(sweep_dir)) if run != sweep_dir else run.name) for run in runs]
+    if label:
+        for row, curve in records:
+            row["run"], row["sweep"], row["variant"] = f"{label}/{row['run']}", label, f"{label}:{row['variant']}"
+            row["variant_named"] = True  # columns of several sweeps are named by their sweep
+            for point in curve:
+                point["run"] = row["run"]
     return frames(records)

@@ -65,10 +65,7 @@ def _panels(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
 
 
 def _group_runs(runs: pd.DataFrame, group: GroupTable) -> pd.DataFrame:
-    mask = runs["status"] == COMPLETED
-    for k, v in group.key.items():
-        mask &= runs[k].isna() if pd.isna(v) else runs[k] == v
-    return runs[mask]
+    return runs[(runs["status"] == COMPLETED) & runs["run"].isin(group.runs)]
 
 
 def _save(fig: plt.Figure, path: Path) -> None:

@@ -1,49 +1,41 @@
-"""Loss-gap statistics: final val loss at a matched token count, mean ± std over seeds, gap to sync, % closed by EF.
+"""Loss-gap statistics: final val loss at a matched token count, mean ± std over seeds, gap to the reference
+variant (sync), its seed noise from paired per-seed differences, and % of a gap closed by a `+...` variant (EF).
 
-Only completed runs are averaged; diverged, failed and unfinished runs are counted and shown, never averaged in.
-Std is the sample standard deviation (ddof=1), so a single seed has no std.
+Which runs share a table, a row and a column is decided by asyncpipe.report.groups. Only completed runs are
+averaged; diverged, failed and unfinished runs are counted and shown, never averaged in. Runs of one cell that
+share a seed are never averaged either: the cell shows their values apart. Std is the sample std (ddof=1).
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
+from asyncpipe.report.groups import Grouping, fmt_value, natural, title_keys
 from asyncpipe.report.load import COMPLETED
 from asyncpipe.status import DIVERGED, FAILED
 
-BASE_KEYS = ["model", "data"]
-# Axes that, when they vary for one optimizer, split a (model, data) group into settings.
-SETTING_AXES = ["tokenizer", "engine", "stages", "lr"]
 CANONICAL = ["sync", "1-step", "1-step+EF"]
 EXCLUDED_STATUSES = [DIVERGED, FAILED, "unfinished"]
+CONTEXT_KEYS = ["model.name", "data.name"]  # always named in a table's title
 
 
 @dataclass
 class GroupTable:
     """The paper-shaped table of one group: one row per optimizer, display strings."""
 
-    key: dict[str, Any]  # model, data and any setting axes that split the sweep
+    key: dict[str, Any]  # model.name, data.name and the group keys (dotted) that split the runs
     matched_tokens: int | None  # token count at which final val losses are compared
-    table: pd.DataFrame  # index: optimizer; columns: variants, gaps, % closed
+    table: pd.DataFrame  # index: optimizer; columns: [settings], variants, gaps, % closed
+    runs: list[str] = field(default_factory=list)  # the runs of this table
+    reference: str | None = None  # the variant every gap is measured against
 
     @property
     def title(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.key.items())
-
-
-def group_keys(runs: pd.DataFrame) -> list[str]:
-    """model, data, plus each setting axis that takes several values for one optimizer within a (model, data)."""
-    keys = list(BASE_KEYS)
-    for axis in SETTING_AXES:
-        counts = runs.groupby([*BASE_KEYS, "optimizer"], dropna=False)[axis].nunique(dropna=False)
-        if (counts > 1).any():
-            keys.append(axis)
-    return keys
+        return ", ".join(f"{k.removesuffix('.name')}={fmt_value(v)}" for k, v in self.key.items())
 
 
 def matched_values(group_runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[int | None, dict[str, float]]:
@@ -57,78 +49,126 @@ def matched_values(group_runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[int 
     return matched, upto.groupby("run")["val_loss"].last().to_dict()
 
 
-def variant_order(variants: list[str]) -> list[str]:
-    """Canonical columns first (always shown), then any other variants in a stable order."""
-    def natural(v: str) -> list:  # pipedream(P=2) < pipedream(P=16)
-        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", v)]
-
+def variant_order(variants: list[str], named: list[str] | None = None) -> list[str]:
+    """Named variants in their file order (then any others); else sync, 1-step, 1-step+EF (always shown), then
+    any other variant naturally ordered (pipedream(P=2) < pipedream(P=16))."""
+    if named:
+        return list(dict.fromkeys(named)) + sorted(set(variants) - set(named), key=natural)
     others = sorted(set(variants) - set(CANONICAL), key=lambda v: (v.split("+")[0] != "sync", natural(v)))
     return CANONICAL + others
 
 
-def base_variant(variant: str) -> str | None:
-    """The no-EF variant an EF variant is compared with (1-step+EF -> 1-step); None for non-EF variants."""
-    return variant.split("+EF")[0] if "+EF" in variant else None
+def base_variant(variant: str, variants: list[str]) -> str | None:
+    """The variant a `X+...` variant adds to (1-step+EF -> 1-step), when it is one of `variants`."""
+    cut = len(variant)
+    while (cut := variant.rfind("+", 0, cut)) > 0:
+        if variant[:cut] in variants:
+            return variant[:cut]
+    return None
 
 
-def compute_cells(runs: pd.DataFrame, curves: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """The long-form table (gaps.csv): one row per (group, optimizer, variant), and the group key columns."""
-    keys = group_keys(runs)
-    rows = []
-    for key_values, group in runs.groupby(keys, dropna=False, sort=True):
-        key = dict(zip(keys, key_values))
-        matched, values = matched_values(group, curves)
-        for optimizer, opt_runs in group.groupby("optimizer", dropna=False, sort=True):
-            stats, by_seed = {}, {}
-            for variant, cell in opt_runs.groupby("variant", sort=False):
-                vals = pd.Series([values[r] for r in cell["run"] if r in values], dtype="float64")
-                by_seed[variant] = {s: values[r] for r, s in zip(cell["run"], cell["seed"]) if r in values}
-                status_counts = cell.loc[cell["status"] != COMPLETED, "status"].value_counts()
-                stats[variant] = {
-                    **key,
-                    "optimizer": optimizer,
-                    "variant": variant,
-                    "delay": int(cell["delay"].iloc[0]),
-                    "ef": bool(cell["ef"].iloc[0]),
-                    "matched_tokens": matched,
-                    "n": len(vals),
-                    "mean": vals.mean() if len(vals) else math.nan,
-                    "std": vals.std(ddof=1) if len(vals) > 1 else math.nan,
-                    **{f"n_{s}": int(status_counts.get(s, 0)) for s in EXCLUDED_STATUSES},
-                    "excluded": "; ".join(f"{n} {s}" for s, n in sorted(status_counts.items())),
-                }
-            sync_mean = stats.get("sync", {}).get("mean", math.nan)
-            for variant, row in stats.items():
-                row["gap_to_sync"] = row["mean"] - sync_mean if variant != "sync" else math.nan
-                row["gap_std"] = paired_gap_std(by_seed[variant], by_seed.get("sync", {})) if variant != "sync" else math.nan
-            for variant, row in stats.items():
-                base = stats.get(base_variant(variant) or "", {})
-                gap_base = base.get("gap_to_sync", math.nan)
-                closed = (gap_base - row["gap_to_sync"]) / gap_base * 100 if gap_base else math.nan
-                row["gap_closed_pct"] = closed if variant != "sync" else math.nan
-            order = variant_order(list(stats))
-            rows.extend(stats[v] for v in sorted(stats, key=order.index))
-    return pd.DataFrame(rows), keys
-
-
-def paired_gap_std(runs: dict, sync: dict) -> float:
-    """Seed noise of a gap: sample std (ddof=1) of the per-seed differences run(seed) - sync(seed). A seed fixes
+def paired(values: dict, against: dict) -> tuple[float, float, int]:
+    """Mean, sample std (ddof=1) and count of the per-seed differences values(seed) - against(seed). A seed fixes
     the init and the data order, so pairing by seed removes the noise both runs share."""
-    diffs = pd.Series([runs[s] - sync[s] for s in runs if s in sync], dtype="float64")
-    return diffs.std(ddof=1) if len(diffs) > 1 else math.nan
+    diffs = pd.Series([values[s] - against[s] for s in values if s in against], dtype="float64")
+    return (diffs.mean() if len(diffs) else math.nan), (diffs.std(ddof=1) if len(diffs) > 1 else math.nan), len(diffs)
 
 
-def fmt_gap(row: pd.Series | None) -> str:
+def _cell(runs: pd.DataFrame, values: dict[str, float]) -> dict:
+    """Statistics of one (table, optimizer, variant) cell; runs sharing a seed are listed, not averaged."""
+    compared = runs[runs["run"].isin(list(values))]
+    seeds = compared["seed"].tolist()
+    shared = sorted({s for s in seeds if seeds.count(s) > 1}, key=natural)
+    status_counts = runs.loc[runs["status"] != COMPLETED, "status"].value_counts()
+    vals = pd.Series([values[r] for r in compared["run"]], dtype="float64")
+    by_seed = {} if shared else dict(zip(compared["seed"], vals))
+    dup = "; ".join(
+        f"seed {s}: " + ", ".join(f"{values[r]:.4f} ({r})" for r in compared.loc[compared["seed"] == s, "run"])
+        for s in shared
+    )
+    return {
+        "n": len(vals),
+        "mean": math.nan if shared or not len(vals) else vals.mean(),
+        "std": vals.std(ddof=1) if len(vals) > 1 and not shared else math.nan,
+        **{f"n_{s}": int(status_counts.get(s, 0)) for s in EXCLUDED_STATUSES},
+        "excluded": "; ".join(f"{n} {s}" for s, n in sorted(status_counts.items())),
+        "shared_seeds": dup,
+        "_by_seed": by_seed,
+    }
+
+
+def compute_cells(
+    runs: pd.DataFrame, curves: pd.DataFrame, grouping: Grouping, named: list[str] | None, reference: str | None = None
+) -> tuple[pd.DataFrame, list[GroupTable], list[str]]:
+    """The long-form table (gaps.csv: one row per table, optimizer and variant), the display tables, and warnings."""
+    order = variant_order(list(runs["variant"].unique()), named)
+    reference = reference or (order[0] if named else "sync")
+    members: dict[tuple, list[str]] = {}
+    for run in runs["run"]:
+        members.setdefault(grouping.group_of(run), []).append(run)
+    rows, tables, warnings = [], [], []
+    for gkey in sorted(members, key=lambda t: [natural(v) for v in t]):
+        group = runs[runs["run"].isin(members[gkey])]
+        matched, values = matched_values(group, curves)
+        first = group["run"].iloc[0]
+        key = {k: grouping.value(first, k) for k in CONTEXT_KEYS if k not in grouping.group_keys}
+        key.update({k: grouping.value(first, k) for k in title_keys(grouping, list(group["run"]))})
+        group_rows = []
+        for optimizer, opt_runs in sorted(group.groupby("optimizer", dropna=False), key=lambda kv: natural(kv[0])):
+            settings = ", ".join(
+                f"{k.removeprefix('optimizer.')}={fmt_value(grouping.value(opt_runs['run'].iloc[0], k))}"
+                for k in grouping.row_keys
+            )
+            stats = {}
+            for variant, cell in opt_runs.groupby("variant", sort=False):
+                stats[variant] = {
+                    **{k: grouping.value(cell["run"].iloc[0], k) for k in grouping.group_keys},
+                    "optimizer": optimizer, "settings": settings, "variant": variant,
+                    "delay": int(cell["delay"].iloc[0]), "ef": bool(cell["ef"].iloc[0]), "matched_tokens": matched,
+                    **_cell(cell, values),
+                }  # fmt: skip
+                if stats[variant]["shared_seeds"]:
+                    warnings.append(
+                        f"{optimizer} {variant} ({', '.join(f'{k}={fmt_value(v)}' for k, v in key.items())}): runs share "
+                        f"a seed and every compared setting, so they are shown apart, not averaged: {stats[variant]['shared_seeds']}"
+                    )
+            ref = stats.get(reference, {})
+            present = list(stats)
+            for variant, row in stats.items():
+                is_ref = variant == reference
+                row["gap_to_sync"] = row["mean"] - ref.get("mean", math.nan) if not is_ref else math.nan
+                row["gap_std"] = paired(row["_by_seed"], ref.get("_by_seed", {}))[1] if not is_ref else math.nan
+                base = base_variant(variant, present)
+                diff = paired(row["_by_seed"], stats[base]["_by_seed"]) if base else (math.nan, math.nan, 0)
+                row["base_variant"], row["diff_to_base"], row["diff_to_base_std"] = base or "", diff[0], diff[1]
+            for variant, row in stats.items():
+                base = stats.get(row["base_variant"], {})
+                gap_base = base.get("gap_to_sync", math.nan) if row["base_variant"] != reference else math.nan
+                row["gap_closed_pct"] = (gap_base - row["gap_to_sync"]) / gap_base * 100 if gap_base else math.nan
+            group_rows.extend(stats[v] for v in sorted(stats, key=order.index))
+        for row in group_rows:
+            row.pop("_by_seed")
+        rows.extend(group_rows)
+        tables.append(
+            GroupTable(key, matched, display_table(group_rows, order, reference, bool(grouping.row_keys)),
+                       list(group["run"]), reference)
+        )  # fmt: skip
+    return pd.DataFrame(rows), tables, warnings
+
+
+def fmt_gap(row: dict | None) -> str:
     if row is None or not math.isfinite(row["gap_to_sync"]):
         return "—"
     spread = f" ± {row['gap_std']:.4f}" if math.isfinite(row["gap_std"]) else ""
     return f"{row['gap_to_sync']:+.4f}{spread}"
 
 
-def fmt_cell(row: pd.Series | None) -> str:
+def fmt_cell(row: dict | None) -> str:
     if row is None:
         return "—"
     excluded = row["excluded"]
+    if row["shared_seeds"]:
+        return f"not averaged, {row['shared_seeds']}" + (f"; {excluded}" if excluded else "")
     if row["n"] == 0:
         return f"— ({excluded})" if excluded else "—"
     spread = f" ± {row['std']:.4f}" if row["n"] > 1 else ""
@@ -140,31 +180,25 @@ def fmt_number(value: float, fmt: str) -> str:
     return "—" if value is None or not math.isfinite(value) else format(value, fmt)
 
 
-def group_tables(cells: pd.DataFrame, keys: list[str]) -> list[GroupTable]:
-    """Per group: rows = optimizers; columns = each variant, each non-sync variant's gap, % closed per EF variant."""
-    out = []
-    for key_values, group in cells.groupby(keys, dropna=False, sort=True):
-        variants = variant_order(list(group["variant"].unique()))
-        table_rows = {}
-        for optimizer, opt_cells in group.groupby("optimizer", sort=True):
-            by_variant = {r["variant"]: r for _, r in opt_cells.iterrows()}
-            row = {v: fmt_cell(by_variant.get(v)) for v in variants}
-            for v in variants[1:]:
+def display_table(rows: list[dict], order: list[str], reference: str, settings: bool) -> pd.DataFrame:
+    """Rows = optimizers; columns = [settings], each variant, each non-reference variant's gap, % closed per
+    `X+...` variant whose base X is not the reference."""
+    variants = order
+    table_rows = {}
+    for optimizer in dict.fromkeys(r["optimizer"] for r in rows):
+        by_variant = {r["variant"]: r for r in rows if r["optimizer"] == optimizer}
+        row = {"settings": next(iter(by_variant.values()))["settings"]} if settings else {}
+        row.update({v: fmt_cell(by_variant.get(v)) for v in variants})
+        for v in variants:
+            if v != reference:
                 row[f"gap {v}"] = fmt_gap(by_variant.get(v))
-            for v in variants:
-                if base_variant(v) in variants and base_variant(v) != "sync":
-                    r = by_variant.get(v)
-                    pct = fmt_number(r["gap_closed_pct"] if r is not None else math.nan, ".1f")
-                    row[f"% gap closed {v}"] = pct if pct == "—" else pct + "%"
-            table_rows[optimizer] = row
-        table = pd.DataFrame.from_dict(table_rows, orient="index")
-        table.index.name = "optimizer"
-        matched = group["matched_tokens"].dropna()
-        out.append(
-            GroupTable(
-                key=dict(zip(keys, key_values)),
-                matched_tokens=int(matched.iloc[0]) if len(matched) else None,
-                table=table,
-            )
-        )
-    return out
+        for v in variants:
+            base = base_variant(v, variants)
+            if base is not None and base != reference:
+                r = by_variant.get(v)
+                pct = fmt_number(r["gap_closed_pct"] if r is not None else math.nan, ".1f")
+                row[f"% gap closed {v}"] = pct if pct == "—" else pct + "%"
+        table_rows[optimizer] = row
+    table = pd.DataFrame.from_dict(table_rows, orient="index")
+    table.index.name = "optimizer"
+    return table
