@@ -35,7 +35,7 @@ def test_every_group_option_composes() -> None:
 @pytest.mark.parametrize(
     "overrides,needle",
     [
-        (["model=nope"], "unknown model 'nope'; choose one of: 10b, 135m, 1b, 360m, 3b, mini, small, tiny"),
+        (["model=nope"], "unknown model 'nope'; choose one of: 10b, 135m, 1b, 360m, 3b, mini, moe_10b, moe_mini, moe_tiny, small, tiny"),
         (["optimizer=sgdx"], "unknown optimizer 'sgdx'"),
         (["train.stepz=3"], "unknown config key 'train.stepz'"),
         (["train.steps=abc"], "'abc' for 'train.steps' is not a valid int"),

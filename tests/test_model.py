@@ -12,7 +12,7 @@ from asyncpipe.config.schema import ModelConfig
 from asyncpipe.model import GPT, Block, build_layers, count_parameters, layer_of_param, lm_loss, partition
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
-NOMINAL = {"135m": 135e6, "360m": 360e6, "1b": 1e9, "3b": 3e9, "10b": 10e9}
+NOMINAL = {"135m": 135e6, "360m": 360e6, "1b": 1e9, "3b": 3e9, "10b": 10e9, "moe_10b": 10e9}
 
 
 def preset(name: str):
@@ -24,12 +24,14 @@ def test_preset_parameter_count_matches_its_name(name: str) -> None:
     cfg = preset(name)
     with torch.device("meta"):
         n = count_parameters(GPT(cfg, cfg.vocab_size or 256))
-    if name == "tiny":
+    if name in ("tiny", "moe_tiny"):
         assert n <= 1_000_000
     elif name == "small":
         assert 5e6 <= n <= 20e6
     elif name == "mini":
         assert 1e6 <= n <= 5e6
+    elif name == "moe_mini":
+        assert 1e6 <= n <= 10e6
     else:
         assert abs(n - NOMINAL[name]) / NOMINAL[name] <= 0.05, f"{name}: {n / 1e6:.1f}M"
 

@@ -13,6 +13,17 @@ from omegaconf import MISSING
 
 
 @dataclass
+class MoEConfig:
+    experts: int = 0  # routed SwiGLU experts E per block (0 = dense MLP)
+    top_k: int = 2  # experts each token is sent to
+    d_expert: Optional[int] = None  # expert hidden width (None = model.d_ff)
+    shared_expert: bool = False  # one always-on SwiGLU expert of width d_expert beside the routed ones
+    aux_loss_coef: float = 0.01  # load-balancing loss E * sum_e f_e * P_e, per MoE block, added to the loss
+    z_loss_coef: float = 0.001  # router z-loss mean(logsumexp(logits)^2), per MoE block, added to the loss
+    capacity_factor: Optional[float] = None  # None = dropless; else each expert takes <= cf * N * k / E tokens
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING  # preset name, e.g. tiny, small, 135m
     n_layer: int = 2  # transformer blocks
@@ -26,6 +37,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    moe: MoEConfig = field(default_factory=MoEConfig)  # mixture-of-experts MLPs (moe.experts > 0)
 
 
 @dataclass
@@ -47,6 +59,7 @@ class OptimizerConfig:
     adjust_lr_fn: Optional[str] = None  # Muon: None/original or match_rms_adamw
     aux_lr: Optional[float] = None  # AdamW lr for non-matrix params under Muon (None = lr)
     momentum_decay: float = 0.004  # NAdam momentum decay psi
+    muon_router: bool = False  # Muon: also orthogonalise MoE router weights (default: AdamW at aux_lr)
     ef: EFConfig = field(default_factory=EFConfig)
 
 

@@ -56,6 +56,14 @@ def validate(cfg: DictConfig) -> None:
     _need(m.d_model % m.n_head == 0, f"model.d_model={m.d_model} must be divisible by model.n_head={m.n_head}")
     kv = m.n_kv_head or m.n_head
     _need(m.n_head % kv == 0, f"model.n_head={m.n_head} must be divisible by model.n_kv_head={kv}")
+    moe = m.moe
+    if moe.experts:
+        _need(moe.experts >= 1, f"model.moe.experts={moe.experts} must be >= 0 (0 = dense)")
+        _need(1 <= moe.top_k <= moe.experts, f"model.moe.top_k={moe.top_k} must be in [1, model.moe.experts={moe.experts}]")
+        _need(moe.d_expert is None or moe.d_expert >= 1, f"model.moe.d_expert={moe.d_expert} must be >= 1 (or null = d_ff)")
+        _need(moe.aux_loss_coef >= 0 and moe.z_loss_coef >= 0, "model.moe.aux_loss_coef and z_loss_coef must be >= 0")
+        _need(moe.capacity_factor is None or moe.capacity_factor > 0,
+              f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (or null = dropless)")  # fmt: skip
     _need(p.stages >= 1 and p.data_parallel >= 1, "pipeline.stages and pipeline.data_parallel must be >= 1")
     _need(p.threads >= 1, f"pipeline.threads={p.threads} must be >= 1")
     _need(cfg.checkpoint.every >= 0 and cfg.checkpoint.keep >= 1, "checkpoint.every must be >= 0, checkpoint.keep >= 1")

@@ -14,17 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def _layer_generator(seed: int, index: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + index)
-
-
-def _normal_(t: torch.Tensor, std: float, gen: torch.Generator) -> None:
-    if t.is_meta:
-        return
-    with torch.no_grad():
-        # Draw on the CPU so the same seed gives the same weights on every device.
-        t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).mul_(std))
+from asyncpipe.model.init import layer_generator, normal_
+from asyncpipe.model.moe import MoE
 
 
 class Embedding(nn.Module):
@@ -35,7 +26,7 @@ class Embedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
 
     def init_weights(self, std: float, gen: torch.Generator) -> None:
-        _normal_(self.weight, std, gen)
+        normal_(self.weight, std, gen)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
@@ -53,10 +44,11 @@ def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: causal GQA attention with RoPE, then a SwiGLU MLP. Its 2-D weights are the
-    'hidden matrices' that Muon optimises."""
+    """Pre-norm transformer block: causal GQA attention with RoPE, then a SwiGLU MLP or a mixture of SwiGLU
+    experts (`MoE`). Its 2-D weights and its experts' matrices are the 'hidden matrices' that Muon optimises."""
 
-    def __init__(self, d_model: int, n_head: int, n_kv_head: int, d_ff: int, rope_theta: float, eps: float):
+    def __init__(self, d_model: int, n_head: int, n_kv_head: int, d_ff: int, rope_theta: float, eps: float,
+                 moe: Optional[MoE] = None):  # fmt: skip
         super().__init__()
         if d_model % n_head or n_head % n_kv_head:
             raise ValueError(f"d_model {d_model}, n_head {n_head}, n_kv_head {n_kv_head} do not divide evenly")
@@ -68,15 +60,20 @@ class Block(nn.Module):
         self.v = nn.Linear(d_model, n_kv_head * self.head_dim, bias=False)
         self.o = nn.Linear(d_model, d_model, bias=False)
         self.mlp_norm = nn.RMSNorm(d_model, eps=eps)
-        self.gate = nn.Linear(d_model, d_ff, bias=False)
-        self.up = nn.Linear(d_model, d_ff, bias=False)
-        self.down = nn.Linear(d_ff, d_model, bias=False)
+        self.moe = moe  # a mixture of experts in place of the dense MLP
+        if moe is None:
+            self.gate = nn.Linear(d_model, d_ff, bias=False)
+            self.up = nn.Linear(d_model, d_ff, bias=False)
+            self.down = nn.Linear(d_ff, d_model, bias=False)
 
     def init_weights(self, std: float, out_std: float, gen: torch.Generator) -> None:
-        for lin in (self.q, self.k, self.v, self.gate, self.up):
-            _normal_(lin.weight, std, gen)
-        for lin in (self.o, self.down):  # residual-branch outputs: scaled down with depth (GPT-2)
-            _normal_(lin.weight, out_std, gen)
+        dense = self.moe is None
+        for lin in (self.q, self.k, self.v) + ((self.gate, self.up) if dense else ()):
+            normal_(lin.weight, std, gen)
+        for lin in (self.o,) + ((self.down,) if dense else ()):  # residual-branch outputs: scaled with depth (GPT-2)
+            normal_(lin.weight, out_std, gen)
+        if self.moe is not None:
+            self.moe.init_weights(std, out_std, gen)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         b, t, d = h.shape
@@ -88,6 +85,8 @@ class Block(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
         h = h + self.o(y.transpose(1, 2).reshape(b, t, d))
         x = self.mlp_norm(h)
+        if self.moe is not None:
+            return h + self.moe(x)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
 
 
@@ -103,7 +102,7 @@ class Head(nn.Module):
 
     def init_weights(self, std: float, gen: torch.Generator) -> None:
         if self.weight is not None:
-            _normal_(self.weight, std, gen)
+            normal_(self.weight, std, gen)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         weight = self.tied_to[0].weight if self.tied_to is not None else self.weight
@@ -124,7 +123,7 @@ def build_layers(cfg: Any, vocab_size: int, seed: int = 0, indices: Optional[Ite
     std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * n)
     layers: list[Optional[nn.Module]] = [None] * total
     for i in sorted(wanted):
-        gen = _layer_generator(seed, i)
+        gen = layer_generator(seed, i)
         if i == 0:
             layer: nn.Module = Embedding(vocab_size, cfg.d_model)
             layer.init_weights(std, gen)
@@ -133,10 +132,18 @@ def build_layers(cfg: Any, vocab_size: int, seed: int = 0, indices: Optional[Ite
             layer = Head(cfg.d_model, vocab_size, cfg.norm_eps, tied_to=tied)
             layer.init_weights(std, gen)
         else:
-            layer = Block(cfg.d_model, cfg.n_head, n_kv, cfg.d_ff, cfg.rope_theta, cfg.norm_eps)
+            layer = Block(cfg.d_model, cfg.n_head, n_kv, cfg.d_ff, cfg.rope_theta, cfg.norm_eps, moe=_moe(cfg))
             layer.init_weights(std, out_std, gen)
         layers[i] = layer
     return layers  # type: ignore[return-value]
+
+
+def _moe(cfg: Any) -> Optional[MoE]:
+    moe = getattr(cfg, "moe", None)
+    if moe is None or not moe.experts:
+        return None
+    return MoE(cfg.d_model, moe.d_expert or cfg.d_ff, moe.experts, moe.top_k, moe.shared_expert,
+               moe.aux_loss_coef, moe.z_loss_coef, moe.capacity_factor)  # fmt: skip
 
 
 class GPT(nn.Module):

@@ -43,11 +43,16 @@ def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
 
 
-def block_matrices(module: nn.Module) -> HiddenFn:
-    """Default hidden-matrix rule: the 2-D weights of the model's transformer `Block`s."""
-    from asyncpipe.model import Block
+def block_matrices(module: nn.Module, routers: bool = False) -> HiddenFn:
+    """Default hidden-matrix rule: the 2-D weights of the model's transformer `Block`s and their MoE experts'
+    stacked ``[E, rows, cols]`` weights (one matrix per expert); MoE routers only when ``routers``."""
+    from asyncpipe.model import Block, Router
 
-    ids = {id(p) for m in module.modules() if isinstance(m, Block) for p in m.parameters() if p.dim() == 2}
+    skip = set() if routers else {id(p) for m in module.modules() if isinstance(m, Router) for p in m.parameters()}
+    ids = {
+        id(p) for m in module.modules() if isinstance(m, Block) for p in m.parameters()
+        if p.dim() in (2, 3) and id(p) not in skip
+    }  # fmt: skip
     return lambda name, p: id(p) in ids
 
 

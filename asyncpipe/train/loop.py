@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from asyncpipe.data import MicroBatches, ensure_prepared, load_manifest
-from asyncpipe.model import GPT, count_parameters, lm_loss
+from asyncpipe.model import GPT, count_parameters, lm_loss, pop_moe_stats, set_aux_grad_scale
 from asyncpipe.optim import DelayedWeights, build_optimizer, clip_grads, delays_for, lr_factor
 from asyncpipe.train.runtime import autocast_context, pick_device, vocab_size_for
 
@@ -53,6 +53,7 @@ class Trainer:
         self.val_data = MicroBatches(data_dir, "val", t.seq_len, t.micro_batch_size, 0)
         self.model = GPT(cfg.model, self.vocab_size, seed=cfg.seed).to(self.device)
         self.n_params = count_parameters(self.model)
+        set_aux_grad_scale(self.model, 1.0 / t.micro_batches)  # MoE aux losses are scaled like the LM loss
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         named = list(self.model.named_parameters())
         delays = delays_for(self.model, cfg.delay_profile, cfg.delay, cfg.pipeline.stages)
@@ -86,7 +87,10 @@ class Trainer:
             loss = self.forward_backward(self.step)
         if self.world > 1:
             loss = self._average_replicas(loss)
-        extras = self._fresh_grad_cosine() if self._diagnose_now() else {}
+        extras = pop_moe_stats(self.model)  # MoE: mean load-balancing and z-loss of this step ({} if dense)
+        if self._diagnose_now():
+            extras.update(self._fresh_grad_cosine())
+            pop_moe_stats(self.model)  # the extra pass's router statistics are not this step's
         grad_norm = clip_grads(self.params, t.grad_clip)
         self.delayed.advance()
         self.optimizer.step()
