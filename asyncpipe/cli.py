@@ -27,7 +27,7 @@ bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
-app.command("sweep")(cli_sweep.sweep)
+app.add_typer(cli_sweep.app, name="sweep")
 app.command("schedule")(cli_perf.schedule)
 bench_app.command("pipeline")(cli_perf.bench_pipeline)
 

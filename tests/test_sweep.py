@@ -114,8 +114,6 @@ def test_launcher_keys_configure_the_sweep_not_the_runs():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ([], "nothing to sweep"),
-        (["seed=3", "delay=1"], "nothing to sweep"),
         (["optimizer=glob(zzz*)"], "no values"),
         (["seed=range("], "cannot expand"),
         (["seed=0,1", "run.dir=/tmp/x"], "sets run.dir"),
@@ -136,10 +134,39 @@ def test_run_dir_names_are_sanitized():
     assert all("/" not in n for n in names)
 
 
-def test_sweep_file_and_invalid_names(tmp_path: Path):
+def test_a_sweep_of_one_run():
+    plan = expand(["seed=3", "delay=1"], name="t")
+    assert [(r.name, r.overrides) for r in plan.runs] == [("run", ("seed=3", "delay=1"))]
+    assert [r.name for r in expand([], name="t").runs] == ["run"]
+
+
+def test_sweep_file_variants_and_per_settings(tmp_path: Path):
     plan = plan_sweep(file=REPO / "sweeps" / "smoke.yaml")
-    assert plan.name == "smoke" and len(plan.runs) == 4
-    assert set(plan.grid) == {"optimizer", "delay"}
+    assert plan.name == "smoke" and len(plan.runs) == 6
+    assert list(plan.grid) == ["optimizer", "seed"] and list(plan.variants) == ["sync", "1-step", "1-step+EF"]
+    by_name = {r.name: r for r in plan.runs}
+    ef = by_name["optimizer=muon,seed=0,variant=1-step+EF"]
+    assert ef.variant == "1-step+EF"
+    cfg = compose(list(ef.overrides))
+    assert (cfg.optimizer.name, cfg.delay, cfg.optimizer.ef.enabled, cfg.run.variant) == ("muon", 1, True, "1-step+EF")
+    assert cfg.optimizer.lr == 0.01 and compose(list(by_name["optimizer=adamw,seed=0,variant=sync"].overrides)).optimizer.lr == 3e-3
+    # Command-line values replace the file's: three seeds, each crossed with every variant.
+    three = plan_sweep(["seed=0,1,2"], file=REPO / "sweeps" / "smoke.yaml")
+    assert len(three.runs) == 18 and three.base == plan.base
+    assert [r.name for r in three.runs if r.name in by_name] == [r.name for r in plan.runs]
+    for text, message in (
+        ("per: {delay: {'0': [a=1]}}", "not a key of this sweep"),
+        ("per: {optimizer: {sgd: [optimizer.lr=1]}}", "not among its values"),
+        ("variants: {a: ['delay=0,1']}", "is a sweep"),
+        ("variants: {a: [run.variant=x]}", "sets run.variant"),
+    ):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(f"name: x\ngrid: {{optimizer: 'adamw,muon'}}\n{text}\n")
+        with pytest.raises(UserError, match=message):
+            plan_sweep(file=bad)
+
+
+def test_sweep_file_and_invalid_names(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ngrids: {seed: '0,1'}\n")
     with pytest.raises(UserError, match="unknown key"):
@@ -290,9 +317,47 @@ def _alive(pid: int) -> bool:
 
 def _app() -> typer.Typer:
     app = typer.Typer()
-    app.command("sweep")(cli_sweep.sweep)
+    app.add_typer(cli_sweep.app, name="sweep")
     app.command("noop")(lambda: None)  # two commands: `sweep` stays a subcommand, as in asyncpipe's app
     return app
+
+
+def test_extending_a_finished_sweep_keeps_its_runs(tmp_path: Path, fake_command):
+    first = run_sweep(["seed=0,3", "train.steps=5"], out=tmp_path, name="s", command=fake_command, display=quiet())
+    assert [s.state for s in first.states] == ["completed", "completed"]
+    more = run_sweep(["seed=0,3,4", "train.steps=5"], out=tmp_path, name="s", command=fake_command, display=quiet())
+    assert [(s.name, s.note) for s in more.states][:2] == [("seed=0", "already completed"), ("seed=3", "already completed")]
+    assert [starts(tmp_path / "s" / f"seed={i}") for i in (0, 3, 4)] == [1, 1, 1]
+    manifest = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert [r["name"] for r in manifest["runs"]] == ["seed=0", "seed=3", "seed=4"]
+    assert manifest["grid"] == {"seed": ["0", "3", "4"]}
+    one_more = run_sweep(["seed=5", "train.steps=5"], out=tmp_path, name="s", command=fake_command, display=quiet())
+    assert [s.name for s in one_more.states] == ["seed=5"] and starts(tmp_path / "s" / "seed=5") == 1
+    with pytest.raises(UserError, match="other fixed overrides"):
+        run_sweep(["seed=5", "train.steps=6"], out=tmp_path, name="s", command=fake_command, display=quiet())
+    with pytest.raises(UserError, match="grid keys"):
+        run_sweep(["seed=5", "delay=0,1", "train.steps=5"], out=tmp_path, name="s", command=fake_command, display=quiet())
+
+
+def test_dry_run_lists_runs_tokens_and_time_from_recorded_runs(tmp_path: Path):
+    from asyncpipe.launch import dry_run_sweep
+
+    text = dry_run_sweep(["seed=0,1", "train.steps=10"], out=tmp_path, name="d")
+    tokens = 10 * 8 * 4 * 64  # steps x micro_batch_size x micro_batches x seq_len (conf/config.yaml)
+    assert "sweep d: 2 runs (2 to run, 0 already completed)" in text and "estimated wall time: unknown" in text
+    assert text.count(f"{tokens / 1e3:.3g}k tokens") == 2 and not (tmp_path / "d").exists()
+    old = tmp_path / "old" / "run"  # a completed run of the same model recorded 1000 tokens/s
+    old.mkdir(parents=True)
+    (old / "config.yaml").write_text(_yaml(["train.steps=3"]))
+    (old / "summary.json").write_text(json.dumps({"status": "completed", "tokens": 5000, "wall_time": 5.0}))
+    text = dry_run_sweep(["seed=0,1", "train.steps=10", "launcher.parallel=2"], out=tmp_path, name="d")
+    assert f"estimated wall time: {tokens / 1000:.0f} s" in text and "2 at a time" in text
+
+
+def _yaml(overrides: list[str]) -> str:
+    from asyncpipe.config import to_yaml
+
+    return to_yaml(compose(overrides))
 
 
 def test_cli_status_and_errors(tmp_path: Path, fake_command):
@@ -300,8 +365,10 @@ def test_cli_status_and_errors(tmp_path: Path, fake_command):
     result = CliRunner().invoke(_app(), ["sweep", "status", str(tmp_path / "s")])
     assert result.exit_code == 0, result.output
     assert "completed" in result.output and "failed" in result.output and "seed=1" in result.output
-    result = CliRunner().invoke(_app(), ["sweep", "--out", str(tmp_path)])
-    assert isinstance(result.exception, UserError) and "nothing to sweep" in str(result.exception)
+    result = CliRunner().invoke(_app(), ["sweep", "status", "--help"])
+    assert result.exit_code == 0 and "A sweep directory" in result.output
+    result = CliRunner().invoke(_app(), ["sweep", "--out", str(tmp_path), "--name", "s", "seed=0,1", "optimizer=nope"])
+    assert isinstance(result.exception, UserError) and "unknown optimizer" in str(result.exception)
     proc = subprocess.run(
         [sys.executable, "-m", "asyncpipe", "sweep", "status", str(tmp_path / "nope")],
         capture_output=True, text=True, timeout=60,

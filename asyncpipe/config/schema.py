@@ -108,6 +108,7 @@ class PipelineConfig:
 class RunConfig:
     dir: str = "runs/${now:%Y%m%d-%H%M%S}-${model.name}-${optimizer.name}-d${delay}"  # run directory
     name: Optional[str] = None  # display name (default: the run dir's name)
+    variant: Optional[str] = None  # the sweep file variant this run belongs to (set by `asyncpipe sweep`; report columns)
 
 
 @dataclass

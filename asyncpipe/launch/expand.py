@@ -19,17 +19,20 @@ from asyncpipe.errors import UserError
 
 # Keys the sweep sets on every run itself; a user value would be silently replaced, so it is refused.
 RESERVED_KEYS = ("run.dir", "resume")
+VARIANT_KEY = "run.variant"  # set from a sweep file's variants: (the report's column name)
 MAX_NAME = 180
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_VARIANT_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+()=-]*$")
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One point of the grid: its run dir name and the overrides that make it (grid values last)."""
+    """One run: a point of the grid crossed with a variant; its run dir name and the overrides that make it."""
 
     name: str
     swept: tuple[str, ...]  # the grid's `key=value` for this run, in grid order
-    overrides: tuple[str, ...]  # fixed + swept overrides (no run.dir / resume / wandb group)
+    overrides: tuple[str, ...]  # fixed + swept + per + variant overrides (no run.dir / resume / wandb group)
+    variant: Optional[str] = None  # the sweep file's variant name (also set as run.variant)
 
 
 @dataclass
@@ -39,6 +42,8 @@ class SweepPlan:
     grid: "OrderedDict[str, list[str]]"  # swept key -> values (Hydra's string form)
     launcher: list[str]  # overrides of the launcher group: apply to the sweep, not to the runs
     runs: list[RunSpec] = field(default_factory=list)
+    variants: dict[str, list[str]] = field(default_factory=dict)  # name -> overrides, crossed with the grid
+    per: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # key -> value -> overrides
 
 
 def _key_of(text: str) -> str:
@@ -97,89 +102,97 @@ def check_name(name: str) -> str:
     return name
 
 
-def expand(overrides: Sequence[str], name: Optional[str] = None) -> SweepPlan:
-    """Expand overrides with Hydra's BasicSweeper into one run per point of the grid (Hydra's order)."""
+def _check_fixed(where: str, items: Sequence[str]) -> None:
+    """Overrides of a variant or a `per:` entry: plain key=value, never a sweep or a reserved key."""
+    for text in items:
+        if _key_of(text) in RESERVED_KEYS or _key_of(text) == VARIANT_KEY:
+            raise UserError(f"{where}: '{text}': the sweep sets {_key_of(text)} for each run itself")
+    for o, _ in _parse(list(items)):
+        if o.is_sweep_override():
+            raise UserError(f"{where}: '{o.input_line}' is a sweep; a variant or per: entry holds fixed key=value overrides")
+
+
+def expand(
+    overrides: Sequence[str],
+    name: Optional[str] = None,
+    *,
+    grid_keys: Sequence[str] = (),
+    variants: Optional[dict[str, list[str]]] = None,
+    per: Optional[dict[str, dict[str, list[str]]]] = None,
+) -> SweepPlan:
+    """Expand overrides with Hydra's BasicSweeper into one run per point of the grid (Hydra's order), crossed with
+    the named `variants` (each a list of overrides, in order), plus the `per` overrides of each point's values
+    (per[key][value]: overrides for runs whose `key` is `value`). `grid_keys` are grid axes even with one value
+    (a sweep file's grid), so extending them later keeps the fixed overrides unchanged. A later override of a
+    key replaces an earlier one, as in Hydra."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     launcher = [o for o in overrides if is_launcher_key(o)]
     run_overrides = [o for o in overrides if not is_launcher_key(o)]
     for text in run_overrides:
-        if _key_of(text) in RESERVED_KEYS:
+        if _key_of(text) in RESERVED_KEYS or _key_of(text) == VARIANT_KEY:
             raise UserError(f"'{text}': the sweep sets {_key_of(text)} for each run itself; use --out / --name to place runs")
     plan = SweepPlan(name=check_name(name or default_name()), base=[], grid=OrderedDict(), launcher=launcher)
+    variants = dict(variants or {})
+    per = {k: dict(v) for k, v in (per or {}).items()}
+    for vname, items in variants.items():
+        if not _VARIANT_OK.match(str(vname)):
+            raise UserError(f"variant name {vname!r} is not allowed: letters, digits and . _ + - ( ) =")
+        _check_fixed(f"variant {vname}", items)
+    for key, table in per.items():
+        for value, items in table.items():
+            _check_fixed(f"per {key}={value}", items)
 
     for o, values in _parse(launcher):
         if o.is_sweep_override():
             raise UserError(f"'{o.input_line}': launcher keys configure the whole sweep and cannot be swept")
-    expanded = _parse(run_overrides)
+    # Later duplicates win in Hydra: keep only the last override per key (at its first key's position).
+    last: "OrderedDict[str, Any]" = OrderedDict()
+    for o, values in _parse(run_overrides):
+        last[o.get_key_element()] = (o, values)
     swept: "OrderedDict[str, bool]" = OrderedDict()
-    for o, values in expanded:
-        key = o.get_key_element()
+    for key, (o, values) in last.items():
         if o.is_sweep_override() and values is None:
             raise UserError(f"'{o.input_line}': only comma lists, range() and glob() can be swept here (not interval())")
-        swept[key] = o.is_sweep_override()
+        swept[key] = o.is_sweep_override() or key in grid_keys
         if o.is_sweep_override():
             if not values:
                 raise UserError(f"'{o.input_line}' expands to no values (glob() matched no option?)")
             plan.grid[key] = values
-        else:
-            plan.grid.pop(key, None)  # a later fixed value replaces an earlier sweep, as in Hydra
-    # Later duplicates win in Hydra; keep only the last fixed override per key.
-    last: "OrderedDict[str, str]" = OrderedDict()
-    for o, _ in expanded:
-        if not o.is_sweep_override():
-            last[o.get_key_element()] = o.input_line
-    plan.base = [text for key, text in last.items() if not swept[key]]
-    if not plan.grid:
-        raise UserError(
-            "nothing to sweep: give at least one key several values (e.g. optimizer=muon,adamw delay=0,1); "
-            "for a single run use `asyncpipe train`"
-        )
+        elif key in grid_keys:
+            plan.grid[key] = [o.input_line.split("=", 1)[1]]
+    plan.base = [o.input_line for key, (o, _) in last.items() if not swept[key]]
+    plan.variants = variants
+    plan.per = per
+    for key, table in per.items():
+        allowed = plan.grid.get(key) or [o.input_line.split("=", 1)[1] for k, (o, _) in last.items() if k == key]
+        if not allowed:
+            raise UserError(f"per: {key!r} is not a key of this sweep; per: is keyed by a grid (or fixed) key")
+        unknown = [v for v in table if v not in allowed]
+        if unknown:
+            raise UserError(f"per: {key}: {', '.join(map(str, unknown))} not among its values ({', '.join(allowed)})")
 
-    batches = BasicSweeper.split_arguments([o for o, _ in expanded], None)[0]
+    batches = BasicSweeper.split_arguments([o for o, _ in last.values()], None)[0]
     seen: dict[str, tuple[str, ...]] = {}
     for batch in batches:
         grid_part = tuple(item for item in batch if swept.get(item.split("=", 1)[0], False))
         fixed_part = tuple(item for item in batch if not swept.get(item.split("=", 1)[0], False))
-        run_name = sanitize(",".join(grid_part))
-        if run_name in seen:
-            raise UserError(
-                f"the grid yields run dir {run_name!r} twice ({' '.join(seen[run_name])} / {' '.join(grid_part)}): "
-                "remove the repeated value"
-            )
-        seen[run_name] = grid_part
-        plan.runs.append(RunSpec(name=run_name, swept=grid_part, overrides=fixed_part + grid_part))
+        point = dict(item.split("=", 1) for item in batch)
+        extra = tuple(o for key, table in per.items() for o in table.get(point.get(key, ""), []))
+        for vname in variants or [None]:
+            label = grid_part + ((f"variant={vname}",) if vname is not None else ())
+            run_name = sanitize(",".join(label)) if label else "run"
+            if run_name in seen:
+                raise UserError(
+                    f"the grid yields run dir {run_name!r} twice ({' '.join(seen[run_name])} / {' '.join(label)}): "
+                    "remove the repeated value"
+                )
+            seen[run_name] = label
+            own = tuple(variants[vname]) + (f"{VARIANT_KEY}='{vname}'",) if vname is not None else ()
+            plan.runs.append(RunSpec(run_name, grid_part, fixed_part + grid_part + extra + own, vname))
     if not plan.runs:
         raise UserError("the sweep expands to no runs")
     return plan
-
-
-def load_sweep_file(path: Path) -> tuple[Optional[str], list[str]]:
-    """A named sweep YAML -> (name, overrides): `name`, `grid: {key: "a,b" | [a, b]}`, `overrides: [..]`."""
-    from omegaconf import OmegaConf
-
-    if not path.is_file():
-        raise UserError(f"no sweep file at {path} (see sweeps/ for examples)")
-    try:
-        data: Any = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except Exception as exc:
-        raise UserError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: a sweep file is a mapping with name, grid and overrides")
-    unknown = sorted(set(data) - {"name", "grid", "overrides", "description"})
-    if unknown:
-        raise UserError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: name, description, grid, overrides")
-    grid = data.get("grid") or {}
-    fixed = data.get("overrides") or []
-    if not isinstance(grid, dict) or not isinstance(fixed, list):
-        raise UserError(f"{path}: grid must be a mapping (key: \"a,b\") and overrides a list of key=value")
-    overrides = [str(item) for item in fixed]
-    for key, values in grid.items():
-        if isinstance(values, list):
-            values = ",".join(str(v) for v in values)
-        overrides.append(f"{key}={values}")
-    name = data.get("name")
-    return (str(name) if name is not None else None), overrides
 
 
 def quote(value: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncpipe.errors import UserError
-from asyncpipe.launch.expand import RunSpec, SweepPlan
+from asyncpipe.launch.expand import SweepPlan
 from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, PENDING, QUEUED, RUNNING
 from asyncpipe.track.files import atomic_write_json
 
@@ -231,23 +231,51 @@ def manifest_dict(plan: SweepPlan, created: Optional[str] = None) -> dict:
         "created": created or datetime.now().isoformat(timespec="seconds"),
         "base_overrides": list(plan.base),
         "grid": {k: list(v) for k, v in plan.grid.items()},
+        "variants": {k: list(v) for k, v in plan.variants.items()},
+        "per": plan.per,
         "launcher_overrides": list(plan.launcher),
-        "runs": [{"name": r.name, "dir": r.name, "swept": list(r.swept), "overrides": list(r.overrides)} for r in plan.runs],
+        "runs": [
+            {"name": r.name, "dir": r.name, "swept": list(r.swept), "overrides": list(r.overrides), "variant": r.variant}
+            for r in plan.runs
+        ],
     }
 
 
+def _merge_values(old: dict, new: dict) -> dict:
+    """Per key, the old values then the new ones not among them."""
+    out = {k: list(v) for k, v in old.items()}
+    for k, values in new.items():
+        out[k] = list(dict.fromkeys([*out.get(k, []), *values]))
+    return out
+
+
 def write_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
-    """Write (or check and refresh) `sweep.json`: a second launch of the same sweep must have the same runs."""
+    """Write (or check and extend) `sweep.json`. A second launch of a sweep may add runs (more seeds, values or
+    variants: existing runs are kept as they are) but never change its fixed overrides, its grid keys or the
+    overrides of a run it already has."""
     path = sweep_dir / MANIFEST
     old = read_json(path)
     new = manifest_dict(plan)
     if old is not None:
-        if [r["overrides"] for r in old.get("runs", [])] != [r["overrides"] for r in new["runs"]]:
-            raise UserError(
-                f"{sweep_dir} already holds sweep '{old.get('name')}' with other runs; "
-                "give another --name (or --out) for a different grid"
-            )
-        new["created"] = old.get("created", new["created"])
+        what = f"{sweep_dir} already holds sweep '{old.get('name')}'"
+        hint = "give another --name (or --out) for a different study; an existing sweep can only gain runs"
+        if sorted(old.get("base_overrides", [])) != sorted(new["base_overrides"]):
+            raise UserError(f"{what} with other fixed overrides ({' '.join(old.get('base_overrides', [])) or 'none'}); {hint}")
+        if list(old.get("grid", {})) != list(new["grid"]):
+            raise UserError(f"{what} with grid keys {', '.join(old.get('grid', {})) or 'none'}; {hint}")
+        before = {r["name"]: r for r in old.get("runs", [])}
+        for run in new["runs"]:
+            prev = before.get(run["name"])
+            if prev is not None and prev["overrides"] != run["overrides"]:
+                raise UserError(f"{what}, whose run {run['name']} has other overrides; {hint}")
+        added = [r for r in new["runs"] if r["name"] not in before]
+        new.update(
+            created=old.get("created", new["created"]),
+            grid=_merge_values(old.get("grid", {}), new["grid"]),
+            variants={**old.get("variants", {}), **new["variants"]},
+            per={k: {**old.get("per", {}).get(k, {}), **v} for k, v in {**old.get("per", {}), **new["per"]}.items()},
+            runs=old.get("runs", []) + added,
+        )
     sweep_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, new)
     return new
@@ -258,16 +286,3 @@ def load_manifest(sweep_dir: Path) -> dict:
     if data is None:
         raise UserError(f"{sweep_dir} is not a sweep directory (no readable {MANIFEST}); sweeps live under runs/sweeps/NAME")
     return data
-
-
-def plan_from_manifest(data: dict) -> SweepPlan:
-    from collections import OrderedDict
-
-    plan = SweepPlan(
-        name=data["name"],
-        base=list(data.get("base_overrides", [])),
-        grid=OrderedDict((k, list(v)) for k, v in data.get("grid", {}).items()),
-        launcher=list(data.get("launcher_overrides", [])),
-    )
-    plan.runs = [RunSpec(r["name"], tuple(r["swept"]), tuple(r["overrides"])) for r in data.get("runs", [])]
-    return plan

@@ -14,9 +14,10 @@ from omegaconf import DictConfig
 
 from asyncpipe.errors import UserError
 from asyncpipe.launch.display import SweepDisplay, print_table
-from asyncpipe.launch.expand import SweepPlan, expand, load_sweep_file, run_overrides
+from asyncpipe.launch.expand import SweepPlan, expand, run_overrides
+from asyncpipe.launch.sweepfile import SweepFile, load_sweep_file
 from asyncpipe.launch.local import LocalLauncher, RunCommand, train_command
-from asyncpipe.launch.state import COMPLETED, DIVERGED, FAILED, SLURM_RECORD, RunState, load_manifest, read_json, run_state, write_manifest
+from asyncpipe.launch.state import MANIFEST, COMPLETED, DIVERGED, FAILED, SLURM_RECORD, RunState, load_manifest, read_json, run_state, write_manifest
 
 DEFAULT_OUT = Path("runs/sweeps")
 
@@ -43,15 +44,18 @@ class SweepResult:
 
 
 def plan_sweep(
-    overrides: Sequence[str] = (), file: Optional[Path] = None, name: Optional[str] = None
+    overrides: Sequence[str] = (), file: Optional[Path] = None, name: Optional[str] = None, out: Optional[Path] = None
 ) -> SweepPlan:
-    """The expanded grid of a sweep given on the command line and/or in a sweep file (CLI overrides last)."""
+    """The expanded grid of a sweep given on the command line and/or in a sweep file (CLI overrides last). With
+    `out`, the grid keys of a sweep of that name already there stay grid keys (`seed=5` extends its seeds)."""
     overrides = list(overrides)
-    if file is not None:
-        file_name, file_overrides = load_sweep_file(Path(file))
-        overrides = file_overrides + overrides
-        name = name or file_name
-    return expand(overrides, name)
+    sf = load_sweep_file(Path(file)) if file is not None else SweepFile(None, [])
+    plan = expand(sf.overrides + overrides, name or sf.name, grid_keys=sf.grid_keys, variants=sf.variants, per=sf.per)
+    old = read_json(Path(out) / plan.name / MANIFEST) if out is not None else None
+    if old and set(old.get("grid", {})) - set(plan.grid):
+        keys = [*sf.grid_keys, *old["grid"]]
+        plan = expand(sf.overrides + overrides, plan.name, grid_keys=keys, variants=sf.variants, per=sf.per)
+    return plan
 
 
 def compose_runs(plan: SweepPlan, sweep_dir: Path) -> tuple[dict[str, DictConfig], DictConfig]:
@@ -68,6 +72,21 @@ def compose_runs(plan: SweepPlan, sweep_dir: Path) -> tuple[dict[str, DictConfig
     return cfgs, cfgs[plan.runs[0].name].launcher
 
 
+def dry_run_sweep(
+    overrides: Sequence[str] = (), *, file: Optional[Path] = None, name: Optional[str] = None, out: Path = DEFAULT_OUT
+) -> str:
+    """What `run_sweep` would launch (runs, tokens, estimated wall time from recorded runs under `out`), as text."""
+    from asyncpipe.launch.estimate import dry_run, render
+    from asyncpipe.launch.state import file_state
+
+    plan = plan_sweep(overrides, file, name, out)
+    sweep_dir = Path(out) / plan.name
+    cfgs, launcher = compose_runs(plan, sweep_dir)
+    specs = [(s.name, s.overrides, cfgs[s.name], file_state(sweep_dir / s.name) == COMPLETED) for s in plan.runs]
+    parallel = int(launcher.parallel) if launcher.name == "local" else len(plan.runs)
+    return render(plan.name, dry_run(specs, parallel, Path(out)))
+
+
 def run_sweep(
     overrides: Sequence[str] = (),
     *,
@@ -80,7 +99,7 @@ def run_sweep(
     display: Optional[SweepDisplay] = None,
 ) -> SweepResult:
     """Expand, validate and launch a sweep (launcher=local or launcher=slurm); returns every run's state."""
-    plan = plan_sweep(overrides, file, name)
+    plan = plan_sweep(overrides, file, name, out)
     sweep_dir = Path(out) / plan.name
     cfgs, launcher = compose_runs(plan, sweep_dir)
     if launcher.name == "slurm":
