@@ -66,35 +66,32 @@ def data_prepare(overrides: Optional[List[str]] = OVERRIDES) -> None:
 
 @app.command()
 def report(
-    sweep_dir: Optional[Path] = typer.Argument(None, help="A sweep directory DIR/NAME holding run dirs."),
+    sweep_dirs: Optional[List[Path]] = typer.Argument(None, help="Sweep directories DIR/NAME holding run dirs; "
+                                                      "several are compared in one table, columns labelled NAME:variant."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A sweep directory whose first column (sync) "
+                                            "every gap is measured against, paired by seed."),
     wandb_project: Optional[str] = typer.Option(None, "--wandb", help="Read runs from W&B: ENTITY/PROJECT."),
     group: Optional[str] = typer.Option(None, "--group", help="With --wandb: the run group (sweep name)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where report files go (default DIR/NAME/report)."),
     log_wandb: bool = typer.Option(True, "--wandb-log/--no-wandb-log", help="Also log table and plots to a W&B "
-                                   "summary run of the group (when the runs' W&B mode is not disabled)."),
+                                   "report run of the group (when the runs' W&B mode is not disabled)."),
 ) -> None:
-    """Loss-gap tables (sync / 1-step / 1-step+EF per optimizer) and plots for a sweep."""
-    from rich.console import Console
-
-    from asyncpipe.report import build_report, build_report_from_wandb, log_report_to_wandb, render_terminal
+    """Loss-gap tables (sync / 1-step / 1-step+EF per optimizer, or a sweep file's variants) and plots."""
+    from asyncpipe.report import build_report, build_report_from_wandb, log_report_to_wandb, print_report
 
     if wandb_project:
         if not group:
             raise UserError("--wandb needs --group (the sweep name the runs were grouped under)")
         rep = build_report_from_wandb(wandb_project, group, out or Path("reports") / group)
-    elif sweep_dir is not None:
-        rep = build_report(sweep_dir, out)
+    elif sweep_dirs:
+        rep = build_report(sweep_dirs, out, baseline=baseline)
     else:
         raise UserError("give a sweep directory (asyncpipe report DIR/NAME) or --wandb ENTITY/PROJECT --group G")
-    Console().print(render_terminal(rep))
+    print_report(rep)
     for path in rep.files.values():
         typer.echo(f"wrote {path}")
-    configs = sorted(sweep_dir.glob("*/config.yaml")) if sweep_dir is not None else []
-    if log_wandb and configs:
-        from omegaconf import OmegaConf
-
-        if log_report_to_wandb(rep, OmegaConf.load(configs[0])):
-            typer.echo("logged the report to W&B")
+    if log_wandb and sweep_dirs and log_report_to_wandb(rep):
+        typer.echo("logged the report to W&B")
 
 
 @app.command()

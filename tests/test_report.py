@@ -413,3 +413,26 @@ def test_two_sweeps_compared_against_a_baseline(tmp_path):
     pairs = [0.2, 0.21]
     assert table.loc["muon", "gap depth:pipedream(P=4)"] == f"{statistics.fmean(pairs):+.4f} ± {statistics.stdev(pairs):.4f}"
     assert report.out_dir == tmp_path / "report-base-vs-depth"
+
+
+def test_wandb_report_run_has_its_own_config_and_tags(sweep):
+    from asyncpipe.report import report_run_config
+    from asyncpipe.track.wandb_mirror import derive_tags
+
+    (sweep / "sweep.json").write_text('{"name": "paper", "base_overrides": ["train.steps=5"], "grid": {"seed": ["0"]}}')
+    cfg = report_run_config(build_report(sweep))
+    assert derive_tags(cfg) == ["report", "sweep:paper"]  # never a training run's opt:/delay: tags
+    assert cfg["report"]["sweeps"][0]["grid"] == {"seed": ["0"]} and cfg["report"]["runs"] == 20
+    assert cfg["report"]["variant_keys"] == ["delay", "optimizer.ef.enabled"]
+    assert cfg["tracker"]["wandb"]["group"] == "paper" and "optimizer" not in cfg
+
+
+def test_piped_report_never_cuts_headers(sweep):
+    import io
+
+    from asyncpipe.report import print_report
+
+    out = io.StringIO()  # not a terminal, as when piped into a file or `less`
+    print_report(build_report(sweep, out_dir=sweep / "r"), out)
+    text = out.getvalue()
+    assert "% gap closed 1-step+EF" in text and "gap 1-step+EF" in text and "…" not in text

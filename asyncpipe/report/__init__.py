@@ -3,7 +3,8 @@
 Never imports torch or deepspeed: a report needs only the results.
 """
 
-from asyncpipe.report.build import Report, build_report, log_report_to_wandb, render_terminal
+from asyncpipe.report.build import Report, build_report, print_report, render_terminal
+from asyncpipe.report.wandb_log import log_report_to_wandb, report_run_config
 from asyncpipe.report.wandb_source import build_report_from_wandb, frames_from_wandb_runs
 
 __all__ = [
@@ -12,5 +13,7 @@ __all__ = [
     "build_report_from_wandb",
     "frames_from_wandb_runs",
     "log_report_to_wandb",
+    "print_report",
     "render_terminal",
+    "report_run_config",
 ]

@@ -14,7 +14,7 @@ import pandas as pd
 
 from asyncpipe.errors import UserError
 from asyncpipe.report.groups import Grouping, classify, fmt_value, natural
-from asyncpipe.report.load import COMPLETED, load_sweep, named_variants, sweep_label
+from asyncpipe.report.load import COMPLETED, load_sweep, named_variants, read_manifest, sweep_label
 from asyncpipe.report.tables import GroupTable, compute_cells, matched_values, variant_order
 from asyncpipe.track.files import atomic_write_text
 
@@ -35,6 +35,7 @@ class Report:
     out_dir: Path | None = None
     files: dict[str, Path] = field(default_factory=dict)
     command: str = ""  # how to regenerate it
+    sweeps: list[dict] = field(default_factory=list)  # the sources' sweep.json manifests (name, grid, variants, ...)
 
     @property
     def group_keys(self) -> list[str]:
@@ -43,7 +44,7 @@ class Report:
 
 def assemble(
     runs: pd.DataFrame, curves: pd.DataFrame, source: str, out_dir: Path | None,
-    named: list[str] | None = None, reference: str | None = None, command: str = "",
+    named: list[str] | None = None, reference: str | None = None, command: str = "", sweeps: list[dict] | None = None,
 ) -> Report:
     """Tables from the frames, then (when out_dir is given) every report file."""
     grouping = classify(list(zip(runs["run"], runs["config"], runs["optimizer"], runs["variant"], runs["variant_named"])))
@@ -51,7 +52,7 @@ def assemble(
     cells, groups, warnings = compute_cells(runs, curves, grouping, named, reference)
     warnings += [f"run {r}: {n}" for r, n in zip(runs["run"], runs["note"]) if n]
     report = Report(source, runs, curves, cells, grouping, groups, warnings, out_dir,
-                    command=command or f"asyncpipe report {source}")  # fmt: skip
+                    command=command or f"asyncpipe report {source}", sweeps=sweeps or [])  # fmt: skip
     if out_dir is not None:
         write_files(report, out_dir)
     return report
@@ -80,9 +81,10 @@ def build_report(
             "report-" + "-vs-".join(sweep_label(d) for d in sources))
     out_dir = Path(out_dir)
     command = "asyncpipe report " + " ".join(map(str, dirs)) + (f" --baseline {baseline}" if baseline else "")
+    manifests = [m for m in map(read_manifest, sources) if m]
     if len(sources) == 1:
         runs, curves = load_sweep(dirs[0], exclude=out_dir)
-        return assemble(runs, curves, str(dirs[0]), out_dir, named_variants(dirs[0]), command=command)
+        return assemble(runs, curves, str(dirs[0]), out_dir, named_variants(dirs[0]), command=command, sweeps=manifests)
     labels: list[str] = []
     for d in sources:
         label = sweep_label(d)
@@ -97,7 +99,7 @@ def build_report(
     runs = pd.concat([p[0] for p in parts], ignore_index=True)
     curves = pd.concat([p[1] for p in parts], ignore_index=True)
     reference = order[0]
-    return assemble(runs, curves, " + ".join(map(str, sources)), out_dir, order, reference, command)
+    return assemble(runs, curves, " + ".join(map(str, sources)), out_dir, order, reference, command, manifests)
 
 
 def write_files(report: Report, out_dir: Path) -> None:
@@ -188,6 +190,23 @@ def to_markdown(report: Report) -> str:
     return "\n".join(parts)
 
 
+def print_report(report: Report, stream: Any = None) -> None:
+    """Print the terminal tables; off a terminal (a pipe, a log) wide enough that no header or cell is cut."""
+    import sys
+
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    stream = stream or sys.stdout
+    renderable = render_terminal(report)
+    width = None
+    if not stream.isatty():
+        probe = Console(file=stream, width=10_000)
+        width = max(100, *(Measurement.get(probe, probe.options, r).maximum for r in renderable.renderables
+                           if not hasattr(r, "plain")))  # fmt: skip
+    Console(file=stream, width=width).print(renderable)
+
+
 def render_terminal(report: Report) -> Any:
     """A rich renderable: what was compared, warnings, then one table per group (matched tokens in the caption)."""
     from rich.console import Group
@@ -206,23 +225,3 @@ def render_terminal(report: Report) -> Any:
             table.add_row(str(optimizer), *(str(v) for v in row))
         items.append(table)
     return Group(*items)
-
-
-def log_report_to_wandb(report: Report, cfg_like: Any) -> bool:
-    """Best effort: log the gap table and plots to a `report` run in the W&B group; True when something was logged."""
-    from asyncpipe.track.wandb_mirror import WandbMirror, config_value
-
-    if report.out_dir is None or not report.files:
-        return False
-    group = config_value(cfg_like, "tracker.wandb.group")
-    mirror = WandbMirror(cfg_like, report.out_dir, rank=0, name=f"{group or 'sweep'}-report", job_type="report")
-    if not mirror.active:
-        return False
-    cells = report.cells.astype(object).where(report.cells.notna(), None)
-    rows = [[None if isinstance(v, float) and math.isnan(v) else v for v in row] for row in cells.values.tolist()]
-    mirror.log_table("loss_gaps", list(map(str, cells.columns)), rows)
-    mirror.log_images({name.removesuffix(".png"): path for name, path in report.files.items() if name.endswith(".png")})
-    mirror.log_files([p for name, p in report.files.items() if not name.endswith(".png")])
-    ok = mirror.active
-    mirror.finish()
-    return ok

@@ -77,6 +77,7 @@ class Grouping:
     row_keys: list[str]
     named_variants: bool
     values: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> comparable flat config
+    unrecorded: list[str] = field(default_factory=list)  # keys some runs lack (older configs), one value elsewhere
 
     def value(self, run: str, key: str) -> Any:
         return self.values[run].get(key, ABSENT)
@@ -90,13 +91,17 @@ class Grouping:
         how = "a sweep file's named variants" if self.named_variants else "delay, delay profile and EF"
         cols = ", ".join(f"`{k}`" for k in self.variant_keys) or "nothing"
         rows = ", ".join(f"`{k}`" for k in self.row_keys)
-        return [
+        lines = [
             f"Tables split by: {by}.",
             f"Columns are variants ({how}); they differ in: {cols}.",
             f"Rows are `{ROW}`" + (f"; rows also differ in: {rows} (the settings column)." if rows else "."),
             "Averaged over: `seed` only. Keys that cannot change a result are not compared: "
             + ", ".join(f"`{p}*`" for p in IGNORED_PREFIXES) + ", " + ", ".join(f"`{k}`" for k in sorted(IGNORED_KEYS)) + ".",
         ]
+        if self.unrecorded:
+            lines.append("Keys only some runs record (their configs predate them), taken to be at their one recorded "
+                         "value: " + ", ".join(f"`{k}`" for k in self.unrecorded) + ".")
+        return lines
 
 
 def _distinct(values: Iterable[Any]) -> int:
@@ -120,6 +125,9 @@ def classify(runs: list[tuple[str, dict, str, str, bool]]) -> Grouping:
 
     for key in keys:
         if _distinct(v.get(key, ABSENT) for v in values.values()) < 2:
+            continue
+        if _distinct(v[key] for v in values.values() if key in v) < 2:
+            grouping.unrecorded.append(key)  # added to the config after some runs: their default then
             continue
         if not named and key in DERIVED_VARIANT_KEYS:
             grouping.variant_keys.append(key)

@@ -166,12 +166,19 @@ def named_variants(root: Path) -> list[str]:
     return names
 
 
+def read_manifest(sweep_dir: Path) -> dict | None:
+    """The sweep.json of a sweep dir, or None."""
+    try:
+        data = json.loads((Path(sweep_dir) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def sweep_label(sweep_dir: Path) -> str:
     """A sweep's name: its manifest's `name`, else the directory's name."""
-    try:
-        return str(json.loads((sweep_dir / MANIFEST).read_text(encoding="utf-8"))["name"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return sweep_dir.resolve().name
+    name = (read_manifest(sweep_dir) or {}).get("name")
+    return str(name) if name else Path(sweep_dir).resolve().name
 
 
 def load_sweep(sweep_dir: Path, exclude: Path | None = None, label: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
