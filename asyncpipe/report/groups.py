@@ -99,9 +99,34 @@ class Grouping:
             + ", ".join(f"`{p}*`" for p in IGNORED_PREFIXES) + ", " + ", ".join(f"`{k}`" for k in sorted(IGNORED_KEYS)) + ".",
         ]
         if self.unrecorded:
-            lines.append("Keys only some runs record (their configs predate them), taken to be at their one recorded "
-                         "value: " + ", ".join(f"`{k}`" for k in self.unrecorded) + ".")
+            lines.append("Keys some runs do not record (their configs predate them), taken at their schema default "
+                         "there: " + ", ".join(f"`{k}`" for k in self.unrecorded) + ".")
         return lines
+
+
+def schema_defaults() -> dict[str, Any]:
+    """Every key of the config schema (asyncpipe/config/schema.py) with a default, flattened."""
+    import dataclasses
+    import typing
+
+    from asyncpipe.config.schema import Config
+
+    out: dict[str, Any] = {}
+
+    def walk(cls: Any, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = hints.get(f.name)
+            if dataclasses.is_dataclass(kind):
+                walk(kind, f"{prefix}{f.name}.")
+            elif f.default is not dataclasses.MISSING and f.default != "???":
+                out[f"{prefix}{f.name}"] = f.default
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                value = f.default_factory()  # type: ignore[misc]
+                out.update(flatten(value, f"{prefix}{f.name}.") if isinstance(value, dict) and value else
+                           {f"{prefix}{f.name}": tuple(value) if isinstance(value, list) else value})
+    walk(Config, "")
+    return out
 
 
 def _distinct(values: Iterable[Any]) -> int:
@@ -113,21 +138,22 @@ def classify(runs: list[tuple[str, dict, str, str, bool]]) -> Grouping:
     values = {run: comparable(flat) for run, flat, _, _, _ in runs}
     named = any(n for *_, n in runs)
     keys = sorted({k for v in values.values() for k in v} - {ROW})
+    defaults = schema_defaults()
+    unrecorded = [k for k in keys if k in defaults and any(k not in v for v in values.values())]
+    for v in values.values():  # a run whose config predates a key ran with that key's default behaviour
+        v.update({k: defaults[k] for k in unrecorded if k not in v})
     cells: dict[tuple, list[str]] = {}
     optimizers: dict[str, list[str]] = {}
     for run, _, opt, variant, _ in runs:
         cells.setdefault((opt, variant), []).append(run)
         optimizers.setdefault(opt, []).append(run)
-    grouping = Grouping([], [], [], named, values)
+    grouping = Grouping([], [], [], named, values, unrecorded)
 
     def varies(key: str, partition: dict) -> bool:
         return any(_distinct(values[r].get(key, ABSENT) for r in members) > 1 for members in partition.values())
 
     for key in keys:
         if _distinct(v.get(key, ABSENT) for v in values.values()) < 2:
-            continue
-        if _distinct(v[key] for v in values.values() if key in v) < 2:
-            grouping.unrecorded.append(key)  # added to the config after some runs: their default then
             continue
         if not named and key in DERIVED_VARIANT_KEYS:
             grouping.variant_keys.append(key)
