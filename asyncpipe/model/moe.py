@@ -132,15 +132,18 @@ def set_aux_grad_scale(module: nn.Module, scale: float) -> None:
         m.aux_grad_scale = float(scale)
 
 
-def pop_moe_stats(module: nn.Module) -> dict[str, float]:
-    """Mean raw load-balancing and z-loss per MoE layer and micro-batch since the last call; {} when none ran."""
-    layers = [m for m in moe_layers(module) if m.stats["count"]]
-    if not layers:
-        return {}
-    out = {
-        "moe_lb_loss": sum(float(m.stats["lb_loss"]) / m.stats["count"] for m in layers) / len(layers),
-        "moe_z_loss": sum(float(m.stats["z_loss"]) / m.stats["count"] for m in layers) / len(layers),
-    }
-    for m in layers:
+def pop_moe_sums(module: nn.Module) -> tuple[float, float, int]:
+    """(sum of raw load-balancing losses, sum of z-losses, number of (layer, micro-batch) forwards) recorded by
+    ``module``'s MoE layers since the last pop; the records are cleared."""
+    lb, z, count = 0.0, 0.0, 0
+    for m in moe_layers(module):
+        if m.stats["count"]:
+            lb, z, count = lb + float(m.stats["lb_loss"]), z + float(m.stats["z_loss"]), count + m.stats["count"]
         m.stats = {"lb_loss": 0.0, "z_loss": 0.0, "count": 0}
-    return out
+    return lb, z, count
+
+
+def pop_moe_stats(module: nn.Module) -> dict[str, float]:
+    """Mean raw load-balancing and z-loss per MoE layer and micro-batch since the last pop; {} when none ran."""
+    lb, z, count = pop_moe_sums(module)
+    return {"moe_lb_loss": lb / count, "moe_z_loss": z / count} if count else {}

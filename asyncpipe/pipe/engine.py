@@ -22,7 +22,9 @@ import torch.distributed as tdist
 from deepspeed.runtime.pipe import schedule as ds_schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
+from asyncpipe.model import pop_moe_sums
 from asyncpipe.optim import clip_grads, grad_sq_norm, lr_factor
+from asyncpipe.pipe import memory
 from asyncpipe.pipe import schedule as sched
 from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.pipe.stash import WeightStash
@@ -109,6 +111,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         self._batch_walls: dict[int, float] = {}  # batch -> seconds its train_batch() call took here
         self.trace: list[tuple] = []
         self.last_loss = math.nan  # last stage: mean train loss of the latest reduced batch
+        self.memory_baseline = memory.mark(self.device)  # build_engine moves it back to before the stage's layers
 
     # -- the schedule ----------------------------------------------------------------------------------
     def train_batch(self, data_iter: Any = None, sync: bool = True) -> None:  # type: ignore[override]
@@ -348,6 +351,7 @@ class TwoBWPipelineEngine(PipelineEngine):
                 loss_sum, count = float(acc[0]), acc[1]
         d = {k: self._clock[k] - self._mark[k] for k in ("wait", "compute")}
         self._mark = dict(self._clock)
+        moe_lb, moe_z, moe_count = pop_moe_sums(self.module)
         update = getattr(self.optimizer, "last_update_norm", None)
         corr = getattr(self.optimizer, "last_correction_norm", None)
         self.reporter.send(b, {
@@ -358,6 +362,7 @@ class TwoBWPipelineEngine(PipelineEngine):
             "weight_bytes": self.stash.weight_bytes, "peak_weight_bytes": self.stash.peak_bytes,
             "update_sq": math.nan if update is None else float(update) ** 2,
             "correction_sq": math.nan if corr is None else float(corr) ** 2,
+            "moe_lb_sum": moe_lb, "moe_z_sum": moe_z, "moe_count": moe_count,
         })  # fmt: skip
 
     def poll_metrics(self, synced: bool = False) -> list[dict[str, float]]:
@@ -377,6 +382,7 @@ class TwoBWPipelineEngine(PipelineEngine):
             "weight_versions_peak": self.stash.peak_bytes / max(1, self.stash.param_bytes),
             "deferred_step": self.defer_step, "global_norm_allreduce": self._global_norm,
             "seconds_by_op": dict(self._by_op), "seconds_blocked_in": dict(self._by_wait),
+            "peak_mem_bytes": memory.peak_since(self.memory_baseline, self.device),  # since the stage was built
         }  # fmt: skip
 
     # -- evaluation: a collective forward-only pass on the latest weights ---------------------------------

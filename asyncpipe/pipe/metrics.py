@@ -13,7 +13,8 @@ import torch.distributed as tdist
 # The numbers every rank reports per optimizer step, in vector order.
 FIELDS = (
     "step", "stage", "replica", "loss_sum", "loss_count", "stage_sq_norm", "global_norm", "lr", "wait_s",
-    "compute_s", "weight_bytes", "peak_weight_bytes", "update_sq", "correction_sq",
+    "compute_s", "weight_bytes", "peak_weight_bytes", "update_sq", "correction_sq", "moe_lb_sum", "moe_z_sum",
+    "moe_count",
 )  # fmt: skip
 
 
@@ -37,6 +38,10 @@ def combine_step(recs: list[dict[str, float]], step_time: float) -> dict[str, fl
     if not math.isnan(head["update_sq"]):
         out["update_norm"] = math.sqrt(sum(r["update_sq"] for r in replica0))
         out["correction_norm"] = math.sqrt(sum(r["correction_sq"] for r in replica0))
+    moe_count = sum(r.get("moe_count", 0.0) for r in recs)
+    if moe_count:  # MoE router statistics of the forwards since each rank's previous step, per layer and micro-batch
+        out["moe_lb_loss"] = sum(r["moe_lb_sum"] for r in recs) / moe_count
+        out["moe_z_loss"] = sum(r["moe_z_sum"] for r in recs) / moe_count
     for r in replica0:
         s = int(r["stage"])
         busy = r["wait_s"] + r["compute_s"]

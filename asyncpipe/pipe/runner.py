@@ -103,8 +103,9 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
-    from asyncpipe.model import build_layers, lm_loss, partition
+    from asyncpipe.model import build_layers, lm_loss, partition, set_aux_grad_scale
     from asyncpipe.optim import build_optimizer
+    from asyncpipe.pipe import memory
     from asyncpipe.pipe.engine import PipeSettings, TwoBWPipelineEngine
     from asyncpipe.pipe.stage import StagedModule, deepspeed_config
 
@@ -112,10 +113,12 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     topo = PipeDataParallelTopology(num_pp=p.stages, num_dp=p.data_parallel)
     coord = topo.get_coord(rank)
     parts = partition(cfg.model.n_layer + 2, p.stages)
+    baseline = memory.mark(device)  # the stage's peak memory is measured from here (stage_summary)
     # Only this stage's layers are built, each from (seed, layer index): the simulator's initial weights.
     layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=range(parts[coord.pipe], parts[coord.pipe + 1]))
     with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints its seed and topology settings
         module = StagedModule(layers, parts, topo, lm_loss)
+    set_aux_grad_scale(module, 1.0 / t.micro_batches)  # MoE aux losses: scaled as DeepSpeed scales the LM loss
     optimizer = build_optimizer(module, cfg.optimizer)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
     ds_config = deepspeed_config(t.micro_batch_size, t.micro_batches, p.data_parallel, bf16)
@@ -128,6 +131,7 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
         args=None, model=module, optimizer=optimizer, mpu=mpu, dist_init_required=False, config=ds_config,
         config_class=DeepSpeedConfig(ds_config, mpu), settings=settings,
     )  # fmt: skip
+    engine.memory_baseline = baseline
     return engine, coord.pipe, coord.data
 
 
