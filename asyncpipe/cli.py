@@ -70,6 +70,8 @@ def report(
                                                       "several are compared in one table, columns labelled NAME:variant."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="A sweep directory whose first column (sync) "
                                             "every gap is measured against, paired by seed."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="Measure the gaps against this column instead "
+                                            "(e.g. cpu_study:1-step), paired by seed."),
     wandb_project: Optional[str] = typer.Option(None, "--wandb", help="Read runs from W&B: ENTITY/PROJECT."),
     group: Optional[str] = typer.Option(None, "--group", help="With --wandb: the run group (sweep name)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where report files go (default DIR/NAME/report)."),
@@ -84,7 +86,7 @@ def report(
             raise UserError("--wandb needs --group (the sweep name the runs were grouped under)")
         rep = build_report_from_wandb(wandb_project, group, out or Path("reports") / group)
     elif sweep_dirs:
-        rep = build_report(sweep_dirs, out, baseline=baseline)
+        rep = build_report(sweep_dirs, out, baseline=baseline, reference=reference)
     else:
         raise UserError("give a sweep directory (asyncpipe report DIR/NAME) or --wandb ENTITY/PROJECT --group G")
     print_report(rep)

@@ -413,6 +413,12 @@ def test_two_sweeps_compared_against_a_baseline(tmp_path):
     pairs = [0.2, 0.21]
     assert table.loc["muon", "gap depth:pipedream(P=4)"] == f"{statistics.fmean(pairs):+.4f} ± {statistics.stdev(pairs):.4f}"
     assert report.out_dir == tmp_path / "report-base-vs-depth"
+    # PipeDream P=4 against P=2, same seed: --reference names the column.
+    vs = build_report(other, out_dir=tmp_path / "vs", baseline=base, reference="depth:pipedream(P=2)").groups[0].table
+    assert vs.loc["muon", "gap depth:pipedream(P=4)"] == f"{0.1:+.4f} ± {0.0:.4f}"
+    assert vs.loc["muon", "gap base:sync"] == f"{-0.105:+.4f} ± {statistics.stdev([-0.1, -0.11]):.4f}"
+    with pytest.raises(UserError, match="not a column"):
+        build_report(other, out_dir=tmp_path / "x", reference="sync")
 
 
 def test_wandb_report_run_has_its_own_config_and_tags(sweep):

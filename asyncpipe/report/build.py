@@ -48,6 +48,9 @@ def assemble(
 ) -> Report:
     """Tables from the frames, then (when out_dir is given) every report file."""
     grouping = classify(list(zip(runs["run"], runs["config"], runs["optimizer"], runs["variant"], runs["variant_named"])))
+    if reference is not None and reference not in set(runs["variant"]):
+        raise UserError(f"--reference {reference!r} is not a column of this report; columns: "
+                        + ", ".join(dict.fromkeys(runs["variant"])))
     named = named or (sorted(dict.fromkeys(runs["variant"]), key=natural) if runs["variant_named"].any() else None)
     cells, groups, warnings = compute_cells(runs, curves, grouping, named, reference)
     warnings += [f"run {r}: {n}" for r, n in zip(runs["run"], runs["note"]) if n]
@@ -65,13 +68,15 @@ def _source_order(runs: pd.DataFrame, named: list[str]) -> list[str]:
 
 
 def build_report(
-    sweep_dir: Path | Sequence[Path], out_dir: Path | None = None, baseline: Path | None = None
+    sweep_dir: Path | Sequence[Path], out_dir: Path | None = None, baseline: Path | None = None,
+    reference: str | None = None,
 ) -> Report:
     """The report of every run under `sweep_dir` (default out_dir: sweep_dir/report).
 
     Several sweep dirs (or a `baseline`) make one comparison: each sweep's columns are labelled `NAME:variant`
     (NAME from its sweep.json) and every gap is measured against the baseline's (else the first sweep's)
-    reference column (its first named variant, else sync), paired by seed."""
+    reference column (its first named variant, else sync), paired by seed. `reference` names another column to
+    measure the gaps against (e.g. `cpu_study:1-step`: PipeDream vs 2BW, same seed)."""
     dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
     if not dirs:
         raise UserError("give at least one sweep directory")
@@ -81,10 +86,11 @@ def build_report(
             "report-" + "-vs-".join(sweep_label(d) for d in sources))
     out_dir = Path(out_dir)
     command = "asyncpipe report " + " ".join(map(str, dirs)) + (f" --baseline {baseline}" if baseline else "")
+    command += f" --reference '{reference}'" if reference else ""
     manifests = [m for m in map(read_manifest, sources) if m]
     if len(sources) == 1:
         runs, curves = load_sweep(dirs[0], exclude=out_dir)
-        return assemble(runs, curves, str(dirs[0]), out_dir, named_variants(dirs[0]), command=command, sweeps=manifests)
+        return assemble(runs, curves, str(dirs[0]), out_dir, named_variants(dirs[0]), reference, command, manifests)
     labels: list[str] = []
     for d in sources:
         label = sweep_label(d)
@@ -98,7 +104,7 @@ def build_report(
         parts.append((runs, curves))
     runs = pd.concat([p[0] for p in parts], ignore_index=True)
     curves = pd.concat([p[1] for p in parts], ignore_index=True)
-    reference = order[0]
+    reference = reference or order[0]
     return assemble(runs, curves, " + ".join(map(str, sources)), out_dir, order, reference, command, manifests)
 
 
