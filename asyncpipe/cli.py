@@ -14,6 +14,12 @@ import typer
 
 from asyncpipe import cli_perf, cli_sweep  # typer and asyncpipe.errors only: --help stays fast
 from asyncpipe.errors import EXIT_USER_ERROR, UserError
+from asyncpipe.paths import data_root, writable_dir, writable_file
+
+try:
+    from typer import TyperException as CliError  # typer >= 0.20 vendors click: its errors derive from this
+except ImportError:  # older typer raises click's own
+    from click import ClickException as CliError
 
 app = typer.Typer(
     help="Asynchronous (PipeDream-2BW) pipeline-parallel pretraining: train, sweep, report.",
@@ -41,6 +47,7 @@ def train(overrides: Optional[List[str]] = OVERRIDES) -> None:
     from asyncpipe.run import run_training
 
     cfg = compose(overrides or [])
+    check_train_paths(cfg)
     summary = run_training(cfg, overrides or [])
     raise typer.Exit(summary.get("exit_code", 0))
 
@@ -60,6 +67,7 @@ def data_prepare(overrides: Optional[List[str]] = OVERRIDES) -> None:
     from asyncpipe.data import describe, prepare
 
     cfg = compose(overrides or [])
+    data_root(cfg.data.root)
     path = prepare(cfg.data, cfg.tokenizer, progress=lambda msg: typer.echo(msg, err=True))
     typer.echo(f"prepared {path}\n{describe(path)}")
 
@@ -81,6 +89,8 @@ def report(
     """Loss-gap tables (sync / 1-step / 1-step+EF per optimizer, or a sweep file's variants) and plots."""
     from asyncpipe.report import build_report, build_report_from_wandb, log_report_to_wandb, print_report
 
+    if out is not None:
+        writable_dir(out, "--out")
     if wandb_project:
         if not group:
             raise UserError("--wandb needs --group (the sweep name the runs were grouped under)")
@@ -113,6 +123,10 @@ def bench_simulator_cmd(
     """Simulator step time: delay=1 (with and without EF) vs delay=0, interleaved in one run."""
     import json
 
+    if rounds < 1:
+        raise UserError(f"--rounds {rounds} must be >= 1 (interleaved measurement rounds)")
+    if out:
+        writable_file(out, "--out")
     from asyncpipe.bench.simulator import bench_simulator
     from asyncpipe.track import atomic_write_json
 
@@ -126,15 +140,36 @@ def bench_simulator_cmd(
         typer.echo(json.dumps(result))
 
 
-def main() -> None:
+def check_train_paths(cfg) -> None:  # noqa: ANN001 (a DictConfig; omegaconf is imported lazily)
+    """Before a run writes anything: its run dir and (when the data still has to be prepared) the data root."""
+    from asyncpipe.data import dataset_dir
+
+    writable_dir(cfg.run.dir, "run.dir")
+    data_root(cfg.data.root, prepared=(dataset_dir(cfg.data, cfg.tokenizer) / "manifest.json").is_file())
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """The `asyncpipe` entry point: every user mistake, usage errors included, is one line on stderr and exit 2."""
     try:
-        app()
+        code = app(args=argv, prog_name="asyncpipe", standalone_mode=False)
+    except CliError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `asyncpipe config` alone: its help, as click does
+            exc.show()
+        else:  # a usage error (unknown command or option, bad option value): one line like every other error
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            typer.echo(f"error: {exc.format_message()}{hint}", err=True)
+        code = exc.exit_code
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        code = 1
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USER_ERROR)
+        code = EXIT_USER_ERROR
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
-        sys.exit(130)
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

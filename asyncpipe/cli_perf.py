@@ -9,6 +9,7 @@ The lead registers them in `asyncpipe/cli.py`; only typer and asyncpipe.errors a
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -246,6 +247,11 @@ def schedule(
 ) -> None:
     """Draw a pipeline schedule as a stages x time timeline (PNG + text), from the engine's schedule classes,
     from a synchronous schedule's own rules, or from a traced run."""
+    from asyncpipe.paths import writable_dir
+
+    if trace is None:
+        check_schedule_size(stages, micro_batches, batches, forward, backward, step)
+    writable_dir(out, "--out")
     if trace is not None:
         tl = trace_timeline(trace)
         stem = f"trace-{Path(trace).resolve().name}"
@@ -282,6 +288,29 @@ def schedule(
         typer.echo("steady-state idle per stage (first backward .. last forward): "
                    + "  ".join(f"S{s} {g:.3g}" for s, g in enumerate(gaps)))  # fmt: skip
     typer.echo(f"wrote {png}\nwrote {txt}")
+
+
+MAX_DRAWN = 1024  # stages x micro-batches x batches: about 2 blocks each; a bigger PNG takes minutes to draw
+
+
+def check_schedule_size(stages: int, micro_batches: int, batches: int, forward: float, backward: float,
+                        step: float) -> None:  # fmt: skip
+    """Refuse sizes and costs `schedule` cannot draw: counts below 1, non-positive or infinite times, and
+    timelines too big to draw in seconds."""
+    for flag, n in (("--stages", stages), ("--micro-batches", micro_batches), ("--batches", batches)):
+        if n < 1:
+            raise UserError(f"{flag} {n} must be >= 1")
+    for flag, t in (("--forward", forward), ("--backward", backward)):
+        if not (math.isfinite(t) and t > 0):
+            raise UserError(f"{flag} {t:g} must be a finite time > 0")
+    if not (math.isfinite(step) and step >= 0):
+        raise UserError(f"--step {step:g} must be a finite time >= 0 (0 = a free optimizer step)")
+    size = stages * micro_batches * batches
+    if size > MAX_DRAWN:
+        raise UserError(
+            f"--stages x --micro-batches x --batches = {stages}x{micro_batches}x{batches} = {size} exceeds {MAX_DRAWN} "
+            "(drawing it would take minutes); draw fewer batches or micro-batches"
+        )
 
 
 def format_bubbles(table: dict[str, Optional[float]], batches: int) -> str:

@@ -23,11 +23,13 @@ from asyncpipe.errors import UserError
 
 def check_run_dir(cfg: DictConfig) -> Path:
     """Refuse to overwrite a run (unless resuming) and to resume a completed one."""
+    from asyncpipe.track.files import read_summary
+
     path = Path(cfg.run.dir)
     summary = path / "summary.json"
     if summary.exists() and not cfg.resume:
         raise UserError(f"run dir {path} already holds a run; choose another run.dir or pass resume=true")
-    if summary.exists() and json.loads(summary.read_text()).get("status") == "completed":
+    if summary.exists() and (read_summary(path) or {}).get("status") == "completed":
         raise UserError(f"run dir {path} holds a completed run; nothing to resume")
     return path
 

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from asyncpipe.config.validate import validate
+from asyncpipe.config.validate import suggest_key, validate
 from asyncpipe.errors import ConfigError
 
 GROUPS = ("model", "optimizer", "tokenizer", "data", "launcher")
@@ -57,7 +57,14 @@ def _friendly(exc: Exception, overrides: Sequence[str]) -> str:
     if key:
         full = re.search(r"full_key: ([\w.]+)", text)
         name = full.group(1) if full else key.group(1)
-        return f"unknown config key '{name}' (see `asyncpipe config show` for the keys that exist)"
+        hint = suggest_key(name) or " (see `asyncpipe config show` for the keys that exist)"
+        return f"unknown config key '{name}'{hint}"
+    sweep = re.search(r"Ambiguous value for argument '([^']*)'", text) or re.search(
+        r"Sweep parameters '([^']*)' requires --multirun", text
+    )
+    if sweep:
+        return (f"{sweep.group(1)} lists several values, but a run takes one; "
+                f"use `asyncpipe sweep {sweep.group(1)} ...` to run each")  # fmt: skip
     typed = re.search(r"Value '([^']*)' (?:of type '[^']*' )?could not be converted to (\w+)", text)
     if typed:
         full = re.search(r"full_key: ([\w.]+)", text)

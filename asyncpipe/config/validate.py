@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import dataclasses
+import difflib
+import math
+import typing
+from typing import Any, Iterable, Iterator
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from asyncpipe.errors import ConfigError
 
@@ -27,6 +33,9 @@ def _choice(key: str, value: object, allowed: tuple) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise `ConfigError` for the first impossible value in a composed config."""
+    check_known_keys(cfg)
+    check_finite(cfg)
+    check_ranges(cfg)
     m, t, o, p = cfg.model, cfg.train, cfg.optimizer, cfg.pipeline
     _choice("engine", cfg.engine, ENGINES)
     _choice("delay_profile", cfg.delay_profile, DELAY_PROFILES)
@@ -88,3 +97,87 @@ def validate(cfg: DictConfig) -> None:
                 t.micro_batches >= p.stages,
                 f"2BW needs train.micro_batches >= pipeline.stages, got {t.micro_batches} < {p.stages}",
             )
+
+
+# -- numbers in range, keys that exist (issue 13): separate from `validate`'s body to keep each check findable --
+
+INFINITE_OK = ("train.diverge_loss",)  # inf = no loss threshold (NaN/inf losses still end the run)
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every scalar in a config node, lists included (as key.0, key.1, ...)."""
+    items = node.items() if isinstance(node, DictConfig) else enumerate(node)
+    for key, value in items:
+        path = f"{prefix}{key}"
+        if isinstance(value, (DictConfig, ListConfig)):
+            yield from _leaves(value, path + ".")
+        else:
+            yield path, value
+
+
+def check_finite(cfg: DictConfig) -> None:
+    """No NaN or infinity anywhere (`optimizer.lr=inf` would train on NaNs), except where inf means "off"."""
+    for key, value in _leaves(cfg):
+        if isinstance(value, float) and not math.isfinite(value) and not (value == math.inf and key in INFINITE_OK):
+            _need(False, f"{key}={value} must be a finite number")
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Optimizer hyper-parameters, thresholds and launcher sizes the optimizers or launchers would reject late."""
+    o, m, t, ln = cfg.optimizer, cfg.model, cfg.train, cfg.launcher
+    betas = list(o.betas)
+    _need(len(betas) == 2, f"optimizer.betas={betas} needs two values, e.g. optimizer.betas=[0.9,0.95]")
+    for i, beta in enumerate(betas):
+        _need(0 <= beta < 1, f"optimizer.betas={betas}: beta{i + 1}={beta} must be in [0, 1)")
+    _need(o.eps > 0, f"optimizer.eps={o.eps} must be > 0")
+    _need(0 <= o.momentum < 1, f"optimizer.momentum={o.momentum} must be in [0, 1)")
+    _need(o.momentum_decay >= 0, f"optimizer.momentum_decay={o.momentum_decay} must be >= 0")
+    _need(t.diverge_loss > 0, f"train.diverge_loss={t.diverge_loss} must be > 0 (a train loss above it ends the run)")
+    _need(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
+    for key in ("d_ff", "max_seq_len"):
+        _need(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
+    _need(m.vocab_size is None or m.vocab_size >= 1, f"model.vocab_size={m.vocab_size} must be >= 1 (or null = the tokenizer's)")
+    for key in ("rope_theta", "norm_eps", "init_std"):
+        _need(m[key] > 0, f"model.{key}={m[key]} must be > 0")
+    for key in ("parallel", "nodes", "tasks_per_node", "cpus_per_task", "timeout_min", "array_parallelism"):
+        _need(ln[key] >= 1, f"launcher.{key}={ln[key]} must be >= 1")
+    _need(ln.gpus_per_node >= 0, f"launcher.gpus_per_node={ln.gpus_per_node} must be >= 0")
+    _need(ln.mem_gb is None or ln.mem_gb >= 1, f"launcher.mem_gb={ln.mem_gb} must be >= 1 (or null = the cluster default)")
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'x'?` for the closest choice, or nothing."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
+    """Refuse keys the schema does not have: Hydra's `+key=value` adds them even to typed groups, so a typo
+    like `+optimizer.lrr=1` would otherwise be accepted and recorded in config.yaml. Free-form nodes (typed
+    `Any` or `dict` in the schema, e.g. `launcher.extra`) accept any key."""
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return
+    fields = [f.name for f in dataclasses.fields(schema)]
+    for key in cfg.keys():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            hint = did_you_mean(name, [prefix + f for f in fields]) or "; see `asyncpipe config show` for the keys"
+            _need(False, f"unknown config key '{name}' (added with +){hint}")
+        child = cfg[key]
+        if isinstance(child, DictConfig):
+            check_known_keys(child, name + ".")
+
+
+def suggest_key(full_key: str) -> str:
+    """`; did you mean 'train.steps'?` for a dotted key the schema lacks (e.g. `train.stepz`), or nothing."""
+    from asyncpipe.config.schema import Config
+
+    *parents, _ = full_key.split(".")
+    node: Any = Config
+    for part in parents:
+        node = typing.get_type_hints(node).get(part)
+        if not dataclasses.is_dataclass(node):
+            return ""
+    prefix = "".join(f"{p}." for p in parents)
+    return did_you_mean(full_key, [prefix + f.name for f in dataclasses.fields(node)])

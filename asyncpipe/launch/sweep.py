@@ -18,6 +18,7 @@ from asyncpipe.launch.expand import SweepPlan, expand, run_overrides
 from asyncpipe.launch.sweepfile import SweepFile, load_sweep_file
 from asyncpipe.launch.local import LocalLauncher, RunCommand, train_command
 from asyncpipe.launch.state import MANIFEST, COMPLETED, DIVERGED, FAILED, SLURM_RECORD, RunState, load_manifest, read_json, run_state, write_manifest
+from asyncpipe.track.files import read_summary
 
 DEFAULT_OUT = Path("runs/sweeps")
 
@@ -102,6 +103,8 @@ def run_sweep(
     plan = plan_sweep(overrides, file, name, out)
     sweep_dir = Path(out) / plan.name
     cfgs, launcher = compose_runs(plan, sweep_dir)
+    for spec in plan.runs:  # a re-run must know each run's state: refuse an unreadable record before starting any
+        read_summary(sweep_dir / spec.name)
     if launcher.name == "slurm":
         from asyncpipe.launch.slurm import SlurmLauncher, require_slurm, task_layout
 

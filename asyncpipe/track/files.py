@@ -155,6 +155,22 @@ class RunDir:
         )
 
     def read_summary(self) -> dict | None:
-        if not self.summary_path.exists():
-            return None
-        return json.loads(self.summary_path.read_text(encoding="utf-8"))
+        return read_summary(self.path)
+
+
+def read_summary(run_dir: str | os.PathLike) -> dict | None:
+    """A run dir's summary.json (None when it has none); an unreadable one is a `UserError`, never a guess."""
+    path = Path(run_dir) / SUMMARY_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        data = err
+    if not isinstance(data, dict):
+        why = f" ({data})" if isinstance(data, Exception) else ""
+        raise UserError(
+            f"{path} is not a readable run summary{why}, so the run's state is unknown; remove that file to "
+            "resume from the latest checkpoint, or remove the run dir to start over"
+        )
+    return data

@@ -1,0 +1,233 @@
+"""The bad-input table: every user mistake is one line on stderr naming the bad key or path, exit code 2, and
+nothing written (no run dir, no data, no half-made report or schedule file).
+
+Each case runs the real entry point `asyncpipe.cli.main` in this process (argv in, exit code and stderr out),
+in a fresh working directory, with a prepared data root; the whole tree under the test's tmp dir and the data
+root are compared before and after. `tests/test_bad_input.py` keeps the cases that need a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+from asyncpipe.cli import main
+
+READ_ONLY = "/proc/sys"  # not writable, even by root (Linux)
+
+
+@dataclass
+class Case:
+    argv: list[str]  # {tmp}: the test's scratch dir; {ro}: a directory nobody may write to
+    needle: str  # in the one error line (same placeholders)
+    setup: Optional[Callable[[Path], None]] = None
+    env: dict = field(default_factory=dict)
+
+
+def afile(tmp: Path) -> None:
+    (tmp / "afile").write_text("not a directory\n")
+
+
+def corrupt_run(tmp: Path, text: str = '{"status": "interr') -> None:
+    run = tmp / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "summary.json").write_text(text)
+
+
+def corrupt_sweep_run(tmp: Path) -> None:
+    run = tmp / "sweeps" / "sw" / "seed=0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text('{"status": "compl')
+
+
+def bad_sweep_file(tmp: Path) -> None:
+    (tmp / "bad.yaml").write_text("name: bad\ngrid: {seed: '0,1'}\nvariants: {a: [delay=1], b: ['delay=0,1']}\n")
+
+
+def train(*overrides: str) -> list[str]:
+    """`asyncpipe train` with these overrides, in the scratch dir unless they set run.dir."""
+    run_dir = [] if any(o.startswith("run.dir=") for o in overrides) else ["run.dir={tmp}/run"]
+    return ["train", *overrides, *run_dir]
+
+
+SCHED = ["schedule", "--out", "{tmp}/sched"]
+
+CASES: dict[str, Case] = {
+    # -- optimizer values: today a torch traceback after the run dir is made, or silently trained
+    "betas one value": Case(train("optimizer.betas=[0.9]"), "optimizer.betas=[0.9] needs two values"),
+    "betas three values": Case(train("optimizer.betas=[0.9,0.95,0.99]"), "optimizer.betas="),
+    "beta1 above 1": Case(train("optimizer.betas=[1.5,0.95]"), "beta1=1.5 must be in [0, 1)"),
+    "beta2 negative": Case(train("optimizer.betas=[0.9,-0.1]"), "beta2=-0.1 must be in [0, 1)"),
+    "beta2 = 1": Case(train("optimizer=nadam", "optimizer.betas=[0.9,1.0]"), "beta2=1.0 must be in [0, 1)"),
+    "eps negative": Case(train("optimizer.eps=-1"), "optimizer.eps=-1.0 must be > 0"),
+    "eps zero": Case(train("optimizer.eps=0"), "optimizer.eps=0.0 must be > 0"),
+    "lr inf": Case(train("optimizer.lr=inf"), "optimizer.lr=inf must be a finite number"),
+    "lr nan": Case(train("optimizer.lr=nan"), "optimizer.lr=nan must be a finite number"),
+    "lr negative": Case(train("optimizer.lr=-1e-3"), "optimizer.lr=-0.001 must be > 0"),
+    "lr zero": Case(train("optimizer.lr=0"), "optimizer.lr=0.0 must be > 0"),
+    "aux lr negative": Case(train("optimizer=muon", "optimizer.aux_lr=-1"), "optimizer.aux_lr=-1.0 must be > 0"),
+    "muon momentum 2": Case(train("optimizer=muon", "optimizer.momentum=2"), "optimizer.momentum=2.0 must be in [0, 1)"),
+    "muon momentum negative": Case(train("optimizer=muon", "optimizer.momentum=-0.5"), "optimizer.momentum=-0.5"),
+    "muon ns_steps 0": Case(train("optimizer=muon", "optimizer.ns_steps=0"), "optimizer.ns_steps=0 must be >= 1"),
+    "nadam momentum_decay negative": Case(train("optimizer=nadam", "optimizer.momentum_decay=-1"), "optimizer.momentum_decay=-1.0"),
+    "weight decay negative": Case(train("optimizer.weight_decay=-0.1"), "optimizer.weight_decay=-0.1 must be >= 0"),
+    "EF lam negative": Case(train("optimizer=adamw_ef", "optimizer.ef.lam=-1"), "optimizer.ef.lam=-1.0 must be >= 0"),
+    # -- other values
+    "diverge_loss negative": Case(train("train.diverge_loss=-1"), "train.diverge_loss=-1.0 must be > 0"),
+    "diverge_loss nan": Case(train("train.diverge_loss=nan"), "train.diverge_loss=nan must be a finite number"),
+    "launcher.parallel 0 (train)": Case(train("launcher.parallel=0"), "launcher.parallel=0 must be >= 1"),
+    "launcher.parallel 0 (sweep)": Case(["sweep", "seed=0,1", "launcher.parallel=0", "--out", "{tmp}/sweeps"],
+                                        "launcher.parallel=0 must be >= 1"),
+    "slurm timeout 0": Case(["sweep", "seed=0,1", "launcher=slurm", "launcher.timeout_min=0", "--out", "{tmp}/sweeps"],
+                            "launcher.timeout_min=0 must be >= 1"),
+    "negative delay": Case(train("delay=-1"), "delay=-1 must be >= 0"),
+    "steps 0": Case(train("train.steps=0"), "train.steps=0 must be >= 1"),
+    "warmup_frac 1": Case(train("train.warmup_frac=1"), "train.warmup_frac=1.0 must be in [0, 1)"),
+    "grad_clip negative": Case(train("train.grad_clip=-1"), "train.grad_clip=-1.0 must be >= 0"),
+    "val_fraction 0": Case(train("data.val_fraction=0"), "data.val_fraction=0.0 must be in (0, 1)"),
+    "norm_eps 0": Case(train("model.norm_eps=0"), "model.norm_eps=0.0 must be > 0"),
+    "seq_len above model max": Case(train("train.seq_len=1024"), "exceeds model 'tiny' maximum of 256"),
+    "pipeline delay 2": Case(train("engine=pipeline", "delay=2"), "supports delay 0 (1F1B) or 1 (2BW)"),
+    "2BW with m < P": Case(train("engine=pipeline", "delay=1", "pipeline.stages=4", "train.micro_batches=3"),
+                           "micro_batches >= pipeline.stages"),
+    "more stages than layers": Case(train("engine=pipeline", "pipeline.stages=6"), "pipeline.stages=6 exceeds the 4"),
+    "pipedream needs delay 1": Case(train("delay_profile=pipedream", "delay=0"), "use it with delay=1"),
+    "unknown engine": Case(train("engine=warp"), "engine=warp is not allowed"),
+    "unknown wandb mode": Case(train("tracker.wandb.mode=sometimes"), "tracker.wandb.mode=sometimes is not allowed"),
+    "config show, bad value": Case(["config", "show", "optimizer.eps=-1"], "optimizer.eps=-1.0 must be > 0"),
+    "data prepare, bad value": Case(["data", "prepare", "data.val_fraction=1"], "data.val_fraction=1.0"),
+    # -- keys, options and the override grammar
+    "+ typo in a typed group": Case(train("+optimizer.lrr=1"), "'optimizer.lrr' (added with +); did you mean 'optimizer.lr'?"),
+    "+ typo nested": Case(train("+optimizer.ef.lamm=1"), "did you mean 'optimizer.ef.lam'?"),
+    "+ unknown top-level key": Case(train("+foo=1"), "unknown config key 'foo'"),
+    "typo without +": Case(train("optimizer.lrr=1"), "unknown config key 'optimizer.lrr'; did you mean 'optimizer.lr'?"),
+    "unknown key": Case(train("train.stepz=3"), "unknown config key 'train.stepz'; did you mean 'train.steps'?"),
+    "unknown model": Case(train("model=nope"), "unknown model 'nope'"),
+    "unknown optimizer": Case(train("optimizer=sgdx"), "unknown optimizer 'sgdx'"),
+    "wrong type": Case(train("train.steps=many"), "'many' for 'train.steps' is not a valid int"),
+    "unparsable override": Case(train("delay"), "key=value"),
+    "seed list in train": Case(train("seed=0,1"), "use `asyncpipe sweep seed=0,1"),
+    "seed range in train": Case(train("seed=range(0,3)"), "`asyncpipe sweep seed=range(0,3)"),
+    "optimizer list in train": Case(train("optimizer=adamw,muon"), "`asyncpipe sweep optimizer=adamw,muon"),
+    # -- the file system
+    "run.dir is a file": Case(train("run.dir={tmp}/afile"), "run.dir {tmp}/afile is a file", afile),
+    "run.dir below a file": Case(train("run.dir={tmp}/afile/run"), "run.dir {tmp}/afile/run is below {tmp}/afile", afile),
+    "run.dir not writable": Case(train("run.dir={ro}/asyncpipe-run"), "run.dir {ro}/asyncpipe-run: cannot write to {ro}"),
+    "data root a file (prepare)": Case(["data", "prepare"], "data root (ASYNCPIPE_DATA or data.root) {tmp}/afile is a file",
+                                       afile, {"ASYNCPIPE_DATA": "{tmp}/afile"}),
+    "data root a file (train)": Case(train(), "{tmp}/afile is a file", afile, {"ASYNCPIPE_DATA": "{tmp}/afile"}),
+    "data root below a file (train)": Case(train(), "{tmp}/afile/data is below {tmp}/afile", afile,
+                                           {"ASYNCPIPE_DATA": "{tmp}/afile/data"}),
+    "data root not writable (prepare)": Case(["data", "prepare"], "{ro}/asyncpipe-data: cannot write to {ro}",
+                                             env={"ASYNCPIPE_DATA": "{ro}/asyncpipe-data"}),
+    "data root not writable (train)": Case(train(), "data root (ASYNCPIPE_DATA or data.root) {ro}/asyncpipe-data",
+                                           env={"ASYNCPIPE_DATA": "{ro}/asyncpipe-data"}),
+    "report --out a file": Case(["report", "{tmp}", "--out", "{tmp}/afile"], "--out {tmp}/afile is a file", afile),
+    "schedule --out a file": Case(["schedule", "--out", "{tmp}/afile"], "--out {tmp}/afile is a file", afile),
+    "schedule --out below a file": Case(["schedule", "--out", "{tmp}/afile/s"], "is below {tmp}/afile", afile),
+    "bench --out a directory": Case(["bench", "simulator", "--out", "{tmp}"], "--out {tmp} is a directory"),
+    "sweep --out a file": Case(["sweep", "seed=0,1", "--out", "{tmp}/afile"], "--out {tmp}/afile is a file", afile),
+    "corrupt summary on resume": Case(train("resume=true"), "{tmp}/run/summary.json is not a readable run summary",
+                                      corrupt_run),
+    "summary not an object on resume": Case(train("resume=true"), "{tmp}/run/summary.json is not a readable",
+                                            lambda tmp: corrupt_run(tmp, "[1, 2]\n")),
+    "corrupt summary on sweep re-run": Case(["sweep", "seed=0,1", "--name", "sw", "--out", "{tmp}/sweeps"],
+                                            "{tmp}/sweeps/sw/seed=0/summary.json is not a readable", corrupt_sweep_run),
+    # -- command options
+    "bench --rounds 0": Case(["bench", "simulator", "--rounds", "0"], "--rounds 0 must be >= 1"),
+    "bench --rounds -2": Case(["bench", "simulator", "--rounds", "-2"], "--rounds -2 must be >= 1"),
+    "schedule --forward -1": Case([*SCHED, "--forward", "-1"], "--forward -1 must be a finite time > 0"),
+    "schedule --backward 0": Case([*SCHED, "--backward", "0"], "--backward 0 must be a finite time > 0"),
+    "schedule --forward inf": Case([*SCHED, "--forward", "inf"], "--forward inf must be a finite time > 0"),
+    "schedule --step -1": Case([*SCHED, "--step", "-1"], "--step -1 must be a finite time >= 0"),
+    "schedule --stages 0": Case([*SCHED, "--stages", "0"], "--stages 0 must be >= 1"),
+    "schedule --batches 0": Case([*SCHED, "--batches", "0", "--schedule", "zb-h1"], "--batches 0 must be >= 1"),
+    "schedule too big": Case([*SCHED, "--stages", "64", "--micro-batches", "512"], "64x512x3 = 98304 exceeds 1024"),
+    "schedule unknown": Case([*SCHED, "--schedule", "nope"], "--schedule 'nope' is unknown"),
+    "report without a source": Case(["report"], "give a sweep directory"),
+    "report --wandb without --group": Case(["report", "--wandb", "me/proj"], "--wandb needs --group"),
+    "report on a dir without runs": Case(["report", "{tmp}"], "no runs found"),
+    "sweep file with a swept variant": Case(["sweep", "--file", "{tmp}/bad.yaml", "--out", "{tmp}/sweeps"], "is a sweep",
+                                            bad_sweep_file),
+    "sweep status without a dir": Case(["sweep", "status"], "Missing argument 'SWEEP_DIR'"),
+    # -- click usage errors: one line too, no boxed panel
+    "unknown command": Case(["trian"], "No such command 'trian'"),
+    "unknown subcommand": Case(["data", "prepar"], "No such command 'prepar'"),
+    "unknown flag": Case(["train", "--nope"], "No such option: --nope"),
+    "unknown report flag": Case(["report", "--nope"], "No such option: --nope"),
+    "flag with a bad number": Case(["schedule", "--stages", "abc"], "Invalid value for '--stages'"),
+}
+
+
+def _tree(*roots: Path) -> dict[str, tuple]:
+    """Every path under the roots with its kind, size and modification time."""
+    out = {}
+    for root in roots:
+        for dirpath, dirs, files in os.walk(root):
+            for name in dirs + files:
+                p = Path(dirpath) / name
+                st = p.lstat()
+                out[str(p)] = (p.is_dir(), st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One prepared hamlet/byte data root, so config cases get past data preparation checks."""
+    from asyncpipe.config import compose
+    from asyncpipe.data import prepare
+
+    root = tmp_path_factory.mktemp("table_data")
+    os.environ["ASYNCPIPE_DATA"], old = str(root), os.environ.get("ASYNCPIPE_DATA")
+    try:
+        cfg = compose([])
+        prepare(cfg.data, cfg.tokenizer)
+    finally:
+        if old is not None:
+            os.environ["ASYNCPIPE_DATA"] = old
+    return root
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input(name: str, tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch,
+                   capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    case = CASES[name]
+    uses_ro = any("{ro}" in s for s in [*case.argv, case.needle, *case.env.values()])
+    if uses_ro and (not os.path.isdir(READ_ONLY) or os.access(READ_ONLY, os.W_OK)):
+        pytest.skip(f"needs a directory nobody may write to ({READ_ONLY})")
+    fill = lambda s: s.replace("{tmp}", str(tmp_path)).replace("{ro}", READ_ONLY)  # noqa: E731
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # default run dirs (runs/...) would land here
+    monkeypatch.setenv("ASYNCPIPE_DATA", str(data_root))
+    for key, value in case.env.items():
+        monkeypatch.setenv(key, fill(value))
+    if case.setup:
+        case.setup(tmp_path)
+    before = _tree(tmp_path, data_root)
+    capsys.readouterr()
+
+    with pytest.raises(SystemExit) as exit_:
+        main([fill(a) for a in case.argv])
+
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert fill(case.needle) in lines[0]
+    assert _tree(tmp_path, data_root) == before, "a refused command wrote files"
+
+
+def test_slurm_launcher_without_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch anywhere on PATH
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", "optimizer=adamw,muon", "launcher=slurm", "--out", str(tmp_path / "sweeps")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and "sbatch" in err[0]
+    assert not (tmp_path / "sweeps").exists()
