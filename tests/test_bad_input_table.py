@@ -154,7 +154,7 @@ CASES: dict[str, Case] = {
     "report on a dir without runs": Case(["report", "{tmp}"], "no runs found"),
     "sweep file with a swept variant": Case(["sweep", "--file", "{tmp}/bad.yaml", "--out", "{tmp}/sweeps"], "is a sweep",
                                             bad_sweep_file),
-    "sweep status without a dir": Case(["sweep", "status"], "Missing argument 'SWEEP_DIR'"),
+    "sweep status without a dir": Case(["sweep", "status"], "Missing argument 'sweep_dir'"),
     # -- click usage errors: one line too, no boxed panel
     "unknown command": Case(["trian"], "No such command 'trian'"),
     "unknown subcommand": Case(["data", "prepar"], "No such command 'prepar'"),
