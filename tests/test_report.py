@@ -150,9 +150,12 @@ def test_files_written(sweep):
     report = build_report(sweep)
     out = sweep / "report"
     assert report.out_dir == out
-    assert sorted(p.name for p in out.iterdir()) == ["gap_vs_tokens.png", "gaps.csv", "loss_curves.png", "report.md"]
-    for name in ("loss_curves.png", "gap_vs_tokens.png"):
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gap_vs_tokens.pdf", "gap_vs_tokens.png", "gaps.csv", "loss_curves.pdf", "loss_curves.png", "report.md"
+    ]  # fmt: skip
+    for name in ("loss_curves.png", "gap_vs_tokens.png"):  # one column per optimizer: 2 x 600 px wide
         assert matplotlib.image.imread(out / name).shape[:2] == (800, 1200)
+        assert (out / name).with_suffix(".pdf").read_bytes().startswith(b"%PDF")
     csv = pd.read_csv(out / "gaps.csv").set_index(["optimizer", "variant"])
     exp = expected_stats()
     assert close(csv.loc[("muon", "1-step+EF"), "gap_closed_pct"], exp[("muon", "1-step+EF")]["closed"])
@@ -302,7 +305,7 @@ def test_log_report_to_wandb(sweep, tmp_path, monkeypatch):
     table = logged[0]["loss_gaps"]
     assert len(table.data) == len(report.cells) == 6
     assert {"loss_curves", "gap_vs_tokens"} <= set(logged[1])
-    assert {"report.md", "gaps.csv"} == {d["file"] for d in logged[2:]}
+    assert {"report.md", "gaps.csv", "loss_curves.pdf", "gap_vs_tokens.pdf"} == {d["file"] for d in logged[2:]}
     assert finished == [0]
 
 
@@ -442,3 +445,17 @@ def test_piped_report_never_cuts_headers(sweep):
     print_report(build_report(sweep, out_dir=sweep / "r"), out)
     text = out.getvalue()
     assert "% gap closed 1-step+EF" in text and "gap 1-step+EF" in text and "…" not in text
+
+
+def test_gap_plot_points_are_paired_per_seed_differences(sweep):
+    from asyncpipe.report.plots import paired_gap, smoothed_train
+
+    report = build_report(sweep, out_dir=sweep / "r")
+    runs = report.runs[report.runs["status"] == "completed"]
+    muon = runs[runs["optimizer"] == "muon"]
+    gap = paired_gap(report.curves, muon[muon["variant"] == "1-step"], muon[muon["variant"] == "sync"])
+    exp = expected_stats()[("muon", "1-step")]
+    assert list(gap.index) == EVAL_TOKENS and (gap["n"] == 3).all()
+    assert close(gap.loc[5000, "mean"], exp["gap"]) and close(gap.loc[5000, "std"], exp["gap_std"])
+    train = smoothed_train(muon[muon["variant"] == "sync"])
+    assert len(train) == 2 * len(EVAL_TOKENS) and close(train.iloc[0], 9.0) and train.iloc[-1] < 9.0  # EMA of 9, 1, 9, …

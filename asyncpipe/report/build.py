@@ -112,10 +112,12 @@ def write_files(report: Report, out_dir: Path) -> None:
     from asyncpipe.report.plots import plot_gap_vs_tokens, plot_loss_curves  # matplotlib only when writing
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {name: out_dir / name for name in ("report.md", "gaps.csv", "loss_curves.png", "gap_vs_tokens.png")}
+    files = {name: out_dir / name for name in ("report.md", "gaps.csv")}
     atomic_write_text(files["gaps.csv"], report.cells.to_csv(index=False))
-    plot_loss_curves(report.runs, report.curves, report.groups, files["loss_curves.png"])
-    plot_gap_vs_tokens(report.runs, report.curves, report.groups, files["gap_vs_tokens.png"])
+    order = list(dict.fromkeys(report.cells["variant"])) if len(report.cells) else []
+    for plot, name in ((plot_loss_curves, "loss_curves.png"), (plot_gap_vs_tokens, "gap_vs_tokens.png")):
+        for path in plot(report.runs, report.curves, report.groups, order, out_dir / name):
+            files[path.name] = path
     atomic_write_text(files["report.md"], to_markdown(report))
     report.files = files
 
@@ -187,7 +189,11 @@ def to_markdown(report: Report) -> str:
                   "effect), mean and sample std over seeds.\n", _md_table(paired) + "\n"]
     parts += [
         "## Plots\n",
-        "![val loss vs tokens](loss_curves.png)\n",
+        "Val loss (line with markers at the evaluations: mean over seeds; band: min–max over seeds) and train loss "
+        "(light line: mean over seeds, EMA); the lower row zooms into the end of training. "
+        "PDF versions beside the PNGs.\n",
+        "![val and train loss vs tokens](loss_curves.png)\n",
+        "Gap to the reference column, paired by seed: mean of the per-seed differences, error bars ±1 sample std.\n",
         "![loss gap to the reference vs tokens](gap_vs_tokens.png)\n",
         "## Runs\n",
         _md_table(run_table(report)) + "\n",

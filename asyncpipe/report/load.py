@@ -34,7 +34,7 @@ AXES = {
     "seed": "seed",
 }
 RUN_COLUMNS = ["run", "path", *AXES, "variant", "variant_named", "sweep", "status", "final_tokens", "summary_val_loss",
-               "note", "config"]
+               "note", "config", "train"]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
 MANIFEST = "sweep.json"
 RETIRED = ".retired"  # failed attempts a sweep moved aside (--retry-failed): not runs of the sweep
@@ -73,6 +73,10 @@ def normalize_status(summary: dict | None) -> str:
     return str(status)
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")
+
+
 def run_record(
     name: str, path: str, config: dict, summary: dict | None, metrics: Iterable[dict], note: str = ""
 ) -> tuple[dict, list[dict]]:
@@ -95,15 +99,18 @@ def run_record(
         # Simulated: the stage count only matters through delay_profile=pipedream, which the variant names;
         # keeping it would split sync runs from the async runs they are compared with.
         row["stages"] = None
-    curve, last_tokens = [], None
+    curve, train, last_tokens = [], [], None
     for rec in metrics:
         tokens = rec.get("tokens")
         if tokens is None:
             continue
         last_tokens = tokens
-        val = rec.get("val_loss")
-        if isinstance(val, (int, float)) and val == val and abs(val) != float("inf"):
+        val, loss = rec.get("val_loss"), rec.get("train_loss")
+        if _finite(val):
             curve.append({"run": name, "tokens": int(tokens), "val_loss": float(val)})
+        if _finite(loss):
+            train.append((int(tokens), float(loss)))
+    row["train"] = train  # (tokens, train loss) per step, for the plots
     status = normalize_status(summary)
     if status == COMPLETED and not curve:
         status = "no val loss"
