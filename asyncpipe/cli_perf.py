@@ -338,7 +338,11 @@ def bench_pipeline(
     one launch: tokens/s, ratio vs the ideal (m+P-1)/m, idle fraction and weight + optimizer memory per stage."""
     from asyncpipe.bench.pipeline import bench_pipeline as run_bench
     from asyncpipe.bench.pipeline import format_result
+    from asyncpipe.paths import writable_file
     from asyncpipe.track import atomic_write_json
+
+    if out is not None:
+        writable_file(out, "--out")  # before minutes of measuring, not after
 
     res = run_bench(overrides or [], rounds=rounds, steps=steps, warmup_steps=warmup_steps, simulator=simulator,
                     log=lambda msg: typer.echo(msg, err=True))  # fmt: skip

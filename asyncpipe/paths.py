@@ -30,18 +30,20 @@ def _nearest_existing(path: Path) -> Path:
             raise UserError(f"cannot check {node} ({err.strerror}); choose a path you can write to") from None
 
 
-def writable_dir(path: PathLike, what: str) -> Path:
+def writable_dir(path: PathLike, what: str, fix: str = "") -> Path:
     """A directory this command will create or write into: refuse an existing file there, a path below a file
-    and an ancestor (or the directory itself) we may not write to. `what` names the setting, e.g. ``run.dir``."""
+    and an ancestor (or the directory itself) we may not write to. `what` names the setting, e.g. ``run.dir``;
+    `fix` says what to do (default: choose another `what`)."""
     path = Path(os.path.expanduser(str(path)))
+    fix = fix or f"choose another {what}"
     found = _nearest_existing(path)
     if found == path and not path.is_dir():
-        raise UserError(f"{what} {path} is a file, not a directory; choose another {what}")
+        raise UserError(f"{what} {path} is a file, not a directory; {fix}")
     if not found.is_dir():
-        raise UserError(f"{what} {path} is below {found}, which is a file; choose another {what}")
+        raise UserError(f"{what} {path} is below {found}, which is a file; {fix}")
     if not os.access(found, os.W_OK | os.X_OK):
         where = "it" if found == path else f"{found}"
-        raise UserError(f"{what} {path}: cannot write to {where} (permission denied); choose another {what}")
+        raise UserError(f"{what} {path}: cannot write to {where} (permission denied); {fix}")
     return path
 
 
@@ -60,4 +62,6 @@ def data_root(root: PathLike, prepared: bool = False) -> Path:
     """The data root (`data.root`, default $ASYNCPIPE_DATA): a directory, writable unless the dataset a command
     reads is already `prepared` there (reading prepared data from a read-only root is fine)."""
     path = Path(os.path.expanduser(str(root)))
-    return path if prepared else writable_dir(path, "data root (ASYNCPIPE_DATA or data.root)")
+    if prepared:
+        return path
+    return writable_dir(path, "data root", "point ASYNCPIPE_DATA (or data.root) at a directory you can write to")
