@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-fast smoke-test clean
+.PHONY: install test test-fast smoke-test gpu-check clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ smoke-test: install
 	rm -rf $(SMOKE_OUT)/smoke
 	$(BIN)/asyncpipe sweep --file sweeps/smoke.yaml --out $(SMOKE_OUT)
 	$(BIN)/asyncpipe report $(SMOKE_OUT)/smoke
+
+# On a CUDA machine (< 5 min): 135m bf16 tokens/s and MFU, CPU-vs-CUDA losses, the pipeline on >= 2 GPUs.
+gpu-check: install
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -52,6 +52,20 @@ def train(overrides: Optional[List[str]] = OVERRIDES) -> None:
     raise typer.Exit(summary.get("exit_code", 0))
 
 
+@app.command("plan")
+def plan_cmd(
+    overrides: Optional[List[str]] = OVERRIDES,
+    gpu_mem: float = typer.Option(80.0, "--gpu-mem", help="Memory budget per device, GiB."),
+) -> None:
+    """Memory per pipeline stage before launching: weights (2 versions under 2BW), gradients, optimizer state,
+    EF, activations in flight, in GiB against --gpu-mem, and the largest micro-batch that fits."""
+    from asyncpipe.config import compose
+    from asyncpipe.plan import plan, render
+
+    cfg = compose(overrides or [])
+    typer.echo(render(plan(cfg, gpu_mem), cfg))
+
+
 @config_app.command("show")
 def config_show(overrides: Optional[List[str]] = OVERRIDES) -> None:
     """Print the composed, validated config as YAML."""

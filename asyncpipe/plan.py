@@ -1,0 +1,217 @@
+"""Memory plan of a pipeline run before launching it: per stage, the bytes of weights (1 version for 1F1B, 2 for
+2BW), gradients, optimizer state, error-feedback buffers and the activations of the micro-batches in flight,
+from the config's shapes alone (no tensor is allocated), against a GPU memory budget.
+
+The model (bytes per parameter, elements saved per token) follows what this code base stores:
+- weights are fp32 masters (bf16 is autocast), one copy per live version; gradients are fp32, one buffer, two
+  under 2BW when the step is deferred (the next batch accumulates while the last one's step waits), plus a
+  transient flat copy for the data-parallel all-reduce when D > 1;
+- optimizer state: AdamW/NAdam 2 fp32 buffers per parameter; Muon 1 (momentum) on the hidden matrices and
+  expert stacks, AdamW's 2 on the rest; SOAP 2 plus two preconditioner and two eigenbasis matrices per matrix;
+- EF: u(t-1) plus the snapshot its step takes (one parameter-sized buffer each);
+- activations: the tensors autograd saves per token, counted layer by layer (`_saved_per_token`), for each
+  micro-batch in flight on stage s: min(P - s, m) under both 1F1B and 2BW; a stage's output activation is held
+  too until its gradient returns, and the last stage keeps its logits.
+It ignores allocator slack, framework workspaces and communication buffers other than those named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+GIB = 2**30
+
+
+@dataclass
+class LayerShape:
+    """Parameter and activation facts of one layer of the GPT's layer list."""
+
+    kind: str  # embedding, block, head
+    params: int
+    active: int  # parameters one token uses (experts: only its top-k)
+    hidden: int  # parameters Muon orthogonalises (block matrices, expert stacks)
+    router: int = 0  # MoE router parameters (AdamW unless optimizer.muon_router)
+    matrices: list[tuple[int, int, int]] = field(default_factory=list)  # (count, rows, cols) of 2-D weights
+
+
+def _vocab(cfg: Any) -> int:
+    return int(cfg.model.vocab_size or cfg.tokenizer.vocab_size)
+
+
+def layer_shapes(m: Any, vocab: int) -> list[LayerShape]:
+    """``[embedding, block x n_layer, head]`` of a `ModelConfig`-shaped ``m``, as `asyncpipe.model.build_layers` makes them."""
+    d, hd = m.d_model, m.d_model // m.n_head
+    kvd = (m.n_kv_head or m.n_head) * hd
+    attn = [(1, d, d), (2, kvd, d), (1, d, d)]  # q, (k, v), o
+    attn_params = 2 * d * d + 2 * kvd * d + 2 * d  # + the two norms
+    moe = getattr(m, "moe", None)
+    if moe is not None and moe.experts:
+        e, k, de = moe.experts, moe.top_k, moe.d_expert or m.d_ff
+        expert = 3 * d * de
+        shared = expert if moe.shared_expert else 0
+        router = e * d
+        params = attn_params + router + e * expert + shared
+        active = attn_params + router + k * expert + shared
+        hidden = params - 2 * d - router
+        mats = attn + [(3 * e + (3 if shared else 0), de, d), (1, e, d)]
+    else:
+        params = active = attn_params + 3 * d * m.d_ff
+        hidden = params - 2 * d
+        mats = attn + [(3, m.d_ff, d)]
+        router = 0
+    emb = vocab * d
+    head = d + (0 if m.tie_embeddings else vocab * d)
+    return (
+        [LayerShape("embedding", emb, emb, 0, [(1, vocab, d)])]
+        + [LayerShape("block", params, active, hidden, mats, router) for _ in range(m.n_layer)]
+        + [LayerShape("head", head, head, 0, [] if m.tie_embeddings else [(1, vocab, d)])]
+    )
+
+
+def model_params(m: Any, vocab: int) -> tuple[int, int]:
+    """(total, active per token) parameters of the model (a tied embedding counted once)."""
+    shapes = layer_shapes(m, vocab)
+    return sum(s.params for s in shapes), sum(s.active for s in shapes)
+
+
+def _saved_per_token(m: Any, kind: str, vocab: int, bf16: bool) -> float:
+    """Bytes autograd keeps per token for one layer's backward (measured layer by layer with saved-tensor hooks
+    on CPU fp32; under bf16 autocast the matmul inputs and outputs are bf16, norms and residuals fp32)."""
+    d, h = m.d_model, m.n_head
+    kvd = (m.n_kv_head or m.n_head) * (d // h)
+    lo = 2 if bf16 else 4  # bytes of a tensor saved around a matmul
+    if kind == "embedding":
+        return 8.0  # the token ids
+    if kind == "head":
+        # norm input, normalised, output (+ bf16 copy); log-softmax output (fp32); logits held by the loss stage
+        return 3 * d * 4 + (d * 2 if bf16 else 0) + vocab * 4 + vocab * lo + 8
+    norm = 3 * d * 4 + 4 + (d * 2 if bf16 else 0)  # input, normalised, output, rstd (+ bf16 copy for matmuls)
+    attn = (2 * d + 2 * kvd) * lo + h * 4  # q, k, v after RoPE, the output (o's input); logsumexp
+    moe = getattr(m, "moe", None)
+    if moe is not None and moe.experts:
+        e, k, de = moe.experts, moe.top_k, moe.d_expert or m.d_ff
+        # logits, probs, two logsumexp/sum scalars; per assignment: top-k value, index, sort order, token, weight
+        router = 2 * e * 4 + (e * lo if bf16 else 0) + 8 + k * (4 + 8 + 8 + 8 + 4)
+        experts = k * (3 * d + 4 * de) * lo  # gathered inputs, SwiGLU internals, outputs before and after weighting
+        shared = 4 * de * lo if moe.shared_expert else 0
+        mlp = router + experts + shared
+    else:
+        mlp = 4 * m.d_ff * lo  # gate and up outputs, silu, down's input
+    return 2 * norm + attn + mlp
+
+
+@dataclass
+class StagePlan:
+    stage: int
+    layers: tuple[int, int]  # [first, last) index into the layer list
+    params: int
+    versions: int
+    weights: float  # bytes
+    grads: float
+    optimizer: float
+    ef: float
+    in_flight: int
+    act_per_micro_batch: float  # bytes at the configured micro-batch size
+    activations: float
+    total: float
+    max_micro_batch: int  # largest micro-batch size whose total fits the budget (0: none)
+
+
+@dataclass
+class Plan:
+    model: str
+    total_params: int
+    active_params: int
+    stages: list[StagePlan]
+    schedule: str  # 1F1B or 2BW
+    gpu_mem_gib: float
+    notes: list[str]
+
+    @property
+    def fits(self) -> bool:
+        return all(s.total <= self.gpu_mem_gib * GIB for s in self.stages)
+
+
+def _optimizer_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
+    name = cfg.optimizer.name
+    params = sum(s.params for s in shapes)
+    if name == "muon":
+        hidden = sum(s.hidden + (s.router if getattr(cfg.optimizer, "muon_router", False) else 0) for s in shapes)
+        return 4.0 * (hidden + 2 * (params - hidden))
+    if name == "soap":
+        precond = sum(2 * c * (r * r + k * k) for s in shapes for c, r, k in s.matrices)
+        return 4.0 * (2 * params + precond)
+    return 4.0 * 2 * params  # adamw, nadam
+
+
+def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
+    """The memory plan of ``cfg`` (a composed config) as `engine=pipeline` would run it on P x D devices."""
+    from asyncpipe.errors import UserError
+    from asyncpipe.model.partition import partition
+
+    m, t, p = cfg.model, cfg.train, cfg.pipeline
+    if gpu_mem_gib <= 0:
+        raise UserError(f"--gpu-mem={gpu_mem_gib} must be > 0 (GiB per device)")
+    if p.stages > m.n_layer:
+        raise UserError(f"pipeline.stages={p.stages} exceeds the {m.n_layer} transformer blocks of model '{m.name}'")
+    vocab = _vocab(cfg)
+    shapes = layer_shapes(m, vocab)
+    P, delay = p.stages, min(int(cfg.delay), 1)
+    versions = 1 + int(cfg.delay)
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cfg.device != "cpu")  # a plan is for GPUs
+    tokens = t.micro_batch_size * t.seq_len
+    deferred = delay == 1 and p.clip == "global" and t.grad_clip > 0 and P > 1 and p.defer_step is not False
+    parts = partition(len(shapes), P)
+    budget = gpu_mem_gib * GIB
+    stages = []
+    for s in range(P):
+        own = shapes[parts[s] : parts[s + 1]]
+        n = sum(x.params for x in own)
+        w = 4.0 * n
+        grads = w * ((2 if deferred else 1) + (1 if p.data_parallel > 1 else 0))
+        opt = _optimizer_bytes(cfg, own)
+        ef = 2 * w if cfg.optimizer.ef.enabled else 0.0
+        per_token = sum(_saved_per_token(m, x.kind, vocab, bf16) for x in own)
+        if s < P - 1:
+            per_token += m.d_model * (2 if bf16 else 4)  # the output activation, held until its gradient returns
+        in_flight = min(P - s, t.micro_batches)
+        act = per_token * tokens
+        static = versions * w + grads + opt + ef
+        fit = int((budget - static) // (per_token * t.seq_len * in_flight)) if budget > static else 0
+        stages.append(StagePlan(s, (parts[s], parts[s + 1]), n, versions, versions * w, grads, opt, ef, in_flight,
+                                act, act * in_flight, static + act * in_flight, max(0, fit)))  # fmt: skip
+    total, active = model_params(m, vocab)
+    notes = []
+    if cfg.delay > 1:
+        notes.append(f"delay={cfg.delay} runs only in the simulator; weights counted as {versions} versions")
+    if deferred:
+        notes.append("2BW defers each step past the next batch's first backward: two gradient buffers")
+    return Plan(m.name, total, active, stages, "2BW" if cfg.delay else "1F1B", gpu_mem_gib, notes)
+
+
+def render(pl: Plan, cfg: Optional[Any] = None) -> str:
+    """The plan as a text table (GiB), one row per stage."""
+    g = lambda b: f"{b / GIB:.3f}" if b < 10 * GIB else f"{b / GIB:.1f}"  # noqa: E731
+    lines = [f"model {pl.model}: {pl.total_params / 1e6:,.2f}M parameters, {pl.active_params / 1e6:,.2f}M active per token"]
+    if cfg is not None:
+        t, p, o = cfg.train, cfg.pipeline, cfg.optimizer
+        lines.append(
+            f"{pl.schedule} on {p.stages} stages x {p.data_parallel} replicas | micro-batch {t.micro_batch_size} x "
+            f"{t.seq_len} tokens, {t.micro_batches} per step | {o.name}{' + EF' if o.ef.enabled else ''} | "
+            f"budget {pl.gpu_mem_gib:g} GiB per device"
+        )
+    head = ("stage", "layers", "params", "ver", "weights", "grads", "optim", "EF", "in-flight", "activ", "total",
+            "fits", "max mb")  # fmt: skip
+    rows = [head]
+    for s in pl.stages:
+        ok = s.total <= pl.gpu_mem_gib * GIB
+        rows.append((str(s.stage), f"{s.layers[0]}-{s.layers[1] - 1}", f"{s.params / 1e6:.2f}M", str(s.versions),
+                     g(s.weights), g(s.grads), g(s.optimizer), g(s.ef), str(s.in_flight), g(s.activations),
+                     g(s.total), "yes" if ok else "NO", str(s.max_micro_batch)))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.append("GiB per device; in-flight: micro-batches whose activations a stage holds (min(P - s, m));")
+    lines.append("max mb: the largest micro-batch size (sequences) whose total fits the budget.")
+    lines += [f"note: {n}" for n in pl.notes]
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""The prepared GPU check (`make gpu-check`): on a machine with CUDA, in a few minutes,
+
+1. trains `135m` in the simulator with bf16 autocast and reports tokens/s and MFU;
+2. checks that `tiny` trains to the same losses on CPU and CUDA for 5 steps (fp32, AdamW; relative tolerance
+   LOSS_RTOL per step: different kernels sum in different orders, nothing else may differ);
+3. runs the pipeline engine (2 stages, 2BW, `tiny`, fp32) against the simulator on CUDA when >= 2 GPUs are
+   visible, and says it skipped that otherwise.
+
+It exits 1 with one line on a machine without a CUDA device. Results also go to
+benchmarks/results/gpu-check.json.
+
+MFU = model FLOPs per token x tokens/s / the card's dense bf16 peak (PEAK_TFLOPS, by device name; --peak-tflops
+overrides). Model FLOPs per token (PaLM's convention, training = forward + backward = 3 x forward):
+    6 * N_matmul + 12 * n_layer * d_model * seq_len
+with N_matmul the weights a token multiplies by (attention and MLP/expert-active matrices of every block, plus the
+output head; not the embedding lookup), and the second term the attention scores and weighted values counted
+over the full (not causal) T x T matrix.
+
+    .venv/bin/python benchmarks/gpu_check.py [--compile] [--steps 30] [--micro-batch-size 16] [--seq-len 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "benchmarks" / "results" / "gpu-check.json"
+LOSS_RTOL = 2e-3  # CPU vs CUDA, fp32, per step of the first 5
+PIPE_RTOL = 1e-3  # pipeline vs simulator on CUDA (NCCL vs one process: summation order only)
+# Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets; first match wins.
+PEAK_TFLOPS = [
+    ("GH200", 989.0), ("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0),
+    ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("RTX 4090", 165.0),
+    ("A6000", 155.0),
+]  # fmt: skip
+
+
+def peak_tflops(device_name: str) -> Optional[float]:
+    for key, tflops in PEAK_TFLOPS:
+        if key.lower() in device_name.lower():
+            return tflops
+    return None
+
+
+def flops_per_token(model: Any, vocab: int, seq_len: int) -> float:
+    """6 N_matmul + 12 L d T (see the module docstring)."""
+    from asyncpipe.plan import layer_shapes
+
+    norms = 2 * model.d_model
+    blocks = sum(s.active - norms for s in layer_shapes(model, vocab) if s.kind == "block")  # MoE: router + top-k
+    n_matmul = blocks + vocab * model.d_model  # head (tied or not, it is a matmul)
+    return 6.0 * n_matmul + 12.0 * model.n_layer * model.d_model * seq_len
+
+
+def _cfg(overrides: list[str]) -> Any:
+    from asyncpipe.config import compose
+
+    return compose(["train.eval_every=100000", "run.dir=unused"] + overrides)
+
+
+def train_135m(args: argparse.Namespace, log: Any) -> dict:
+    import torch
+
+    from asyncpipe.train.loop import Trainer
+
+    cfg = _cfg(["model=135m", "device=cuda", "precision=bf16", "optimizer=adamw", f"train.steps={args.steps}",
+                f"train.micro_batch_size={args.micro_batch_size}", f"train.seq_len={args.seq_len}",
+                "train.micro_batches=1"])  # fmt: skip
+    trainer = Trainer(cfg)
+    if args.compile:
+        trainer.model = torch.compile(trainer.model)  # same parameters: the optimizer and delay still hold them
+    warm = min(5, args.steps // 3)
+    losses = []
+    for _ in range(warm):
+        losses.append(trainer.train_step().train_loss)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.steps - warm):
+        losses.append(trainer.train_step().train_loss)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    tokens_per_s = trainer.tokens_per_step * (args.steps - warm) / seconds
+    name = torch.cuda.get_device_name()
+    peak = args.peak_tflops or peak_tflops(name)
+    fpt = flops_per_token(cfg.model, trainer.vocab_size, args.seq_len)
+    mfu = fpt * tokens_per_s / (peak * 1e12) if peak else None
+    out = {"device": name, "peak_tflops": peak, "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "mfu": mfu,
+           "compile": args.compile, "micro_batch_size": args.micro_batch_size, "seq_len": args.seq_len,
+           "first_loss": losses[0], "last_loss": losses[-1],
+           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}  # fmt: skip
+    mfu_text = f"MFU {mfu:.1%} of {peak:g} TFLOP/s" if mfu is not None else f"MFU unknown ({name} not in the table; --peak-tflops)"
+    log(f"135m bf16 simulator: {tokens_per_s:,.0f} tokens/s, {mfu_text}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    if not all(math.isfinite(x) for x in losses) or losses[-1] >= losses[0]:
+        raise SystemExit("FAIL: 135m did not train (loss not finite or not falling)")
+    return out
+
+
+def cpu_vs_cuda(log: Any) -> dict:
+    from asyncpipe.train.loop import Trainer
+
+    runs = {}
+    for device in ("cpu", "cuda"):
+        trainer = Trainer(_cfg(["model=tiny", f"device={device}", "precision=fp32", "optimizer=adamw",
+                                "train.steps=5"]))  # fmt: skip
+        runs[device] = [trainer.train_step().train_loss for _ in range(5)]
+    worst = max(abs(a - b) / abs(a) for a, b in zip(runs["cpu"], runs["cuda"]))
+    ok = worst <= LOSS_RTOL
+    log(f"tiny CPU vs CUDA, 5 steps fp32: worst relative loss difference {worst:.2e} (tolerance {LOSS_RTOL:g}) "
+        f"{'ok' if ok else 'FAIL'}")  # fmt: skip
+    if not ok:
+        raise SystemExit(f"FAIL: CPU {runs['cpu']} vs CUDA {runs['cuda']}")
+    return {"cpu": runs["cpu"], "cuda": runs["cuda"], "worst_rel": worst, "rtol": LOSS_RTOL}
+
+
+def pipeline(log: Any) -> dict:
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        log(f"pipeline engine: skipped ({torch.cuda.device_count()} GPU visible; it needs 2)")
+        return {"skipped": True}
+    from omegaconf import OmegaConf
+
+    from asyncpipe.pipe.local import launch_many
+    from asyncpipe.train.loop import Trainer
+
+    cfg = _cfg(["model=tiny", "engine=pipeline", "device=cuda", "precision=fp32", "optimizer=adamw", "delay=1",
+                "pipeline.stages=2", "train.steps=20", "train.micro_batches=4"])  # fmt: skip
+    started = time.perf_counter()
+    (result,) = launch_many([cfg], run_dirs=[None], timeout_s=240)
+    wall = time.perf_counter() - started
+    trainer = Trainer(OmegaConf.merge(cfg, {"engine": "simulate"}))
+    sim = [trainer.train_step().train_loss for _ in range(20)]
+    pipe = [h["train_loss"] for h in result["history"]]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(pipe, sim))
+    ok = result["status"] == "completed" and len(pipe) == 20 and worst <= PIPE_RTOL
+    log(f"pipeline engine, 2 GPUs, 2BW tiny 20 steps: {wall:.0f} s, worst relative loss difference to the simulator "
+        f"{worst:.2e} (tolerance {PIPE_RTOL:g}) {'ok' if ok else 'FAIL'}")  # fmt: skip
+    if not ok:
+        raise SystemExit(f"FAIL: pipeline {pipe} vs simulator {sim} (status {result['status']})")
+    return {"skipped": False, "worst_rel": worst, "wall_s": wall}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description="The prepared GPU check: throughput/MFU, CPU-vs-CUDA losses, pipeline.")
+    ap.add_argument("--steps", type=int, default=30, help="135m optimizer steps (the first 5 are warm-up)")
+    ap.add_argument("--micro-batch-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the 135m model")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, if not in the table")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"gpu-check: FAIL: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
+              "run it on a machine with an NVIDIA GPU and a CUDA build of torch", file=sys.stderr)  # fmt: skip
+        return 1
+    started = time.perf_counter()
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    result = {"throughput": train_135m(args, log), "cpu_vs_cuda": cpu_vs_cuda(log), "pipeline": pipeline(log)}
+    result["wall_s"] = time.perf_counter() - started
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    tmp = OUT.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(OUT)
+    log(f"gpu-check: ok in {result['wall_s']:.0f} s; wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

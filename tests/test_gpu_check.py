@@ -1,0 +1,37 @@
+"""The prepared GPU check: on a machine without CUDA it fails with one clear line; its FLOPs formula by hand."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncpipe.config import compose
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: `make gpu-check` runs for real")
+def test_fails_clearly_without_a_gpu() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("gpu-check: FAIL: no CUDA device")
+
+
+def test_flops_per_token_and_peak_table() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        from gpu_check import flops_per_token, peak_tflops
+    finally:
+        sys.path.remove(str(BENCH))
+    m = compose(["model=tiny"]).model  # d 64, kv 32, d_ff 176, 4 blocks
+    per_block = 64 * 64 * 2 + 2 * 32 * 64 + 3 * 64 * 176
+    assert flops_per_token(m, 256, 128) == 6 * (4 * per_block + 256 * 64) + 12 * 4 * 64 * 128
+    moe = compose(["model=moe_tiny"]).model  # 4 experts of width 96, top-2, router 4 x 64
+    per_block = 64 * 64 * 2 + 2 * 32 * 64 + 4 * 64 + 2 * 3 * 64 * 96
+    assert flops_per_token(moe, 256, 128) == 6 * (4 * per_block + 256 * 64) + 12 * 4 * 64 * 128
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0 and peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and peak_tflops("Some New Card") is None

@@ -1,0 +1,102 @@
+"""`asyncpipe plan`: parameter counts equal the built model's (every preset, on the meta device, per stage),
+activations equal what autograd really saves, and the schedule arithmetic (versions, in-flight, max micro-batch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncpipe.config import compose
+from asyncpipe.errors import UserError
+from asyncpipe.model import GPT, build_layers, count_parameters, lm_loss, partition
+from asyncpipe.plan import GIB, model_params, plan
+from helpers import asyncpipe
+
+PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_plan_counts_the_parameters_the_model_builds(name: str) -> None:
+    cfg = compose([f"model={name}"])
+    vocab = cfg.model.vocab_size or cfg.tokenizer.vocab_size
+    with torch.device("meta"):
+        model = GPT(cfg.model, vocab)
+    total, active = model_params(cfg.model, vocab)
+    assert total == count_parameters(model)
+    moe = cfg.model.moe
+    if moe.experts:  # a token skips E - k experts' SwiGLU in every block
+        skipped = (moe.experts - moe.top_k) * 3 * cfg.model.d_model * (moe.d_expert or cfg.model.d_ff)
+        assert active == total - cfg.model.n_layer * skipped
+    else:
+        assert active == total
+
+
+def test_moe_10b_is_ten_billion_total() -> None:
+    total, active = model_params(compose(["model=moe_10b"]).model, 49152)
+    assert abs(total - 10e9) / 10e9 < 0.05 and 1.5e9 < active < 2e9
+
+
+@pytest.mark.parametrize("name,stages", [("moe_tiny", 2), ("mini", 4)])
+def test_stage_parameters_and_schedule_arithmetic(name: str, stages: int) -> None:
+    over = [f"model={name}", f"pipeline.stages={stages}", "train.micro_batches=3", "optimizer=muon_ef", "device=cpu"]
+    one, two = plan(compose(over + ["delay=0"])), plan(compose(over + ["delay=1"]))
+    cfg = compose(over)
+    parts = partition(cfg.model.n_layer + 2, stages)
+    for s, (a, b) in enumerate(zip(one.stages, two.stages)):
+        with torch.device("meta"):
+            layers = build_layers(cfg.model, 256, indices=range(parts[s], parts[s + 1]))
+        assert a.params == sum(count_parameters(x) for x in layers if x is not None)
+        assert (a.versions, b.versions) == (1, 2) and b.weights == 2 * a.weights == 2 * 4 * a.params
+        assert a.in_flight == b.in_flight == min(stages - s, 3)
+        assert a.ef == b.ef == 2 * 4 * a.params  # u(t-1) and the step's snapshot
+
+
+def _saved_activation_bytes(model: GPT, ids: torch.Tensor) -> int:
+    """Bytes of the distinct non-parameter storages autograd saves for one forward + loss."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(ids)
+        lm_loss(logits, ids)
+    return sum(seen.values()) + logits.numel() * 4  # the loss stage also holds its logits until backward
+
+
+@pytest.mark.parametrize("name", ["small", "moe_tiny", "moe_mini"])
+def test_activation_model_matches_what_autograd_saves(name: str) -> None:
+    cfg = compose([f"model={name}", "pipeline.stages=1", "train.micro_batch_size=2", "train.seq_len=64",
+                   "device=cpu", "precision=fp32"])  # fmt: skip
+    model = GPT(cfg.model, 256)
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    measured = _saved_activation_bytes(model, ids)
+    planned = plan(cfg).stages[0].act_per_micro_batch
+    assert planned == pytest.approx(measured, rel=0.05)
+
+
+def test_max_micro_batch_is_the_largest_that_fits() -> None:
+    over = ["model=moe_10b", "pipeline.stages=8", "delay=1", "optimizer=muon_ef", "train.seq_len=2048",
+            "train.micro_batches=16"]  # fmt: skip
+    base = plan(compose(over + ["train.micro_batch_size=1"]), gpu_mem_gib=80)
+    for s in base.stages:
+        at = plan(compose(over + [f"train.micro_batch_size={s.max_micro_batch}"]), 80).stages[s.stage]
+        above = plan(compose(over + [f"train.micro_batch_size={s.max_micro_batch + 1}"]), 80).stages[s.stage]
+        assert at.total <= 80 * GIB < above.total
+    with pytest.raises(UserError, match="exceeds"):
+        plan(compose(["model=tiny", "pipeline.stages=5"]))
+
+
+def test_cli_prints_a_row_per_stage() -> None:
+    proc = asyncpipe("plan", "model=moe_10b", "pipeline.stages=8", "delay=1", "optimizer=muon_ef", "--gpu-mem", "80")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "10,118.33M parameters" in lines[0] and "2BW on 8 stages" in lines[1]
+    rows = [ln.split() for ln in lines[3:11]]
+    assert [r[0] for r in rows] == [str(s) for s in range(8)] and all(r[3] == "2" for r in rows)
