@@ -46,9 +46,14 @@ def train(overrides: Optional[List[str]] = OVERRIDES) -> None:
     from asyncpipe.config import compose
     from asyncpipe.run import run_training
 
+    from asyncpipe.dist import rank_env
+    from asyncpipe.track.provenance import recorded
+
     cfg = compose(overrides or [])
     check_train_paths(cfg)
-    summary = run_training(cfg, overrides or [])
+    env = rank_env()
+    with recorded(cfg, overrides or [], rank=env[0] if env else 0):  # provenance.json and train.log in the run dir
+        summary = run_training(cfg, overrides or [])
     raise typer.Exit(summary.get("exit_code", 0))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
@@ -459,3 +460,14 @@ def test_gap_plot_points_are_paired_per_seed_differences(sweep):
     assert close(gap.loc[5000, "mean"], exp["gap"]) and close(gap.loc[5000, "std"], exp["gap_std"])
     train = smoothed_train(muon[muon["variant"] == "sync"])
     assert len(train) == 2 * len(EVAL_TOKENS) and close(train.iloc[0], 9.0) and train.iloc[-1] < 9.0  # EMA of 9, 1, 9, …
+
+
+def test_report_lists_code_states_and_warns_when_they_differ(tmp_path):
+    for i, commit in enumerate(("a" * 40, "b" * 40)):
+        write_run(tmp_path, f"r{i}", config("adamw", "sync", i), curve(3.0, EVAL_TOKENS), {"status": "completed"})
+        prov = {"git": {"commit": commit, "dirty": i == 1}, "versions": {"asyncpipe": "0.1.0", "torch": "2.13.0"}}
+        (tmp_path / f"r{i}" / "provenance.json").write_text(json.dumps(prov))
+    report = build_report(tmp_path)
+    assert any("2 different code states" in w for w in report.warnings)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "aaaaaaaaaa | asyncpipe 0.1.0 | torch 2.13.0 | 1 |" in md and "bbbbbbbbbb (dirty)" in md

@@ -307,3 +307,29 @@ def test_sync(clean_wandb_env, tmp_path, monkeypatch):
     Done.returncode, Done.stderr = 1, "error: api key not configured"
     with pytest.raises(UserError, match="wandb sync failed"):
         sync(tmp_path)
+
+
+def test_train_records_provenance_and_train_log(tmp_path):
+    """`asyncpipe train` leaves the overrides as typed, the command line, the code's commit and the library versions
+    in provenance.json, and its progress lines in train.log; a resume adds its own start."""
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    overrides = ["train.steps=2", "train.eval_every=1", "train.log_every=1", f"run.dir={run}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", "asyncpipe", "train", *overrides], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    prov = json.loads((run / "provenance.json").read_text())
+    assert prov["overrides"] == overrides and "asyncpipe train train.steps=2" in prov["command"]
+    assert prov["versions"]["torch"] and prov["versions"]["hydra-core"] and "wandb" in prov["versions"]
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / ".git").exists():
+        assert len(prov["git"]["commit"]) == 40 and isinstance(prov["git"]["dirty"], bool)
+    log = (run / "train.log").read_text()
+    assert "step 1/2" in log and "step 2/2" in log and "completed: final val loss" in log
+    bad = subprocess.run([sys.executable, "-m", "asyncpipe", "train", "train.steps=2", f"run.dir={tmp_path / 'x'}",
+                          "optimizer.lr=-1"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and not (tmp_path / "x").exists()  # a refused run leaves no run dir behind

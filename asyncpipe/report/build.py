@@ -54,6 +54,10 @@ def assemble(
     named = named or (sorted(dict.fromkeys(runs["variant"]), key=natural) if runs["variant_named"].any() else None)
     cells, groups, warnings = compute_cells(runs, curves, grouping, named, reference)
     warnings += [f"run {r}: {n}" for r, n in zip(runs["run"], runs["note"]) if n]
+    codes = runs["code"].fillna("unrecorded") if "code" in runs else pd.Series(dtype=object)
+    if codes.nunique() > 1:
+        warnings.append(f"the runs come from {codes.nunique()} different code states (commit, dirty flag or library "
+                        "versions; see Provenance): their differences may be the code's, not the settings'")
     report = Report(source, runs, curves, cells, grouping, groups, warnings, out_dir,
                     command=command or f"asyncpipe report {source}", sweeps=sweeps or [])  # fmt: skip
     if out_dir is not None:
@@ -159,6 +163,12 @@ def run_table(report: Report) -> pd.DataFrame:
     return table.astype(object).where(table.notna(), "").set_index("run")
 
 
+def provenance_table(report: Report) -> pd.DataFrame:
+    codes = report.runs["code"].fillna("unrecorded") if "code" in report.runs else pd.Series(["unrecorded"] * len(report.runs))
+    table = pd.DataFrame({"code (commit | versions)": codes.values, "runs": 1}).groupby("code (commit | versions)").sum()
+    return table
+
+
 def paired_table(report: Report) -> pd.DataFrame:
     """For each `X+...` variant (EF): its run minus the same seed's X run, mean ± std over seeds."""
     cells = report.cells
@@ -197,6 +207,9 @@ def to_markdown(report: Report) -> str:
         "![loss gap to the reference vs tokens](gap_vs_tokens.png)\n",
         "## Runs\n",
         _md_table(run_table(report)) + "\n",
+        "## Provenance\n",
+        "The code each run came from (its `provenance.json`: git commit, dirty flag, library versions).\n",
+        _md_table(provenance_table(report)) + "\n",
         f"Long-form numbers (full precision): `gaps.csv`. Regenerate: `{report.command}`.\n",
     ]
     return "\n".join(parts)

@@ -17,6 +17,7 @@ from asyncpipe.errors import UserError
 from asyncpipe.status import COMPLETED
 from asyncpipe.report.groups import flatten
 from asyncpipe.track.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, parse_metrics_lines
+from asyncpipe.track.provenance import PROVENANCE_FILE
 
 # Frame column -> dotted key in the composed config.
 AXES = {
@@ -34,7 +35,7 @@ AXES = {
     "seed": "seed",
 }
 RUN_COLUMNS = ["run", "path", *AXES, "variant", "variant_named", "sweep", "status", "final_tokens", "summary_val_loss",
-               "note", "config", "train"]
+               "note", "config", "train", "code"]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
 MANIFEST = "sweep.json"
 RETIRED = ".retired"  # failed attempts a sweep moved aside (--retry-failed): not runs of the sweep
@@ -158,7 +159,21 @@ def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
         metrics = parse_metrics_lines(text, str(run / METRICS_FILE))
         if text.strip() and not text.endswith("\n") and len(metrics) < len([x for x in text.split("\n") if x.strip()]):
             note = f"last line of {METRICS_FILE} is cut off (a crash mid-write): ignored, the {len(metrics)} lines before it are used"
-    return run_record(name, str(run), config, summary, metrics, note)
+    row, curve = run_record(name, str(run), config, summary, metrics, note)
+    row["code"] = code_of(run)
+    return row, curve
+
+
+def code_of(run: Path) -> str:
+    """The code a run came from, from its provenance.json: `commit[+dirty] | package versions`, or "unrecorded"."""
+    try:
+        prov = json.loads((run / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "unrecorded"
+    git = prov.get("git") or {}
+    commit = (git.get("commit") or "no git")[:10] + (" (dirty)" if git.get("dirty") else "")
+    versions = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items() if v and k != "asyncpipe")
+    return f"{commit} | asyncpipe {(prov.get('versions') or {}).get('asyncpipe')} | {versions}"
 
 
 def named_variants(root: Path) -> list[str]:

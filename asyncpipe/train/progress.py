@@ -26,10 +26,14 @@ class Progress:
         info = f"loss {metrics['train_loss']:.4f}" + (
             f" | val {metrics['val_loss']:.4f}" if "val_loss" in metrics else ""
         ) + f" | {metrics['tokens_per_s']:.0f} tok/s"
+        due = step % self.every == 0 or step == self.total or "val_loss" in metrics
+        line = f"step {step}/{self.total} | {info}"
         if self.bar is not None:
             self.bar.update(self.task, completed=step, info=info)
-        elif step % self.every == 0 or step == self.total or "val_loss" in metrics:
-            print(f"step {step}/{self.total} | {info}", flush=True)
+            if due and hasattr(sys.stdout, "log_only"):  # the run's train.log gets the plain line (track.provenance)
+                sys.stdout.log_only(line)
+        elif due:
+            print(line, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

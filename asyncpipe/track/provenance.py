@@ -1,0 +1,134 @@
+"""Where a run came from: `provenance.json` (overrides as typed, command line, git commit and dirty flag, library
+versions) and `train.log` (the progress lines the run printed), both in the run dir.
+
+`asyncpipe train` wraps a run in `recorded(cfg, overrides)`: the provenance is written once the run dir exists
+(a resumed run appends its own start under "resumed"), and stdout's plain lines are copied into train.log.
+Never imports torch: versions come from the installed package metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from contextlib import contextmanager
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence, TextIO
+
+from asyncpipe.track.files import atomic_write_json, redact_secrets
+
+PROVENANCE_FILE = "provenance.json"
+TRAIN_LOG = "train.log"
+PACKAGES = ("asyncpipe", "torch", "deepspeed", "hydra-core", "omegaconf", "wandb", "numpy")
+
+
+def git_state(path: Path) -> Optional[dict]:
+    """{"commit", "dirty"} of the git checkout holding `path`, or None (an installed package, no git)."""
+    def git(*args: str) -> Optional[str]:
+        try:
+            out = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def versions() -> dict[str, Optional[str]]:
+    out: dict[str, Optional[str]] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def provenance(overrides: Sequence[str]) -> dict[str, Any]:
+    argv = getattr(sys, "orig_argv", sys.argv)
+    return {
+        "started": datetime.now().isoformat(timespec="seconds"),
+        "overrides": list(overrides),
+        "command": redact_secrets(shlex.join(argv)),
+        "cwd": os.getcwd(),
+        "host": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "git": git_state(Path(__file__).resolve().parent),
+        "versions": versions(),
+    }
+
+
+def write_provenance(run_dir: Path, record: dict) -> None:
+    """Write provenance.json; when one is there (a resume), keep it and add this start under "resumed"."""
+    path = Path(run_dir) / PROVENANCE_FILE
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = None
+    if isinstance(old, dict):
+        old.setdefault("resumed", []).append(record)
+        record = old
+    atomic_write_json(path, record)
+
+
+class LogTee:
+    """Stands in for sys.stdout: writes through, and appends each plain line (no terminal control codes) to
+    train.log once the run dir exists (lines printed before are kept and written then)."""
+
+    def __init__(self, stream: TextIO, run_dir: Path, record: Optional[dict] = None) -> None:
+        self.stream, self.run_dir = stream, Path(run_dir)
+        self.record = record  # provenance, written with the first line that finds the run dir
+        self.pending: list[str] = []
+        self.partial = ""
+
+    def write(self, text: str) -> int:
+        n = self.stream.write(text)
+        self.partial += text
+        *lines, self.partial = self.partial.split("\n")
+        self.log_only(*(line for line in lines if "\x1b" not in line and "\r" not in line))
+        return n
+
+    def log_only(self, *lines: str) -> None:
+        """Append lines to train.log only (a progress bar's plain twin)."""
+        self.pending.extend(lines)
+        if self.record is not None and self.run_dir.is_dir():
+            write_provenance(self.run_dir, self.record)
+            self.record = None
+        if self.pending and self.run_dir.is_dir():
+            with open(self.run_dir / TRAIN_LOG, "a", encoding="utf-8") as f:
+                f.write("".join(redact_secrets(line) + "\n" for line in self.pending))
+            self.pending.clear()
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def recorded(cfg: Any, overrides: Sequence[str], rank: int = 0) -> Iterator[None]:
+    """Record provenance and train.log for the run in cfg.run.dir (rank 0 only)."""
+    if rank != 0:
+        yield
+        return
+    tee = LogTee(sys.stdout, Path(cfg.run.dir), provenance(overrides))
+    sys.stdout = tee  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = tee.stream
+        # Only into a run dir the run made: a user error leaves none behind, and none is made here.
+        tee.log_only(*([tee.partial] if tee.partial.strip() else []))
