@@ -20,15 +20,17 @@ BASE = [
     "pipeline.threads=1", "run.dir=unused",
 ]  # fmt: skip
 OPTIMIZERS = ["adamw", "muon", "muon_ef"]
+# Staleness mitigations that fit the 2BW budget (EF itself is muon_ef above); weight_prediction does not.
+COMPENSATIONS = ["ef_adaptive", "nag_lookahead", "dc", "basis_rotation", "stage_lr"]
 
 
-def _cfg(stages: int, replicas: int, delay: int, optimizer: str, micro_batches: int):
+def _cfg(stages: int, replicas: int, delay: int, optimizer: str, micro_batches: int, compensation: str = "none"):
     from asyncpipe.config import compose
 
     return compose(
         BASE
         + [f"pipeline.stages={stages}", f"pipeline.data_parallel={replicas}", f"delay={delay}"]
-        + [f"optimizer={optimizer}", f"train.micro_batches={micro_batches}"]
+        + [f"optimizer={optimizer}", f"train.micro_batches={micro_batches}", f"compensation={compensation}"]
     )
 
 
@@ -90,6 +92,25 @@ def four_stage():
 def data_parallel():
     cfgs = [_cfg(2, 2, 0, "adamw", 2), _cfg(2, 2, 1, "adamw", 2), _cfg(2, 2, 1, "muon_ef", 2)]
     return cfgs, _launch(cfgs)
+
+
+@pytest.fixture(scope="module")
+def compensated():
+    cfgs = [_cfg(2, 1, 1, "adamw", 4, compensation=c) for c in COMPENSATIONS]
+    return cfgs, _launch(cfgs)
+
+
+@pytest.mark.parametrize("i", range(len(COMPENSATIONS)))
+def test_compensations_in_2bw_match_simulator(compensated, i):
+    cfgs, results = compensated
+    _check(cfgs[i], results[i], rtol=1e-5)
+
+
+def test_compensation_that_does_not_fit_2bw_is_refused():
+    from asyncpipe.errors import UserError
+
+    with pytest.raises(UserError, match="weight_prediction does not run in engine=pipeline"):
+        _launch([_cfg(2, 1, 1, "adamw", 4, compensation="weight_prediction")])
 
 
 @pytest.mark.parametrize("i", range(6))

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from asyncpipe.config.validate import suggest_key, validate
 from asyncpipe.errors import ConfigError
 
-GROUPS = ("model", "optimizer", "tokenizer", "data", "launcher")
+GROUPS = ("model", "optimizer", "compensation", "tokenizer", "data", "launcher")
 
 
 def conf_dir() -> Path:

@@ -64,6 +64,65 @@ class OptimizerConfig:
 
 
 @dataclass
+class EFCompensation:
+    lam: float = 1.0  # EF strength lambda (>= 0): x -= u(t-1) + lam * (u(t-1) - u(t-2))
+    schedule: str = "constant"  # constant, or warmup: lam * min(1, (t+1) / warmup_steps)
+    warmup_steps: int = 0  # steps of the linear lambda warm-up (schedule=warmup)
+
+
+@dataclass
+class AdaptiveEFCompensation:
+    lam_init: float = 1.0  # lambda until two update differences exist
+    lam_max: float = 2.0  # upper clamp of the per-step lambda (the rule gives [0, k])
+    beta: float = 0.9  # EMA decay of the update-difference statistics
+    scope: str = "tensor"  # one lambda per tensor, per param group, or for the whole model (engine=pipeline: tensor)
+
+
+@dataclass
+class NAGCompensation:
+    gamma: float = 0.9  # look-ahead momentum over applied updates (0 = the plain optimizer)
+
+
+@dataclass
+class PredictionCompensation:
+    beta: float = 0.0  # EMA of the observed weight velocity (0 = the last step's change, SpecTrain-style)
+    horizon: float = 1.0  # extrapolate horizon * k steps ahead (1 = exactly the delay)
+
+
+@dataclass
+class DCCompensation:
+    lam: float = 2.0  # DC-ASGD lambda: g + lam(t) * g*g*(W(t) - W(t-k))
+    adaptive: bool = True  # DC-ASGD-a: lam(t) = lam / sqrt(EMA(g*g) + eps), elementwise
+    rho: float = 0.95  # EMA decay of g*g (adaptive)
+    eps: float = 1e-7
+
+
+@dataclass
+class RotationCompensation:
+    beta: float = 0.95  # EMA decay of the Kronecker factors G G^T and G^T G
+    every: int = 10  # steps between eigenbasis refreshes
+    max_dim: int = 4096  # matrices with a side above this are left unrotated
+
+
+@dataclass
+class StageLRCompensation:
+    power: float = 1.0  # lr of a parameter with delay k scaled by (1 + k) ** -power
+    anneal_steps: int = 0  # > 0: the exponent decays linearly to 0 over these steps (PipeMare); 0 = constant
+
+
+@dataclass
+class CompensationConfig:
+    name: str = "none"  # none, ef, ef_adaptive, nag_lookahead, weight_prediction, dc, basis_rotation, stage_lr
+    ef: EFCompensation = field(default_factory=EFCompensation)
+    adaptive: AdaptiveEFCompensation = field(default_factory=AdaptiveEFCompensation)
+    nag: NAGCompensation = field(default_factory=NAGCompensation)
+    prediction: PredictionCompensation = field(default_factory=PredictionCompensation)
+    dc: DCCompensation = field(default_factory=DCCompensation)
+    rotation: RotationCompensation = field(default_factory=RotationCompensation)
+    stage_lr: StageLRCompensation = field(default_factory=StageLRCompensation)
+
+
+@dataclass
 class TokenizerConfig:
     name: str = MISSING  # byte, bpe, gpt2
     vocab_size: int = 256  # bpe: vocabulary to train; byte/gpt2: fixed by the tokenizer
@@ -157,6 +216,7 @@ class LauncherConfig:
 class Config:
     model: ModelConfig = MISSING
     optimizer: OptimizerConfig = MISSING
+    compensation: CompensationConfig = field(default_factory=CompensationConfig)
     tokenizer: TokenizerConfig = MISSING
     data: DataConfig = MISSING
     launcher: LauncherConfig = MISSING

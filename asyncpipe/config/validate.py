@@ -20,6 +20,8 @@ CLIP_MODES = ("global", "stage")
 BACKENDS = ("auto", "gloo", "nccl")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 MUON_ADJUST_LR_FNS = ("original", "match_rms_adamw")  # torch.optim.Muon; null = original
+EF_SCHEDULES = ("constant", "warmup")
+ADAPTIVE_SCOPES = ("tensor", "group", "model")
 
 
 def _need(ok: bool, message: str) -> None:
@@ -79,6 +81,7 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.diagnostics.fresh_grad_every >= 0, "diagnostics.fresh_grad_every must be >= 0")
     if cfg.delay_profile == "pipedream":
         _need(cfg.delay == 1, f"delay_profile=pipedream delays stage s by P-1-s steps; use it with delay=1, got delay={cfg.delay}")
+    _validate_compensation(cfg)
     staged = cfg.engine == "pipeline" or cfg.delay_profile == "pipedream"
     if staged:
         _need(
@@ -181,3 +184,36 @@ def suggest_key(full_key: str) -> str:
             return ""
     prefix = "".join(f"{p}." for p in parents)
     return did_you_mean(full_key, [prefix + f.name for f in dataclasses.fields(node)])
+
+
+def _validate_compensation(cfg: DictConfig) -> None:
+    """Checks of the `compensation` group. The method names and whether one fits engine=pipeline belong to the
+    registry in `asyncpipe.optim.compensation` (one module + one YAML per method), which refuses unknown ones."""
+    c, o = cfg.compensation, cfg.optimizer
+    _need(
+        not (o.ef.enabled and c.name != "none"),
+        f"optimizer={o.name} with ef.enabled=true already is EF; use compensation={c.name} with a plain optimizer",
+    )
+    _need(c.ef.lam >= 0, f"compensation.ef.lam={c.ef.lam} must be >= 0")
+    _choice("compensation.ef.schedule", c.ef.schedule, EF_SCHEDULES)
+    _need(c.ef.warmup_steps >= 0, f"compensation.ef.warmup_steps={c.ef.warmup_steps} must be >= 0")
+    if c.name == "ef" and c.ef.schedule == "warmup":
+        _need(c.ef.warmup_steps >= 1, "compensation.ef.schedule=warmup needs compensation.ef.warmup_steps >= 1")
+    a = c.adaptive
+    _need(a.lam_init >= 0 and a.lam_max >= 0, "compensation.adaptive.lam_init and lam_max must be >= 0")
+    _need(0 <= a.beta < 1, f"compensation.adaptive.beta={a.beta} must be in [0, 1)")
+    _choice("compensation.adaptive.scope", a.scope, ADAPTIVE_SCOPES)
+    if c.name == "ef_adaptive" and cfg.engine == "pipeline":
+        _need(a.scope == "tensor", "engine=pipeline computes lambda per stage: use compensation.adaptive.scope=tensor")
+    _need(0 <= c.nag.gamma < 1, f"compensation.nag.gamma={c.nag.gamma} must be in [0, 1)")
+    _need(0 <= c.prediction.beta < 1, f"compensation.prediction.beta={c.prediction.beta} must be in [0, 1)")
+    _need(c.prediction.horizon >= 0, f"compensation.prediction.horizon={c.prediction.horizon} must be >= 0")
+    _need(c.dc.lam >= 0, f"compensation.dc.lam={c.dc.lam} must be >= 0")
+    _need(0 <= c.dc.rho < 1 and c.dc.eps > 0, "compensation.dc needs 0 <= rho < 1 and eps > 0")
+    r = c.rotation
+    _need(0 <= r.beta < 1, f"compensation.rotation.beta={r.beta} must be in [0, 1)")
+    _need(r.every >= 1 and r.max_dim >= 1, "compensation.rotation.every and max_dim must be >= 1")
+    if c.name == "basis_rotation":
+        _need(o.name != "soap", "optimizer=soap already runs Adam in a rotated eigenbasis; use basis_rotation with adamw, nadam or muon")
+    _need(c.stage_lr.power >= 0, f"compensation.stage_lr.power={c.stage_lr.power} must be >= 0")
+    _need(c.stage_lr.anneal_steps >= 0, f"compensation.stage_lr.anneal_steps={c.stage_lr.anneal_steps} must be >= 0")

@@ -1,8 +1,10 @@
 """Optimisation for delayed (asynchronous-pipeline) training: the optimizer registry (AdamW, Muon + AdamW,
-NAdam, SOAP), stale weights for a k-step delay, the error-feedback wrapper, the lr schedule and clipping."""
+NAdam, SOAP), stale weights for a k-step delay, the staleness mitigations (`compensation`: EF and the rest,
+wrapping any optimizer), the lr schedule and clipping."""
 
 from asyncpipe.optim import adamw, muon, nadam, soap  # noqa: F401  (each registers its builder)
 from asyncpipe.optim.clip import clip_grads, grad_sq_norm
+from asyncpipe.optim.compensation import compensate_grads, forward_weights
 from asyncpipe.optim.combined import CombinedOptimizer
 from asyncpipe.optim.delay import DelayedWeights, delays_for
 from asyncpipe.optim.ef import ErrorFeedback
@@ -17,6 +19,8 @@ __all__ = [
     "block_matrices",
     "build_optimizer",
     "clip_grads",
+    "compensate_grads",
+    "forward_weights",
     "delays_for",
     "grad_sq_norm",
     "lr_factor",

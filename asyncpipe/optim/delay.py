@@ -115,6 +115,15 @@ class DelayedWeights:
             torch._foreach_copy_(dst, src)
         self.step += 1
 
+    def stale_weights(self) -> dict[torch.Tensor, torch.Tensor]:
+        """Each parameter's W(t-k) (the parameter itself when k=0), valid between the backward and `advance`."""
+        if self._swapped:
+            raise RuntimeError("DelayedWeights.stale_weights() must be called outside stale()")
+        stale = {p: p.detach() for p in self.params}
+        for i in self._delayed:
+            stale[self.params[i]] = self._rings[i][self._slot(i)]
+        return stale
+
     def state_dict(self) -> dict[str, Any]:
         """Exact resume state: the step counter and each ring (references, not copies)."""
         if self._swapped:

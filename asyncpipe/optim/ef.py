@@ -2,7 +2,8 @@
 
 With u(t) the wrapped optimizer's own weight change at step t (learning rate and weight decay included), the
 applied change is u(t) + lam * (u(t) - u(t-1)): the update is extrapolated along its own drift, which cancels the
-first-order error of a one-step-stale gradient. The wrapped optimizer's state is never touched.
+first-order error of a one-step-stale gradient. The wrapped optimizer's state is never touched. ``lam_at(t)``
+makes lambda a schedule over optimizer steps t (`asyncpipe.optim.compensation.ef`: constant or warm-up).
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ class ErrorFeedback(torch.optim.Optimizer):
     Parameters whose ``grad`` is None at a step are left alone (no update, no correction, u(t-1) kept).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, lam: float) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, lam: float, lam_at: Optional[Callable[[int], float]] = None
+    ) -> None:
         if lam < 0:
             raise UserError(f"optimizer.ef.lam={lam} must be >= 0")
         self.optimizer = optimizer
         self.lam = float(lam)
+        self.lam_at = lam_at
+        self._t = 0  # optimizer steps taken (the schedule's clock)
         self._ready = False
         # The base class only sets up hooks here; groups and state are then shared with the wrapped optimizer.
         super().__init__(optimizer.param_groups, dict(optimizer.defaults))
@@ -47,6 +52,16 @@ class ErrorFeedback(torch.optim.Optimizer):
 
     def _params(self) -> list[torch.Tensor]:
         return [p for group in self.param_groups for p in group["params"]]
+
+    @property
+    def extra_bytes(self) -> int:
+        """Persistent memory of the wrapper: the u(t-1) buffers."""
+        return sum(u.numel() * u.element_size() for u in self._u_prev.values())
+
+    @property
+    def last_lam(self) -> Optional[float]:
+        """Lambda of the last step (None before the first)."""
+        return None if self._t == 0 else (self.lam_at(self._t - 1) if self.lam_at else self.lam)
 
     @property
     def last_update_norm(self) -> Optional[float]:
@@ -64,6 +79,8 @@ class ErrorFeedback(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        lam = self.lam_at(self._t) if self.lam_at is not None else self.lam
+        self._t += 1
         params = [p for p in self._params() if p.grad is not None]
         snapshot = [p.detach().clone() for p in params]  # x(t); turned into u(t) in place below
         self.optimizer.step()
@@ -77,7 +94,7 @@ class ErrorFeedback(torch.optim.Optimizer):
                 update_sq += u_sq
             else:
                 # Reuse u(t-1)'s memory for -correction = lam * (u(t-1) - u(t)), then retire it.
-                neg_corr = prev.sub_(u).mul_(self.lam)
+                neg_corr = prev.sub_(u).mul_(lam)
                 p.add_(neg_corr)
                 c_sq = _sq_norm(neg_corr)
                 correction_sq += c_sq
@@ -101,7 +118,7 @@ class ErrorFeedback(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state dict plus u(t-1), indexed by position in ``param_groups``."""
         u_prev = {i: self._u_prev[p] for i, p in enumerate(self._params()) if p in self._u_prev}
-        return {"optimizer": self.optimizer.state_dict(), "ef": {"lam": self.lam, "u_prev": u_prev}}
+        return {"optimizer": self.optimizer.state_dict(), "ef": {"lam": self.lam, "t": self._t, "u_prev": u_prev}}
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -116,6 +133,7 @@ class ErrorFeedback(torch.optim.Optimizer):
             params[i]: u.detach().to(device=params[i].device, dtype=params[i].dtype).clone()
             for i, u in state_dict["ef"]["u_prev"].items()
         }
+        self._t = int(state_dict["ef"].get("t", 0))
         self._update_sq = self._correction_sq = None
 
     def __repr__(self) -> str:

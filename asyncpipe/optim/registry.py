@@ -7,8 +7,8 @@ every group carries ``base_lr``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -67,9 +67,20 @@ def decay_groups(named: list[tuple[str, nn.Parameter]], lr: float, weight_decay:
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn] = None) -> torch.optim.Optimizer:
-    """The optimizer ``cfg.name`` over ``module``'s trainable parameters, wrapped in error feedback when
-    ``cfg.ef.enabled``. ``hidden(name, param)`` overrides which matrices count as hidden (Muon's share)."""
+def build_optimizer(
+    module: nn.Module,
+    cfg: Any,
+    hidden: Optional[HiddenFn] = None,
+    compensation: Any = None,
+    delays: Union[int, Mapping[str, int]] = 0,
+    pipeline: bool = False,
+) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.name`` over ``module``'s trainable parameters, wrapped by the staleness mitigation
+    ``compensation`` (a `CompensationConfig` node; None = none) or, for the ``*_ef`` presets, by error feedback
+    when ``cfg.ef.enabled``. ``delays``: every parameter's delay k (an int, or by ``named_parameters`` name).
+    ``pipeline``: refuse methods that do not fit the 2BW engine. ``hidden(name, param)`` overrides which
+    matrices count as hidden (Muon's share)."""
+    from asyncpipe.optim import compensation as comp
     from asyncpipe.optim.ef import ErrorFeedback
 
     builder = _REGISTRY.get(cfg.name)
@@ -80,6 +91,13 @@ def build_optimizer(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn] = No
     optimizer = builder(module, cfg, hidden)
     for group in optimizer.param_groups:
         group.setdefault("base_lr", group["lr"])
+    method = "none" if compensation is None else compensation.name
     if cfg.ef.enabled:
-        optimizer = ErrorFeedback(optimizer, cfg.ef.lam)
-    return optimizer
+        if method != "none":
+            raise UserError(f"optimizer.ef.enabled=true and compensation={method}: choose one (the *_ef optimizers are EF)")
+        return ErrorFeedback(optimizer, cfg.ef.lam)
+    if method == "none":
+        comp.method("none")
+        return optimizer
+    by_param = {p: (delays if isinstance(delays, int) else delays.get(n, 0)) for n, p in module.named_parameters()}
+    return comp.build(optimizer, compensation, by_param, pipeline=pipeline)

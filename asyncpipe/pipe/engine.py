@@ -23,7 +23,7 @@ from deepspeed.runtime.pipe import schedule as ds_schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from asyncpipe.model import pop_moe_sums
-from asyncpipe.optim import clip_grads, grad_sq_norm, lr_factor
+from asyncpipe.optim import clip_grads, compensate_grads, grad_sq_norm, lr_factor
 from asyncpipe.pipe import memory
 from asyncpipe.pipe import schedule as sched
 from asyncpipe.pipe.metrics import StepReporter
@@ -324,12 +324,14 @@ class TwoBWPipelineEngine(PipelineEngine):
                 work.wait()
         total_sq = _sq_norm_of(norms)
         params = self.stash.params
-        src = self.stash.latest if src_version is None else src_version
-        self.stash.begin_update(src, src + 1 if dst_version is None else dst_version)
         for p, g in zip(params, grads):
             p.grad = g
         s = self.settings
         norm = clip_grads(params, s.max_norm, total_norm=total_sq.sqrt())
+        # Gradient-side staleness mitigation, while the batch's weight version is still stashed.
+        compensate_grads(self.optimizer, dict(zip(params, self.stash.weights(self._batch_version(b)))))
+        src = self.stash.latest if src_version is None else src_version
+        self.stash.begin_update(src, src + 1 if dst_version is None else dst_version)
         scale = lr_factor(b, s.total_steps, s.warmup_frac, s.min_lr_frac)
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * scale

@@ -119,7 +119,7 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints its seed and topology settings
         module = StagedModule(layers, parts, topo, lm_loss)
     set_aux_grad_scale(module, 1.0 / t.micro_batches)  # MoE aux losses: scaled as DeepSpeed scales the LM loss
-    optimizer = build_optimizer(module, cfg.optimizer)
+    optimizer = build_optimizer(module, cfg.optimizer, compensation=cfg.compensation, delays=cfg.delay, pipeline=True)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
     ds_config = deepspeed_config(t.micro_batch_size, t.micro_batches, p.data_parallel, bf16)
     settings = PipeSettings(

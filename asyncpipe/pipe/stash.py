@@ -90,6 +90,12 @@ class WeightStash:
             raise RuntimeError(f"release of version {version} with no micro-batch in flight on it")
         self.in_flight[version] -= 1
 
+    def weights(self, version: int) -> list[torch.Tensor]:
+        """The stored tensors of W(version), in `params` order (the handles themselves with delay 0)."""
+        slot = self.slots[self._slot(version)]
+        assert slot is not None
+        return [v.detach() for v in slot]
+
     # -- per batch -------------------------------------------------------------------------------------
     def take_grads(self, version: int) -> list[torch.Tensor]:
         """Detach the accumulated gradients of the micro-batches that ran on ``version`` (zeros where none),

@@ -27,6 +27,7 @@ AXES = {
     "optimizer": "optimizer.name",
     "ef": "optimizer.ef.enabled",
     "ef_lam": "optimizer.ef.lam",
+    "compensation": "compensation.name",
     "lr": "optimizer.lr",
     "delay": "delay",
     "delay_profile": "delay_profile",
@@ -50,8 +51,9 @@ def lookup(config: dict, dotted: str) -> Any:
     return node
 
 
-def variant_label(delay: Any, ef: Any, lam: Any, profile: Any, stages: Any) -> str:
-    """The table column a run belongs to: sync, 1-step, 1-step+EF, ... (EF strength shown when not 1)."""
+def variant_label(delay: Any, ef: Any, lam: Any, profile: Any, stages: Any, compensation: Any = None) -> str:
+    """The table column a run belongs to: sync, 1-step, 1-step+EF, 1-step+dc, ... (EF strength shown when not 1;
+    a staleness mitigation other than EF by its `compensation` name)."""
     delay = int(delay or 0)
     if delay == 0:
         label = "sync"
@@ -63,6 +65,8 @@ def variant_label(delay: Any, ef: Any, lam: Any, profile: Any, stages: Any) -> s
         label += "+EF"
         if lam is not None and float(lam) != 1.0:
             label += f"(lam={float(lam):g})"
+    if compensation not in (None, "none", "ef"):
+        label += f"+{compensation}"
     return label
 
 
@@ -88,12 +92,14 @@ def run_record(
     row: dict[str, Any] = {"run": name, "path": path, "note": note, "sweep": ""}
     for column, dotted in AXES.items():
         row[column] = lookup(config, dotted)
+    if row["compensation"] == "ef":  # compensation=ef is the EF of the *_ef optimizer presets
+        row["ef"], row["ef_lam"] = True, lookup(config, "compensation.ef.lam")
     row["ef"] = bool(row["ef"])
     row["delay"] = int(row["delay"] or 0)
     named = lookup(config, "run.variant")
     row["variant_named"] = named is not None
     row["variant"] = str(named) if named is not None else variant_label(
-        row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"]
+        row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"], row["compensation"]
     )
     row["config"] = flatten(config)
     if row["engine"] != "pipeline":

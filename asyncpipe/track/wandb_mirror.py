@@ -110,6 +110,9 @@ def derive_tags(cfg: Any) -> list[str]:
     ef = config_value(cfg, "optimizer.ef.enabled")
     if ef is not None:
         tags.append("ef:on" if ef else "ef:off")
+    comp = config_value(cfg, "compensation.name")
+    if comp not in (None, "none"):
+        tags.append(f"comp:{comp}")
     tags.extend(str(t) for t in (config_value(cfg, "tracker.wandb.tags") or []))
     # W&B rejects tags longer than 64 characters; duplicates are noise.
     return list(dict.fromkeys(t[:64] for t in tags))

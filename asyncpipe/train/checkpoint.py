@@ -125,7 +125,7 @@ def load(path: Path, fingerprint: dict, rank: int = 0) -> dict:
 
 def fingerprint_of(cfg: Any) -> dict:
     """What must match between a checkpoint and the run resuming it (anything else may change on resume)."""
-    return {
+    fp = {
         "model": cfg.model.name,
         "shape": [cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head],
         "optimizer": cfg.optimizer.name,
@@ -140,3 +140,6 @@ def fingerprint_of(cfg: Any) -> dict:
         "seed": int(cfg.seed),
         "data": f"{cfg.data.name}-{cfg.tokenizer.name}",
     }
+    if cfg.compensation.name != "none":  # absent when none, so checkpoints from before the option still match
+        fp["compensation"] = cfg.compensation.name
+    return fp

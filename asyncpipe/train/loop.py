@@ -17,7 +17,15 @@ from omegaconf import DictConfig
 
 from asyncpipe.data import MicroBatches, ensure_prepared, load_manifest
 from asyncpipe.model import GPT, count_parameters, lm_loss, pop_moe_stats, set_aux_grad_scale
-from asyncpipe.optim import DelayedWeights, build_optimizer, clip_grads, delays_for, lr_factor
+from asyncpipe.optim import (
+    DelayedWeights,
+    build_optimizer,
+    clip_grads,
+    compensate_grads,
+    delays_for,
+    forward_weights,
+    lr_factor,
+)
 from asyncpipe.train.runtime import autocast_context, pick_device, vocab_size_for
 
 
@@ -54,9 +62,9 @@ class Trainer:
         self.model = GPT(cfg.model, self.vocab_size, seed=cfg.seed).to(self.device)
         self.n_params = count_parameters(self.model)
         set_aux_grad_scale(self.model, 1.0 / t.micro_batches)  # MoE aux losses are scaled like the LM loss
-        self.optimizer = build_optimizer(self.model, cfg.optimizer)
         named = list(self.model.named_parameters())
         delays = delays_for(self.model, cfg.delay_profile, cfg.delay, cfg.pipeline.stages)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, compensation=cfg.compensation, delays=delays)
         self.params = [p for _, p in named]
         self.delayed = DelayedWeights(self.params, [delays[name] for name, _ in named])
         self.step = 0
@@ -83,7 +91,7 @@ class Trainer:
         lr_scale = lr_factor(self.step, t.steps, t.warmup_frac, t.min_lr_frac)
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * lr_scale
-        with self.delayed.stale():
+        with self.delayed.stale(), forward_weights(self.optimizer):
             loss = self.forward_backward(self.step)
         if self.world > 1:
             loss = self._average_replicas(loss)
@@ -92,6 +100,7 @@ class Trainer:
             extras.update(self._fresh_grad_cosine())
             pop_moe_stats(self.model)  # the extra pass's router statistics are not this step's
         grad_norm = clip_grads(self.params, t.grad_clip)
+        compensate_grads(self.optimizer, self.delayed.stale_weights())
         self.delayed.advance()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -99,6 +108,7 @@ class Trainer:
             value = getattr(self.optimizer, name, None)
             if value is not None:
                 extras[name.removeprefix("last_")] = float(value)
+        extras.update(getattr(self.optimizer, "diagnostics", {}))
         self.step += 1
         lr = self.optimizer.param_groups[0]["lr"]
         return StepResult(self.step, loss, float(grad_norm), lr, time.perf_counter() - start, extras)
@@ -173,6 +183,8 @@ def diverged(loss: float, limit: float) -> bool:
 def describe(trainer: Trainer) -> str:
     cfg = trainer.cfg
     ef = f" + EF(lam={cfg.optimizer.ef.lam})" if cfg.optimizer.ef.enabled else ""
+    if cfg.compensation.name != "none":
+        ef = f" + {cfg.compensation.name}"
     return (
         f"model {cfg.model.name} ({trainer.n_params / 1e6:.2f}M params, vocab {trainer.vocab_size}) | "
         f"{cfg.optimizer.name}{ef} lr {cfg.optimizer.lr:g} | delay {cfg.delay} ({cfg.delay_profile}) | "
