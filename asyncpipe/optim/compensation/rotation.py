@@ -50,7 +50,7 @@ class BasisRotation(Compensated):
         self.rotated = [
             p
             for group in self.param_groups
-            if group.get("group") != "muon"
+            if not str(group.get("group", "")).startswith("muon")
             for p in group["params"]
             if p.dim() == 2 and max(p.shape) <= max_dim
         ]
