@@ -210,6 +210,7 @@ class LauncherConfig:
     timeout_min: int = 60
     array_parallelism: int = 64
     extra: Any = field(default_factory=dict)  # extra sbatch parameters (name: value)
+    socket_ifname: Optional[str] = None  # slurm: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME of the tasks (e.g. ib0)
 
 
 @dataclass

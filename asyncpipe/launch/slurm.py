@@ -1,7 +1,11 @@
 """The SLURM launcher: a sweep's runs as submitit jobs (one job array per task layout), watched until done.
 
-A pipeline run of P stages x D replicas is one job of P*D tasks; a simulate run is one task unless
-launcher.nodes / launcher.tasks_per_node ask for more (data parallel). Each task runs `slurm_job.SlurmRun`.
+A pipeline run of P stages x D replicas is one job of P*D tasks spread evenly over launcher.nodes; a simulate
+run is one task unless launcher.nodes / launcher.tasks_per_node ask for more (then its D data-parallel replicas
+are the tasks). Each task runs `slurm_job.SlurmRun`. Task (= rank) r sits on node r // tasks_per_node and, in a
+pipeline, runs stage r // D of replica r % D (DeepSpeed's pipe-major order): with launcher.nodes=P each node
+holds one stage, and the stages of one replica sit on consecutive nodes. The tasks' rendezvous is the job's
+first node (submitit's MASTER_ADDR); launcher.socket_ifname sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME.
 Job logs stay in submitit's folder `SWEEP_DIR/.submitit/`; each run dir links them (`slurm.out`, `slurm.err`)
 and records the job in `slurm_job.json`.
 """
@@ -23,7 +27,7 @@ from asyncpipe.errors import UserError
 from asyncpipe.launch.display import SweepDisplay
 from asyncpipe.launch.expand import RunSpec, SweepPlan, run_overrides
 from asyncpipe.launch.local import RunCommand, train_command
-from asyncpipe.launch.state import SLURM_ACTIVE, SLURM_RECORD, Claim, RunState, claim, read_json, run_state
+from asyncpipe.launch.state import FINAL, SLURM_ACTIVE, SLURM_RECORD, Claim, RunState, claim, read_json, run_state
 from asyncpipe.track.files import atomic_write_json
 
 POLL_S = 2.0
@@ -36,26 +40,51 @@ def require_slurm() -> None:
 
 
 def task_layout(cfg: DictConfig) -> tuple[int, int]:
-    """(nodes, tasks per node) of one run's job: P*D tasks for a pipeline run, else the launcher's request."""
+    """(nodes, tasks per node) of one run's job: P*D tasks for a pipeline run, D for a simulate run over several
+    nodes, else the launcher's request."""
     launcher = cfg.launcher
     nodes = int(launcher.nodes)
     if nodes < 1:
         raise UserError(f"launcher.nodes={nodes}: must be at least 1")
-    if cfg.engine != "pipeline":
+    replicas = int(cfg.pipeline.data_parallel)
+    if cfg.engine != "pipeline" and nodes == 1:
         return nodes, max(1, int(launcher.tasks_per_node))
-    world = int(cfg.pipeline.stages) * int(cfg.pipeline.data_parallel)
+    if cfg.engine == "pipeline":
+        world = int(cfg.pipeline.stages) * replicas
+        what = f"a pipeline of {cfg.pipeline.stages} stages x {replicas} replicas ({world} tasks)"
+    else:
+        world, what = replicas, f"engine=simulate with pipeline.data_parallel={replicas} ({replicas} tasks)"
     if world % nodes:
-        raise UserError(
-            f"a pipeline of {cfg.pipeline.stages} stages x {cfg.pipeline.data_parallel} replicas ({world} tasks) "
-            f"cannot be spread evenly over launcher.nodes={nodes}"
-        )
+        raise UserError(f"{what} cannot be spread evenly over launcher.nodes={nodes}")
     per_node = world // nodes
     if int(launcher.tasks_per_node) not in (1, per_node):
         raise UserError(
-            f"launcher.tasks_per_node={launcher.tasks_per_node} but this pipeline needs {per_node} tasks per node "
+            f"launcher.tasks_per_node={launcher.tasks_per_node} but this run needs {per_node} tasks per node "
             f"({world} tasks on {nodes} nodes); leave tasks_per_node unset"
         )
     return nodes, per_node
+
+
+def placement(cfg: DictConfig, nodes: int, tasks_per_node: int) -> list[dict[str, int]]:
+    """Where each rank of a run's job runs: node index (SLURM's block distribution of tasks), and for a
+    pipeline its stage and replica (DeepSpeed's PipeDataParallelTopology: rank = stage * D + replica)."""
+    replicas = int(cfg.pipeline.data_parallel)
+    out = []
+    for rank in range(nodes * tasks_per_node):
+        where = {"rank": rank, "node": rank // tasks_per_node}
+        if cfg.engine == "pipeline":
+            where.update(stage=rank // replicas, replica=rank % replicas)
+        else:
+            where.update(replica=rank)
+        out.append(where)
+    return out
+
+
+def task_env(launcher: DictConfig) -> dict[str, str]:
+    """Environment every task adds: the network interface for gloo and NCCL when launcher.socket_ifname names one
+    (otherwise whatever the submitting shell exported, e.g. NCCL_SOCKET_IFNAME, reaches the tasks unchanged)."""
+    ifname = launcher.get("socket_ifname")
+    return {"GLOO_SOCKET_IFNAME": str(ifname), "NCCL_SOCKET_IFNAME": str(ifname)} if ifname else {}
 
 
 def executor_parameters(name: str, launcher: DictConfig, nodes: int, tasks_per_node: int) -> dict[str, Any]:
@@ -80,6 +109,10 @@ def executor_parameters(name: str, launcher: DictConfig, nodes: int, tasks_per_n
         if not isinstance(extra, DictConfig):
             raise UserError("launcher.extra must be a mapping of sbatch options, e.g. launcher.extra={constraint: a100}")
         params["additional_parameters"] = {str(k): v for k, v in extra.items()}
+    if nodes > 1:
+        # A node failing under a multi-node job: SLURM ends its step rather than killing and requeueing the job,
+        # so the run records which rank was lost and ends `failed`; re-running the sweep resumes it.
+        params.setdefault("additional_parameters", {}).setdefault("no-kill", True)
     return params
 
 
@@ -131,6 +164,14 @@ def _link(link: Path, target: Path) -> None:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(os.path.relpath(target, link.parent))
+
+
+def _active(state: RunState) -> bool:
+    """Still to watch: queued or running in SLURM, unless only SLURM's clean-up of a finished run is left (a job
+    whose node died stays COMPLETING until SLURM declares the node down)."""
+    if state.slurm_state == "COMPLETING" and state.state in FINAL:
+        return False
+    return state.slurm_state in SLURM_ACTIVE
 
 
 class SlurmLauncher:
@@ -185,9 +226,8 @@ class SlurmLauncher:
                 for spec in specs:
                     run_dir = self.sweep_dir / spec.name
                     argv = self.command(run_overrides(self.plan, spec, run_dir, claims[spec.name].resume))
-                    calls.append(
-                        SlurmRun(argv, str(run_dir), int(self.launcher.cpus_per_task), int(self.launcher.gpus_per_node))
-                    )
+                    threads, gpus = int(self.launcher.cpus_per_task), int(self.launcher.gpus_per_node)
+                    calls.append(SlurmRun(argv, str(run_dir), threads, gpus, env=task_env(self.launcher)))
                 try:
                     with executor.batch():
                         jobs = [executor.submit(call) for call in calls]
@@ -214,6 +254,7 @@ class SlurmLauncher:
                 "submitted": datetime.now().isoformat(timespec="seconds"),
                 "nodes": nodes,
                 "tasks_per_node": per_node,
+                "placement": placement(self.cfgs[spec.name], nodes, per_node),
                 "folder": str(job.paths.folder),
                 "stdout": [str(p.stdout) for p in tasks],
                 "stderr": [str(p.stderr) for p in tasks],
@@ -239,7 +280,7 @@ class SlurmLauncher:
                 while True:
                     states = self.states()
                     self.display.update(states)
-                    if not any(s.slurm_state in SLURM_ACTIVE for s in states):
+                    if not any(_active(s) for s in states):
                         return states
                     time.sleep(POLL_S)
         except KeyboardInterrupt:

@@ -3,6 +3,10 @@
 Every task exports torch.distributed's env from SLURM (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK) and runs
 the same command a local sweep runs, in a child process. On timeout/preemption submitit calls `checkpoint()`,
 which lets the run save and stop, then requeues the job; any restart (also `scontrol requeue`) adds resume=true.
+
+Every task records itself in `RUN_DIR/tasks/rank-R.json` (node, attempt, exit code). When a multi-task run fails,
+rank 0 names the ranks responsible in `launch.json`: those that exited non-zero and those that never reported
+an exit (lost: their node or task died). A run that lost a rank is `resumable`: re-running the sweep resumes it.
 """
 
 from __future__ import annotations
@@ -16,12 +20,38 @@ from typing import Any, Optional, Sequence
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from asyncpipe.launch.state import FAILED, FINAL, RunLock, read_json, write_launch_record
+from asyncpipe.launch.state import COMPLETED, DIVERGED, FAILED, RunLock, read_json, write_launch_record
 from asyncpipe.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
+from asyncpipe.track.files import atomic_write_json
 
 LOCK_WAIT_S = 120.0  # a job may start while the submitting sweep still holds the run's lock
 CHILD_STOP_S = 60.0  # time a run gets to checkpoint after the preemption signal (submitit signals 90 s early)
 DOOMED_WAIT_S = 300.0  # after SIGTERM, SLURM's SIGKILL follows within KillWait: wait for it, report nothing
+PEERS_WAIT_S = 20.0  # after a failure, how long rank 0 waits for the other ranks to report their exit
+TASKS_DIR = "tasks"
+
+
+def task_record(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / TASKS_DIR / f"rank-{rank}.json"
+
+
+def failed_ranks(run_dir: Path, attempt: str, world: int) -> tuple[list[dict], list[dict]]:
+    """(lost, failed) ranks of this attempt: lost never reported an exit, failed exited non-zero."""
+    lost, failed = [], []
+    for rank in range(world):
+        record = read_json(task_record(run_dir, rank)) or {}
+        if record.get("attempt") != attempt or record.get("exit_code") is None:
+            lost.append({"rank": rank, "node": record.get("node") if record.get("attempt") == attempt else None})
+        elif record["exit_code"] not in (0, EXIT_DIVERGED, EXIT_INTERRUPTED):
+            failed.append({"rank": rank, "node": record.get("node"), "exit_code": record["exit_code"]})
+    return lost, failed
+
+
+def failure_note(lost: list[dict], failed: list[dict]) -> str:
+    """One line naming the ranks that failed, lost ones first (a lost rank is usually why the others failed)."""
+    parts = [f"rank {r['rank']} on {r['node'] or 'an unknown node'} lost (no exit status)" for r in lost]
+    parts += [f"rank {r['rank']} on {r['node']} exited with code {r['exit_code']}" for r in failed]
+    return "; ".join(parts)
 
 
 def _ignore_usr2() -> None:
@@ -37,9 +67,19 @@ class SlurmRun(Checkpointable):
     run (it saves on SIGTERM) and returns this callable again marked `requeued`, so the next start resumes.
     """
 
-    def __init__(self, argv: Sequence[str], run_dir: str, threads: int = 1, gpus: int = 0, requeued: bool = False) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        run_dir: str,
+        threads: int = 1,
+        gpus: int = 0,
+        requeued: bool = False,
+        env: Optional[dict[str, str]] = None,
+        peers_wait_s: float = PEERS_WAIT_S,
+    ) -> None:
         self.argv, self.run_dir = list(argv), str(run_dir)
         self.threads, self.gpus, self.requeued = threads, gpus, requeued
+        self.env, self.peers_wait_s = dict(env or {}), peers_wait_s
         self._proc: Optional[subprocess.Popen] = None
         self._terminated = False
 
@@ -87,8 +127,13 @@ class SlurmRun(Checkpointable):
             argv.append("resume=true")
         if job_env.num_tasks > 1:
             TorchDistributedEnvironment().export(set_cuda_visible_devices=self.gpus > 0, overwrite=True)
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads))
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), **self.env)
         run_dir = Path(self.run_dir)
+        rank, world = job_env.global_rank, job_env.num_tasks
+        attempt = f"{job_env.job_id}.{os.environ.get('SLURM_RESTART_COUNT') or 0}"
+        me = {"rank": rank, "node": os.environ.get("SLURMD_NODENAME") or job_env.hostname, "attempt": attempt}
+        if world > 1:
+            atomic_write_json(task_record(run_dir, rank), {**me, "exit_code": None})
         lock = RunLock(run_dir) if job_env.global_rank == 0 else None
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         code = None
@@ -117,17 +162,38 @@ class SlurmRun(Checkpointable):
             # Cancelled or requeued: SLURM kills this process shortly; returning would record a false result.
             time.sleep(DOOMED_WAIT_S)
             raise RuntimeError("terminated by SLURM")
+        if world > 1:
+            atomic_write_json(task_record(run_dir, rank), {**me, "exit_code": code})
         summary = read_json(run_dir / "summary.json") or {}
         if code in (0, EXIT_DIVERGED, EXIT_INTERRUPTED):  # interrupted: checkpointed, the next launch resumes
             return summary
-        if job_env.global_rank == 0 and summary.get("status") not in FINAL:
-            write_launch_record(run_dir, code, FAILED)
+        if rank == 0 and summary.get("status") not in (COMPLETED, DIVERGED):
+            self._record_failure(run_dir, code, job_env.job_id, attempt, world)
         raise RuntimeError(f"run exited with code {code}; see {run_dir} and this job's log")
+
+    def _record_failure(self, run_dir: Path, code: Optional[int], job_id: str, attempt: str, world: int) -> None:
+        """launch.json: failed, naming the ranks at fault (after giving the others time to report)."""
+        details: dict[str, Any] = {}
+        if world > 1:
+            deadline = time.monotonic() + self.peers_wait_s
+            lost, failed = failed_ranks(run_dir, attempt, world)
+            while lost and time.monotonic() < deadline:
+                time.sleep(0.5)
+                lost, failed = failed_ranks(run_dir, attempt, world)
+            details = {"lost_ranks": lost, "failed_ranks": failed, "note": failure_note(lost, failed)}
+            if lost:  # a node or task died under the run: not the run's fault, a re-run resumes it
+                details["resumable"] = True
+        write_launch_record(run_dir, code, FAILED, **details)
+        if details.get("lost_ranks"):
+            # srun would wait for the lost tasks until SLURM declares their node dead (SlurmdTimeout, minutes on
+            # real clusters), and the job runs with --no-kill: end it here, now that the failure is recorded.
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Called by submitit on rank 0 at timeout/preemption: let the run checkpoint and stop, then requeue."""
         self._signal_child(signal.SIGTERM)
         if self._proc is not None and not self._child_exited(CHILD_STOP_S):
             self._signal_child(signal.SIGKILL)
-        return DelayedSubmission(SlurmRun(self.argv, self.run_dir, self.threads, self.gpus, requeued=True))
+        again = SlurmRun(self.argv, self.run_dir, self.threads, self.gpus, True, self.env, self.peers_wait_s)
+        return DelayedSubmission(again)
 

@@ -25,7 +25,8 @@ LAUNCH_RECORD = "launch.json"  # exit code of the last launch, for runs that die
 SLURM_RECORD = "slurm_job.json"
 RETIRED = ".retired"
 
-FINAL = (COMPLETED, DIVERGED, FAILED)  # never re-run automatically (failed/diverged: --retry-failed)
+# Never re-run automatically (failed/diverged: --retry-failed), except a failure that lost a rank with its node.
+FINAL = (COMPLETED, DIVERGED, FAILED)
 STATES = (PENDING, QUEUED, RUNNING, COMPLETED, DIVERGED, FAILED, INTERRUPTED)
 
 # SLURM job states that mean "not finished yet" (squeue/sacct names).
@@ -156,9 +157,12 @@ def run_state(run_dir: Path, name: str, slurm_states: Optional[dict[str, str]] =
                 state.state = QUEUED
             elif state.slurm_state in SLURM_RUNNING:
                 state.state = RUNNING
-    if state.state == FAILED and not summary:
+    if state.state == FAILED:
         launch = read_json(run_dir / LAUNCH_RECORD) or {}
-        state.note = f"exit code {launch.get('exit_code')}, see launch.log"
+        if launch.get("note"):
+            state.note = str(launch["note"]) + ("; a re-run resumes it" if resumable_failure(run_dir) else "")
+        elif not summary:
+            state.note = f"exit code {launch.get('exit_code')}, see launch.log"
     return state
 
 
@@ -185,6 +189,11 @@ def claim(run_dir: Path, retry_failed: bool, active_job: Optional[str] = None) -
     if active_job is not None:
         lock.release()
         return Claim(False, False, QUEUED, f"already queued or running as SLURM job {active_job}")
+    lost = resumable_failure(run_dir) if state == FAILED else None
+    if lost is not None:  # lost a rank with its node: resume from the last complete checkpoint
+        os.replace(run_dir / LAUNCH_RECORD, run_dir / f"launch.failed-{datetime.now():%Y%m%d-%H%M%S}.json")
+        resume = (run_dir / "config.yaml").exists()
+        return Claim(True, resume, state, f"resuming after a failure ({lost.get('note')})", lock)
     if state == COMPLETED or (state in FINAL and not retry_failed):
         lock.release()
         note = "already completed" if state == COMPLETED else "final state (re-run with --retry-failed)"
@@ -202,10 +211,20 @@ def claim(run_dir: Path, retry_failed: bool, active_job: Optional[str] = None) -
     return Claim(True, resume, state, note or ("resuming" if resume else ""), lock)
 
 
-def write_launch_record(run_dir: Path, exit_code: int, status: str) -> None:
-    atomic_write_json(
-        run_dir / LAUNCH_RECORD, {"exit_code": exit_code, "status": status, "ended": datetime.now().isoformat()}
-    )
+def write_launch_record(run_dir: Path, exit_code: Optional[int], status: str, **details: Any) -> None:
+    """`launch.json`; `details` may name the failed ranks (`note`) and mark the failure `resumable` (a rank was
+    lost with its node: a re-run of the sweep resumes the run instead of leaving it failed)."""
+    record = {"exit_code": exit_code, "status": status, "ended": datetime.now().isoformat(), **details}
+    atomic_write_json(run_dir / LAUNCH_RECORD, record)
+
+
+def resumable_failure(run_dir: Path) -> Optional[dict]:
+    """The launch record of a failed run that lost a rank (and so may resume), else None."""
+    launch = read_json(run_dir / LAUNCH_RECORD) or {}
+    summary = read_json(run_dir / "summary.json") or {}
+    if launch.get("status") == FAILED and launch.get("resumable") and summary.get("status") in (None, FAILED):
+        return launch
+    return None
 
 
 def retire(run_dir: Path) -> Path:

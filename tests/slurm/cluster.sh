@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# A real single-node SLURM cluster for the `slurm` tests: install (if missing), configure in DIR, start, stop.
+# A real SLURM cluster on this machine for the `slurm` tests: install (if missing), configure in DIR, start, stop.
 #
-#   tests/slurm/cluster.sh up DIR      install Debian's slurmctld/slurmd/slurm-client/munge if needed, write
-#                                      DIR/slurm.conf, start munged (unless one runs), slurmctld and slurmd,
-#                                      wait for the node to be idle; clients then need `source DIR/env.sh`
-#   tests/slurm/cluster.sh down DIR    cancel its jobs, stop the daemons it started (by PID), wait until gone
+#   tests/slurm/cluster.sh up DIR [N]  install Debian's slurmctld/slurmd/slurm-client/munge if needed, write
+#                                      DIR/slurm.conf, start munged (unless one runs), slurmctld and the slurmds,
+#                                      wait for the nodes to be idle; clients then need `source DIR/env.sh`.
+#                                      N=1 (default): one node, this host. N>=2: nodes node1..nodeN, each slurmd
+#                                      in a network namespace of its own (see "Multi-node" below).
+#   tests/slurm/cluster.sh down DIR    cancel its jobs, stop the daemons it started (by PID), remove the
+#                                      namespaces, links and bridge it made, wait until gone
 #   tests/slurm/cluster.sh status DIR  daemons, sinfo, squeue
+#   tests/slurm/cluster.sh kill-node DIR NODE   a crashed node: SIGKILL every process in NODE's namespace
+#                                      (its slurmd, step daemons and tasks)
+#   tests/slurm/cluster.sh start-node DIR NODE  start NODE's slurmd again and wait until the node is idle
 #
-# Exit code 77 from `up`: no cluster possible here (not root, no apt-get, or apt failed); the tests skip.
+# Exit code 77 from `up`: no cluster possible here (not root, no apt-get, apt failed, or for N>=2 no network
+# namespaces); the tests skip.
+#
+# Multi-node: a bridge `aps<ID>` holding 10.213.<ID>.1 (slurmctld's address), and per node a namespace
+# `ap<ID>n<i>` whose `eth0` (one end of a veth pair on the bridge) holds 10.213.<ID>.<10+i>, its loopback up,
+# no route anywhere else. slurmctld reaches each slurmd by NodeAddr. Each slurmd starts in its namespace with
+# /etc/netns/<ns>/hosts bound on /etc/hosts (in a mount namespace of its own): it names every node, and this
+# host's name resolves, inside a node, to that node's own address, as on a real cluster. munged's socket is a file: every node shares it. Per node:
+# DIR/nodes/<node>/{spool,slurmd.log,slurmd.pid}. ID is free when chosen, kept in DIR/net.env.
 #
 # Accounting: there is no slurmdbd, so the real `sacct` fails. submitit always asks sacct for job states; a job
 # that ends without a result file (cancelled, killed) would then never be seen to end. DIR/bin/sacct is a small
@@ -15,12 +29,14 @@
 # first on PATH, for the tests only.
 set -euo pipefail
 
+usage() {
+    echo "usage: $0 up DIR [NODES] | down DIR | status DIR | kill-node DIR NODE | start-node DIR NODE" >&2
+    exit 2
+}
 cmd=${1:-}
 dir=${2:-}
-if [[ -z "$cmd" || -z "$dir" ]]; then
-    echo "usage: $0 up|down|status DIR" >&2
-    exit 2
-fi
+arg=${3:-}
+[[ -n "$cmd" && -n "$dir" ]] || usage
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 export SLURM_CONF="$dir/slurm.conf"
@@ -97,18 +113,119 @@ start_munge() {
     exit 1
 }
 
+# --- multi-node networking -----------------------------------------------------------------------------
+
+NET_PREFIX=10.213
+
+load_net() {
+    # NET_ID and NODES of this cluster (NODES=1: single-node mode, no namespaces).
+    NET_ID="" NODES=1
+    [[ -r "$dir/net.env" ]] && source "$dir/net.env"
+    return 0
+}
+
+ns_of() { echo "ap${NET_ID}n${1#node}"; }          # node3 -> ap<ID>n3 (namespace, and the veth's host end)
+addr_of() { echo "$NET_PREFIX.$NET_ID.$((10 + ${1#node}))"; }
+ctld_addr() { echo "$NET_PREFIX.$NET_ID.1"; }
+
+check_netns() {
+    # Namespaces, veth pairs and bridges must work here, else the multi-node tests skip.
+    command -v ip >/dev/null 2>&1 || { log "no iproute2 (ip): cannot make network namespaces"; exit 77; }
+    local probe="approbe$$"
+    if ! ip netns add "$probe" 2>/dev/null; then
+        log "cannot create network namespaces here (ip netns add failed)"
+        exit 77
+    fi
+    ip netns del "$probe" 2>/dev/null || true
+    if ! ip link add "${probe}b" type bridge 2>/dev/null; then
+        log "cannot create a bridge here (ip link add type bridge failed)"
+        exit 77
+    fi
+    ip link del "${probe}b" 2>/dev/null || true
+}
+
+pick_net_id() {
+    local id
+    for _ in $(seq 100); do
+        id=$((1 + RANDOM % 250))
+        ip link show "aps$id" >/dev/null 2>&1 && continue
+        [[ -e /run/netns/ap${id}n1 ]] && continue
+        ip -o addr 2>/dev/null | grep -q " $NET_PREFIX\.$id\." && continue
+        echo "$id"
+        return
+    done
+    log "no free network id for the test cluster"
+    exit 1
+}
+
+make_network() {
+    local bridge="aps$NET_ID" i node ns
+    ip link add "$bridge" type bridge
+    ip addr add "$(ctld_addr)/24" dev "$bridge"
+    ip link set "$bridge" up
+    for i in $(seq "$NODES"); do
+        node=node$i ns=$(ns_of node$i)
+        ip netns add "$ns"
+        ip link add "$ns" type veth peer name "$ns-p"
+        ip link set "$ns-p" netns "$ns"
+        ip link set "$ns" master "$bridge"
+        ip link set "$ns" up
+        ip netns exec "$ns" ip link set lo up
+        ip netns exec "$ns" ip link set "$ns-p" name eth0
+        ip netns exec "$ns" ip addr add "$(addr_of "$node")/24" dev eth0
+        ip netns exec "$ns" ip link set eth0 up
+        mkdir -p "/etc/netns/$ns"
+        {
+            echo "127.0.0.1 localhost"
+            echo "$(addr_of "$node") $(hostname -s)"  # this host's name is, inside a node, the node's own address
+            for j in $(seq "$NODES"); do echo "$(addr_of node$j) node$j"; done
+        } >"/etc/netns/$ns/hosts"
+    done
+}
+
+remove_network() {
+    local i ns pid
+    [[ -n "$NET_ID" ]] || return 0
+    for i in $(seq "$NODES"); do
+        ns=$(ns_of node$i)
+        if [[ -e /run/netns/$ns ]]; then
+            for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+            ip netns del "$ns" 2>/dev/null || true
+        fi
+        ip link del "$ns" 2>/dev/null || true
+        rm -rf "/etc/netns/$ns"
+    done
+    ip link del "aps$NET_ID" 2>/dev/null || true
+}
+
+# --- configuration ----------------------------------------------------------------------------------------
+
 write_config() {
-    local host node ctld_port slurmd_port
+    local host hw ctld_port slurmd_port nodes_conf ctld spool pidf logf i timeout
     host=$(hostname -s)
-    node=$(slurmd -C | head -n1)
+    hw=$(slurmd -C | head -n1 | sed 's/^NodeName=[^ ]* //')
     ctld_port=$(free_port)
     slurmd_port=$(free_port)
     [[ "$slurmd_port" != "$ctld_port" ]] || slurmd_port=$((ctld_port + 1))
-    mkdir -p "$dir/state" "$dir/spool" "$dir/bin"
+    mkdir -p "$dir/state" "$dir/bin"
+    if ((NODES == 1)); then
+        ctld=$host spool=$dir/spool pidf=$dir/slurmd.pid logf=$dir/slurmd.log timeout=60
+        mkdir -p "$dir/spool"
+        nodes_conf="NodeName=$host $hw State=UNKNOWN"
+    else
+        # %n: the node's name, so each slurmd has its own spool, PID file and log.
+        ctld="$host($(ctld_addr))" spool=$dir/nodes/%n/spool pidf=$dir/nodes/%n/slurmd.pid
+        logf=$dir/nodes/%n/slurmd.log timeout=15  # a killed node is DOWN within ~15 s
+        nodes_conf=""
+        for i in $(seq "$NODES"); do
+            mkdir -p "$dir/nodes/node$i/spool"
+            nodes_conf+="NodeName=node$i NodeAddr=$(addr_of node$i) $hw State=UNKNOWN"$'\n'
+        done
+    fi
     cat >"$SLURM_CONF" <<EOF
-# Written by tests/slurm/cluster.sh: a single-node test cluster, no accounting daemon.
+# Written by tests/slurm/cluster.sh: a $NODES-node test cluster, no accounting daemon.
 ClusterName=asyncpipe-test
-SlurmctldHost=$host
+SlurmctldHost=$ctld
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 SlurmUser=root
@@ -118,11 +235,11 @@ CredType=cred/munge
 # A requeued job waits for its old credential to expire: 10 s instead of the default 120 s.
 AuthInfo=cred_expire=10
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$spool
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$pidf
 SlurmctldLogFile=$dir/slurmctld.log
-SlurmdLogFile=$dir/slurmd.log
+SlurmdLogFile=$logf
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -139,9 +256,8 @@ MinJobAge=3600
 KillWait=5
 InactiveLimit=0
 SlurmctldTimeout=30
-SlurmdTimeout=60
-$node State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+SlurmdTimeout=$timeout
+${nodes_conf}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
     cat >"$dir/bin/sacct" <<'EOF'
 #!/usr/bin/env bash
@@ -193,29 +309,80 @@ export PATH=$dir/bin:\$PATH
 EOF
 }
 
+# --- daemons ----------------------------------------------------------------------------------------------
+
+node_names() {
+    if ((NODES == 1)); then hostname -s; else for i in $(seq "$NODES"); do echo "node$i"; done; fi
+}
+
+slurmd_pidfile() { if ((NODES == 1)); then echo "$dir/slurmd.pid"; else echo "$dir/nodes/$1/slurmd.pid"; fi; }
+
+start_slurmd() {
+    local node=$1
+    if ((NODES == 1)); then
+        /usr/sbin/slurmd -f "$SLURM_CONF"
+    else
+        # Only the network namespace changes (`ip netns exec` would also remount /sys, hiding the cgroup
+        # filesystems slurmd needs), plus a private mount namespace in which the node's hosts file is bound.
+        local ns
+        ns=$(ns_of "$node")
+        nsenter --net="/run/netns/$ns" unshare --mount --propagation private \
+            sh -c 'mount --bind "$1" /etc/hosts && exec /usr/sbin/slurmd -f "$2" -N "$3"' \
+            slurmd "/etc/netns/$ns/hosts" "$SLURM_CONF" "$node"
+    fi
+}
+
+wait_idle() {
+    # Wait until every node named is idle (resuming any that come up drained or down).
+    local state node pending
+    for _ in $(seq 300); do
+        pending=0
+        for node in "$@"; do
+            state=$(sinfo --noheader --node="$node" --format=%T 2>/dev/null | head -n1 || true)
+            case "$state" in
+            idle | mixed | allocated) ;;
+            drain* | down*) pending=1; scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true ;;
+            *) pending=1 ;;
+            esac
+        done
+        ((pending)) || return 0
+        sleep 0.2
+    done
+    return 1
+}
+
 up() {
+    local nodes=${1:-1} node
+    [[ "$nodes" =~ ^[0-9]+$ && "$nodes" -ge 1 && "$nodes" -le 16 ]] || { log "NODES must be 1..16, got $nodes"; exit 2; }
     if [[ $(id -u) != 0 ]]; then
         log "the test cluster runs its daemons as root (SlurmUser=root); this is not root"
         exit 77
     fi
-    if alive "$(pid_of "$dir/slurmctld.pid")" && alive "$(pid_of "$dir/slurmd.pid")"; then
-        log "already up in $dir"
+    load_net
+    if alive "$(pid_of "$dir/slurmctld.pid")"; then
+        log "already up in $dir ($NODES nodes)"
         return
     fi
     install_packages
+    NODES=$nodes NET_ID=""
+    if ((NODES > 1)); then
+        check_netns
+        NET_ID=$(pick_net_id)
+        printf 'NET_ID=%s\nNODES=%s\n' "$NET_ID" "$NODES" >"$dir/net.env"
+        make_network
+    else
+        printf 'NET_ID=\nNODES=1\n' >"$dir/net.env"
+    fi
     start_munge
     write_config
     /usr/sbin/slurmctld -c -f "$SLURM_CONF"  # -c: clean state, no jobs from an earlier cluster
-    /usr/sbin/slurmd -f "$SLURM_CONF"
-    for _ in $(seq 150); do
-        state=$(sinfo --noheader --format=%T 2>/dev/null | head -n1 || true)
-        case "$state" in
-        idle | mixed | allocated) log "up: $SLURM_CONF (node $state)"; return ;;
-        drain* | down*) scontrol update nodename="$(hostname -s)" state=resume >/dev/null 2>&1 || true ;;
-        esac
-        sleep 0.2
-    done
-    log "the node did not become idle; see $dir/slurmctld.log and $dir/slurmd.log"
+    mapfile -t names < <(node_names)
+    for node in "${names[@]}"; do start_slurmd "$node"; done
+    if wait_idle "${names[@]}"; then
+        log "up: $SLURM_CONF ($NODES node(s): ${names[*]})"
+        return
+    fi
+    log "the nodes did not become idle; see $dir/slurmctld.log and the slurmd logs"
     status
     exit 1
 }
@@ -233,9 +400,9 @@ stop_pid() {
 }
 
 down() {
-    local ctld slurmd
+    local ctld node
+    load_net
     ctld=$(pid_of "$dir/slurmctld.pid")
-    slurmd=$(pid_of "$dir/slurmd.pid")
     if alive "$ctld"; then
         # Jobs first: their step daemons outlive slurmd otherwise.
         scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
@@ -244,8 +411,9 @@ down() {
             sleep 0.1
         done
     fi
-    stop_pid "$slurmd" slurmd
+    for node in $(node_names); do stop_pid "$(pid_of "$(slurmd_pidfile "$node")")" "slurmd $node"; done
     stop_pid "$ctld" slurmctld
+    remove_network  # also kills whatever is left inside the namespaces
     if [[ -s "$dir/munged.started" ]]; then
         stop_pid "$(cat "$dir/munged.started")" munged
         rm -f "$dir/munged.started"
@@ -253,21 +421,48 @@ down() {
     log "down"
 }
 
+kill_node() {
+    local node=$1 ns pid
+    load_net
+    ((NODES > 1)) || { log "kill-node needs a multi-node cluster"; exit 2; }
+    ns=$(ns_of "$node")
+    [[ -e /run/netns/$ns ]] || { log "no node $node"; exit 2; }
+    for pid in $(ip netns pids "$ns"); do kill -KILL "$pid" 2>/dev/null || true; done
+    for _ in $(seq 50); do
+        [[ -z "$(ip netns pids "$ns")" ]] && break
+        sleep 0.1
+    done
+    log "killed every process of $node"
+}
+
+start_node() {
+    local node=$1
+    load_net
+    ((NODES > 1)) || { log "start-node needs a multi-node cluster"; exit 2; }
+    [[ -e /run/netns/$(ns_of "$node") ]] || { log "no node $node"; exit 2; }
+    alive "$(pid_of "$(slurmd_pidfile "$node")")" || start_slurmd "$node"
+    wait_idle "$node" || { log "$node did not become idle"; exit 1; }
+    log "$node is back"
+}
+
 status() {
-    for name in slurmctld slurmd; do
-        pid=$(pid_of "$dir/$name.pid")
-        if alive "$pid"; then echo "$name: running (pid $pid)"; else echo "$name: stopped"; fi
+    local node pid
+    load_net
+    pid=$(pid_of "$dir/slurmctld.pid")
+    if alive "$pid"; then echo "slurmctld: running (pid $pid)"; else echo "slurmctld: stopped"; fi
+    for node in $(node_names); do
+        pid=$(pid_of "$(slurmd_pidfile "$node")")
+        if alive "$pid"; then echo "slurmd $node: running (pid $pid)"; else echo "slurmd $node: stopped"; fi
     done
     sinfo 2>/dev/null || true
     squeue --states=all 2>/dev/null || true
 }
 
 case "$cmd" in
-up) up ;;
+up) up "$arg" ;;
 down) down ;;
 status) status ;;
-*)
-    echo "usage: $0 up|down|status DIR" >&2
-    exit 2
-    ;;
+kill-node) [[ -n "$arg" ]] || usage; kill_node "$arg" ;;
+start-node) [[ -n "$arg" ]] || usage; start_node "$arg" ;;
+*) usage ;;
 esac
