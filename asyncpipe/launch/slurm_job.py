@@ -27,7 +27,7 @@ from asyncpipe.track.files import atomic_write_json
 LOCK_WAIT_S = 120.0  # a job may start while the submitting sweep still holds the run's lock
 CHILD_STOP_S = 60.0  # time a run gets to checkpoint after the preemption signal (submitit signals 90 s early)
 DOOMED_WAIT_S = 300.0  # after SIGTERM, SLURM's SIGKILL follows within KillWait: wait for it, report nothing
-PEERS_WAIT_S = 20.0  # after a failure, how long rank 0 waits for the other ranks to report their exit
+PEERS_WAIT_S = 10.0  # after a failure, how long rank 0 waits for the other ranks to report their exit
 TASKS_DIR = "tasks"
 
 
