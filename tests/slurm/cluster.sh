@@ -211,7 +211,7 @@ write_config() {
     if ((NODES == 1)); then
         ctld=$host spool=$dir/spool pidf=$dir/slurmd.pid logf=$dir/slurmd.log timeout=60
         mkdir -p "$dir/spool"
-        nodes_conf="NodeName=$host $hw State=UNKNOWN"
+        nodes_conf="NodeName=$host $hw State=UNKNOWN"$'\n'
     else
         # %n: the node's name, so each slurmd has its own spool, PID file and log.
         ctld="$host($(ctld_addr))" spool=$dir/nodes/%n/spool pidf=$dir/nodes/%n/slurmd.pid
