@@ -117,6 +117,7 @@ CASES: dict[str, Case] = {
     # -- the file system
     "run.dir is a file": Case(train("run.dir={tmp}/afile"), "run.dir {tmp}/afile is a file", afile),
     "run.dir below a file": Case(train("run.dir={tmp}/afile/run"), "run.dir {tmp}/afile/run is below {tmp}/afile", afile),
+    "run.dir empty": Case(train("run.dir="), "run.dir is empty"),
     "run.dir not writable": Case(train("run.dir={ro}/asyncpipe-run"), "run.dir {ro}/asyncpipe-run: cannot write to {ro}"),
     "data root a file (prepare)": Case(["data", "prepare"], "data root {tmp}/afile is a file, not a directory; point ASYNCPIPE_DATA",
                                        afile, {"ASYNCPIPE_DATA": "{tmp}/afile"}),
@@ -143,6 +144,8 @@ CASES: dict[str, Case] = {
     # -- command options
     "bench --rounds 0": Case(["bench", "simulator", "--rounds", "0"], "--rounds 0 must be >= 1"),
     "bench --rounds -2": Case(["bench", "simulator", "--rounds", "-2"], "--rounds -2 must be >= 1"),
+    "bench pipeline --rounds 0": Case(["bench", "pipeline", "--rounds", "0"], "--rounds 0 must be >= 1"),
+    "bench pipeline --steps 2": Case(["bench", "pipeline", "--steps", "2"], "--steps 2 leaves no timed step"),
     "schedule --forward -1": Case([*SCHED, "--forward", "-1"], "--forward -1 must be a finite time > 0"),
     "schedule --backward 0": Case([*SCHED, "--backward", "0"], "--backward 0 must be a finite time > 0"),
     "schedule --forward inf": Case([*SCHED, "--forward", "inf"], "--forward inf must be a finite time > 0"),

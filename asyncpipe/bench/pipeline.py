@@ -111,6 +111,8 @@ def bench_pipeline(
     if steps < 2 * skip + 1:
         raise UserError(f"--steps {steps} leaves no timed step after dropping {skip} at each end;"
                         f" use >= {2 * skip + 1}")
+    if rounds < 1:
+        raise UserError(f"--rounds {rounds} must be >= 1 (alternating [1F1B, 2BW] rounds)")
     base = [*BENCH_DEFAULTS, *overrides, "engine=pipeline", f"train.steps={steps}", f"train.eval_every={steps}"]
     cfgs = {name: compose([*base, f"delay={d}"]) for name, d in VARIANTS.items()}
     warm = compose([*BENCH_DEFAULTS, *overrides, "engine=pipeline", "delay=1", f"train.steps={max(1, warmup_steps)}"])

@@ -128,6 +128,7 @@ def check_finite(cfg: DictConfig) -> None:
 def check_ranges(cfg: DictConfig) -> None:
     """Optimizer hyper-parameters, thresholds and launcher sizes the optimizers or launchers would reject late."""
     o, m, t, ln = cfg.optimizer, cfg.model, cfg.train, cfg.launcher
+    _need(str(cfg.run.dir).strip() != "", "run.dir is empty; give the run its own directory, e.g. run.dir=runs/NAME")
     betas = list(o.betas)
     _need(len(betas) == 2, f"optimizer.betas={betas} needs two values, e.g. optimizer.betas=[0.9,0.95]")
     for i, beta in enumerate(betas):
