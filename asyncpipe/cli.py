@@ -167,8 +167,37 @@ def check_train_paths(cfg) -> None:  # noqa: ANN001 (a DictConfig; omegaconf is 
     data_root(cfg.data.root, prepared=(dataset_dir(cfg.data, cfg.tokenizer) / "manifest.json").is_file())
 
 
+def _version(value: bool) -> None:
+    if value:
+        from asyncpipe import __version__
+
+        typer.echo(f"asyncpipe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True, callback=_version),
+) -> None:
+    """Asynchronous (PipeDream-2BW) pipeline-parallel pretraining: train, sweep, report."""
+
+
+def _config_help(argv: List[str]) -> None:
+    """`train --help` and `config show --help` end with the config groups, their options and the main keys; built
+    only when help is asked for (it reads conf/ and the schema, which `asyncpipe --help` need not)."""
+    if not {"--help", "-h"} & set(argv):
+        return
+    from asyncpipe.config.describe import help_epilog
+
+    text = help_epilog()
+    for info in [*app.registered_commands, *config_app.registered_commands]:
+        if info.callback in (train, config_show):
+            info.epilog = text
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """The `asyncpipe` entry point: every user mistake, usage errors included, is one line on stderr and exit 2."""
+    _config_help(list(sys.argv[1:] if argv is None else argv))
     try:
         code = app(args=argv, prog_name="asyncpipe", standalone_mode=False)
     except CliError as exc:

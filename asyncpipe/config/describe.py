@@ -1,0 +1,70 @@
+"""The config as help text: each group's options (from `conf/`) and the main keys with their type, default and
+one-line comment (read from the text of schema.py, so `asyncpipe train --help` stays fast and never drifts from
+the schema). Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from asyncpipe.config.compose import GROUPS, conf_dir, group_options
+
+SCHEMA = Path(__file__).with_name("schema.py")
+# The keys a new user reaches for first; `asyncpipe config show` prints every key.
+MAIN_KEYS = (
+    "delay", "delay_profile", "engine", "seed", "device", "precision",
+    "optimizer.lr", "optimizer.weight_decay", "optimizer.ef.enabled", "optimizer.ef.lam",
+    "train.steps", "train.micro_batch_size", "train.micro_batches", "train.seq_len", "train.eval_every",
+    "train.warmup_frac", "train.grad_clip", "pipeline.stages", "pipeline.data_parallel",
+    "run.dir", "tracker.wandb.mode", "checkpoint.every", "resume",
+)  # fmt: skip
+_CLASS = re.compile(r"^class (\w+)")
+_FIELD = re.compile(r"^    (\w+): ([^=#]+?)(?:\s*=\s*([^#]*?))?\s*(?:#\s*(.*))?$")
+
+
+def schema_fields() -> dict[str, tuple[str, str, str]]:
+    """Every schema key -> (type, default, comment), dotted from the root `Config`."""
+    fields: dict[str, dict[str, tuple[str, str, str]]] = {}
+    current = None
+    for line in SCHEMA.read_text(encoding="utf-8").splitlines():
+        m = _CLASS.match(line)
+        if m:
+            current = fields.setdefault(m.group(1), {})
+            continue
+        m = _FIELD.match(line)
+        if m and current is not None:
+            kind, default, comment = m.group(2).strip(), (m.group(3) or "").strip(), (m.group(4) or "").strip()
+            current[m.group(1)] = (kind, default, comment)
+
+    out: dict[str, tuple[str, str, str]] = {}
+
+    def walk(cls: str, prefix: str) -> None:
+        for name, (kind, default, comment) in fields.get(cls, {}).items():
+            if kind in fields and kind != cls:
+                walk(kind, f"{prefix}{name}.")
+            else:
+                out[f"{prefix}{name}"] = (kind, default, comment)
+
+    walk("Config", "")
+    return out
+
+
+def help_epilog(keys: tuple[str, ...] = MAIN_KEYS) -> str:
+    """Help text: config groups and their options, then the main keys (click's \\b keeps the lines as they are)."""
+    try:
+        conf_dir()
+    except Exception:  # no conf/ tree: help still works, without the lists
+        return ""
+    groups = "\n".join(f"{g}=  {', '.join(group_options(g))}" for g in GROUPS)
+    fields = schema_fields()
+    rows = []
+    for key in keys:
+        if key in fields:
+            kind, default, comment = fields[key]
+            shown = "" if not default or "field(" in default or default == "MISSING" or len(default) > 24 else default
+            rows.append(f"{key}={shown.strip(chr(34))}  ({kind})" + (f"\n      {comment}" if comment else ""))
+    return (
+        "Config groups (GROUP=OPTION):\n\n\b\n" + groups
+        + "\n\nMain keys (KEY=VALUE; every key: asyncpipe config show):\n\n\b\n" + "\n".join(rows)
+    )

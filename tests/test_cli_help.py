@@ -1,0 +1,35 @@
+"""The CLI explains itself: --version, and train / config show help listing config groups and the main keys."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from asyncpipe import __version__
+from asyncpipe.config import group_options
+from asyncpipe.config.describe import schema_fields
+
+
+def asyncpipe(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "asyncpipe", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_version():
+    proc = asyncpipe("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"asyncpipe {__version__}"
+
+
+def test_train_and_config_show_help_list_groups_and_main_keys():
+    fields = schema_fields()
+    assert fields["optimizer.ef.enabled"] == ("bool", "False", "error feedback: x -= u(t-1) + lam * (u(t-1) - u(t-2))")
+    assert fields["train.steps"][0] == "int" and "tracker.wandb.mode" in fields
+    for args in (("train", "--help"), ("config", "show", "--help")):
+        proc = asyncpipe(*args)
+        assert proc.returncode == 0, proc.stderr
+        out = proc.stdout
+        assert "model=  " + ", ".join(group_options("model")) in out
+        assert "optimizer=  " + ", ".join(group_options("optimizer")) in out
+        assert "optimizer.ef.enabled=False  (bool)" in out and "error feedback" in out
+        assert "train.steps=100  (int)" in out and "optimizer steps" in out
