@@ -139,7 +139,8 @@ def bench_simulator_cmd(
     rounds: int = typer.Option(5, help="Interleaved measurement rounds."),
     out: Optional[Path] = typer.Option(None, help="Also write the result as JSON here."),
 ) -> None:
-    """Simulator step time: delay=1 (with and without EF) vs delay=0, interleaved in one run."""
+    """Simulator step time and extra memory: delay=1 plain and with every staleness mitigation vs delay=0,
+    interleaved in one run."""
     import json
 
     if rounds < 1:
@@ -150,8 +151,13 @@ def bench_simulator_cmd(
     from asyncpipe.track import atomic_write_json
 
     result = bench_simulator(overrides or [], rounds=rounds, log=lambda m: typer.echo(m, err=True))
+    params_mb = result["param_bytes"] / 2**20
     for name, ratio in result["ratio_to_delay0"].items():
-        typer.echo(f"{name:10s} {result['median_step_s'][name] * 1e3:8.1f} ms/step  x{ratio:.3f} of delay=0")
+        extra = result["extra_bytes"][name] / 2**20
+        typer.echo(
+            f"{name:26s} {result['median_step_s'][name] * 1e3:8.1f} ms/step  x{ratio:.3f} of delay=0  "
+            f"+{extra:.2f} MiB ({extra / params_mb:.2f}x params)"
+        )
     if out:
         atomic_write_json(out, result)
         typer.echo(f"wrote {out}")

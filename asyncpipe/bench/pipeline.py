@@ -212,12 +212,12 @@ def simulator_result(
     """The simulator bench (`asyncpipe.bench.simulator`) on the same overrides, at the pipeline's thread count."""
     import torch
 
-    from asyncpipe.bench.simulator import bench_simulator
+    from asyncpipe.bench.simulator import BASIC, bench_simulator
 
     torch.set_num_threads(threads)  # the pipeline's processes run this many each: compare like with like
     keep = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(("engine", "delay", "pipeline."))]
     return bench_simulator([*BENCH_DEFAULTS, *keep], rounds=rounds, steps_per_round=2, warmup=2, compose=compose,
-                           log=log)
+                           log=log, variants=BASIC)
 
 
 def format_result(res: dict) -> str:

@@ -1,7 +1,10 @@
-"""Simulator overhead: step time of delay=1 (with and without EF) against delay=0, measured side by side.
+"""Simulator overhead: step time of delay=1, plain and with every staleness mitigation (`compensation=`), against
+delay=0, measured side by side in one run, with the extra memory each variant keeps.
 
 The variants are interleaved round by round after a warm-up, so machine noise hits all of them alike; the
-reported figure is the median step time per variant and its ratio to the synchronous baseline.
+reported figure is the median step time per variant and its ratio to the synchronous baseline. Extra memory is
+what a variant holds beyond the model and the optimizer's own state: the delay's stale weight copies plus the
+mitigation's persistent buffers (`asyncpipe.optim.compensation.extra_bytes`), read after the measurement.
 """
 
 from __future__ import annotations
@@ -12,11 +15,19 @@ from typing import Callable, Sequence
 
 from omegaconf import DictConfig
 
-VARIANTS = {
+BASIC = {
     "delay0": ["delay=0"],
     "delay1": ["delay=1"],
     "delay1_ef": ["delay=1", "optimizer.ef.enabled=true"],
 }
+
+
+def all_variants() -> dict[str, list[str]]:
+    """delay0, delay1, delay1_ef, then delay1_<method> for every other registered mitigation."""
+    from asyncpipe.optim.compensation import available
+
+    methods = [m for m in available() if m not in ("none", "ef")]
+    return {**BASIC, **{f"delay1_{m}": ["delay=1", f"compensation={m}"] for m in methods}}
 
 
 def bench_simulator(
@@ -26,16 +37,19 @@ def bench_simulator(
     warmup: int = 3,
     compose: Callable[[list[str]], DictConfig] | None = None,
     log: Callable[[str], None] = print,
+    variants: dict[str, list[str]] | None = None,
 ) -> dict:
-    """Median step time of each variant and its ratio to delay=0."""
+    """Median step time of each variant (default: `all_variants`), its ratio to delay=0 and its extra memory."""
     import torch
 
     from asyncpipe.config import compose as default_compose
     from asyncpipe.train.loop import Trainer
 
     compose = compose or default_compose
+    from asyncpipe.optim.compensation import extra_bytes
+
     trainers = {}
-    for name, extra in VARIANTS.items():
+    for name, extra in (variants or all_variants()).items():
         cfg = compose([*overrides, *extra, "train.steps=1000000"])
         trainers[name] = Trainer(cfg)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -51,7 +65,8 @@ def bench_simulator(
                 times[name].append(time.perf_counter() - start)
         log(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {statistics.median(t) * 1e3:.1f} ms" for n, t in times.items()))
     base = statistics.median(times["delay0"])
-    any_cfg = next(iter(trainers.values())).cfg
+    any_trainer = next(iter(trainers.values()))
+    any_cfg = any_trainer.cfg
     return {
         "bench": "simulator",
         "model": any_cfg.model.name,
@@ -61,4 +76,6 @@ def bench_simulator(
         "median_step_s": {n: statistics.median(t) for n, t in times.items()},
         "ratio_to_delay0": {n: statistics.median(t) / base for n, t in times.items()},
         "samples_per_variant": rounds * steps_per_round,
+        "extra_bytes": {n: t.delayed.extra_bytes + extra_bytes(t.optimizer) for n, t in trainers.items()},
+        "param_bytes": sum(p.numel() * p.element_size() for p in any_trainer.params),
     }
