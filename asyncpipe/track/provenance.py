@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
+from asyncpipe.errors import UserError
 from asyncpipe.track.files import atomic_write_json, redact_secrets
 
 PROVENANCE_FILE = "provenance.json"
@@ -128,6 +129,9 @@ def recorded(cfg: Any, overrides: Sequence[str], rank: int = 0) -> Iterator[None
     sys.stdout = tee  # type: ignore[assignment]
     try:
         yield
+    except UserError:  # a refused start (say, a bad resume) leaves an existing run dir exactly as it was
+        tee.record, tee.pending, tee.partial = None, [], ""
+        raise
     finally:
         sys.stdout = tee.stream
         # Only into a run dir the run made: a user error leaves none behind, and none is made here.
