@@ -14,6 +14,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from datetime import datetime
 from importlib import metadata
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
 from asyncpipe.errors import UserError
-from asyncpipe.track.files import atomic_write_json, redact_secrets
+from asyncpipe.track.files import CONFIG_FILE, atomic_write_json, redact_secrets
 
 PROVENANCE_FILE = "provenance.json"
 TRAIN_LOG = "train.log"
@@ -87,9 +88,17 @@ class LogTee:
 
     def __init__(self, stream: TextIO, run_dir: Path, record: Optional[dict] = None) -> None:
         self.stream, self.run_dir = stream, Path(run_dir)
-        self.record = record  # provenance, written with the first line that finds the run dir
+        self.record = record  # provenance, written with the first line once the run has started
         self.pending: list[str] = []
         self.partial = ""
+        self.started = time.time()
+
+    def run_started(self) -> bool:
+        """True once this run wrote its config.yaml (every start does, a resume too): a refused run writes nothing."""
+        try:
+            return (self.run_dir / CONFIG_FILE).stat().st_mtime >= self.started - 0.05  # a coarse fs clock lags a little
+        except OSError:
+            return False
 
     def write(self, text: str) -> int:
         n = self.stream.write(text)
@@ -101,10 +110,12 @@ class LogTee:
     def log_only(self, *lines: str) -> None:
         """Append lines to train.log only (a progress bar's plain twin)."""
         self.pending.extend(lines)
-        if self.record is not None and self.run_dir.is_dir():
+        if not self.run_started():
+            return
+        if self.record is not None:
             write_provenance(self.run_dir, self.record)
             self.record = None
-        if self.pending and self.run_dir.is_dir():
+        if self.pending:
             with open(self.run_dir / TRAIN_LOG, "a", encoding="utf-8") as f:
                 f.write("".join(redact_secrets(line) + "\n" for line in self.pending))
             self.pending.clear()
@@ -134,5 +145,5 @@ def recorded(cfg: Any, overrides: Sequence[str], rank: int = 0) -> Iterator[None
         raise
     finally:
         sys.stdout = tee.stream
-        # Only into a run dir the run made: a user error leaves none behind, and none is made here.
+        # Only into a run dir this run started in: a refused run leaves no file behind.
         tee.log_only(*([tee.partial] if tee.partial.strip() else []))
