@@ -25,7 +25,8 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not slurm" tests
 
-# The main job on the embedded default: a 2x2 sweep (muon, adamw x sync, 1-step), then its loss-gap report.
+# The main job on the embedded default: adamw and muon x sync / 1-step / 1-step+EF (seed 0), then its loss-gap
+# report. `asyncpipe sweep --file sweeps/smoke.yaml seed=0,1,2` extends the same sweep to 3 seeds.
 SMOKE_OUT ?= runs/sweeps
 smoke-test: install
 	rm -rf $(SMOKE_OUT)/smoke
