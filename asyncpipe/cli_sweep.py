@@ -49,9 +49,10 @@ def sweep(
     detach: bool = typer.Option(False, "--detach", help="launcher=slurm: return once submitted instead of watching the jobs."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the runs, their tokens and an estimated wall time (from recorded runs under OUT); launch nothing."),
 ) -> None:
-    """Run a sweep: the grid crossed with the file's variants, one run dir each under OUT/NAME. Re-running it skips
-    completed runs and resumes the rest; more seeds or values under the same name add runs (the fixed overrides
-    must stay the same)."""
+    """Run a sweep: the grid crossed with the file's variants, one run dir each under OUT/NAME.
+
+    Re-running it skips completed runs and resumes the rest; more seeds or values under the same name add runs
+    (the fixed overrides must stay the same)."""
     if dry_run:
         from asyncpipe.launch import dry_run_sweep
 
