@@ -1,4 +1,5 @@
-"""`launcher=slurm` against a real single-node SLURM cluster (tests/slurm/cluster.sh installs, starts, stops it).
+"""`launcher=slurm` against a real single-node SLURM cluster (tests/slurm/cluster.sh installs, starts, stops it;
+with slurmdbd accounting where it can be installed).
 
 The tests skip only when SLURM cannot be installed here (not root, no apt); otherwise they run.
 """

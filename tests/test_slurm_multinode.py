@@ -94,6 +94,10 @@ def test_two_stage_2bw_pipeline_one_stage_per_node(cluster2: Path, tmp_path: Pat
     # Stage s on node s: rank 0 (stage 0) on the job's first node, rank 1 (stage 1) on the second.
     assert [(p["rank"], p["node"], p["stage"]) for p in record["placement"]] == [(0, 0, 0), (1, 1, 1)]
     assert nodes_of_ranks(run_dir) == {0: "node1", 1: "node2"}
+    if "ACCOUNTING=slurmdbd" in (cluster2 / "cluster.env").read_text():  # the real sacct, from slurmdbd's database
+        argv = ["sacct", "-X", "-n", "-P", "-o", "State,NNodes,NodeList", "-j", record["job_id"]]
+        sacct = lambda: subprocess.run(argv, capture_output=True, text=True).stdout.strip()  # noqa: E731
+        _wait_for(lambda: sacct() == "COMPLETED|2|node[1-2]", 30, f"sacct to report the job (it says {sacct()!r})")
     local = run_sweep(grid, out=tmp_path / "local", name="p2", display=quiet())
     assert local.states[0].state == "completed"
     assert len(losses(run_dir)) == 6

@@ -21,12 +21,13 @@
 # no route anywhere else. slurmctld reaches each slurmd by NodeAddr. Each slurmd starts in its namespace with
 # /etc/netns/<ns>/hosts bound on /etc/hosts (in a mount namespace of its own): it names every node, and this
 # host's name resolves, inside a node, to that node's own address, as on a real cluster. munged's socket is a file: every node shares it. Per node:
-# DIR/nodes/<node>/{spool,slurmd.log,slurmd.pid}. ID is free when chosen, kept in DIR/net.env.
+# DIR/nodes/<node>/{spool,slurmd.log,slurmd.pid}. ID is free when chosen, kept in DIR/cluster.env.
 #
-# Accounting: there is no slurmdbd, so the real `sacct` fails. submitit always asks sacct for job states; a job
-# that ends without a result file (cancelled, killed) would then never be seen to end. DIR/bin/sacct is a small
-# shim answering from `squeue --states=all` (finished jobs stay visible for MinJobAge); env.sh puts DIR/bin
-# first on PATH, for the tests only.
+# Accounting: real. Debian's slurmdbd over a MariaDB server of the cluster's own (DIR/db, TCP on 127.0.0.1 only,
+# a fresh database each `up`; about 7 s), so `sacct` (which submitit asks for job states) answers from the
+# accounting database. Where slurmdbd or mariadb-server cannot be installed, a small shim DIR/bin/sacct answers
+# from `squeue --states=all` instead (finished jobs then stay in squeue for MinJobAge=3600 s); env.sh puts DIR/bin
+# first on PATH, for the tests only. DIR/cluster.env says which (ACCOUNTING=slurmdbd or shim).
 set -euo pipefail
 
 usage() {
@@ -41,6 +42,7 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 export SLURM_CONF="$dir/slurm.conf"
 PKGS=(slurmctld slurmd slurm-client munge)
+ACCT_PKGS=(slurmdbd mariadb-server)
 
 log() { echo "cluster.sh: $*" >&2; }
 
@@ -74,6 +76,16 @@ install_packages() {
         log "apt-get could not install ${PKGS[*]} (see $dir/apt.log)"
         exit 77
     fi
+}
+
+accounting_available() {
+    # slurmdbd and MariaDB, installed now if missing and possible (else the cluster uses the sacct shim).
+    [[ -x /usr/sbin/slurmdbd && -x /usr/sbin/mariadbd ]] && command -v mariadb-install-db >/dev/null && return 0
+    [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1 || return 1
+    log "installing ${ACCT_PKGS[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${ACCT_PKGS[@]}" \
+        >>"$dir/apt.log" 2>&1 || return 1
+    [[ -x /usr/sbin/slurmdbd && -x /usr/sbin/mariadbd ]]
 }
 
 free_port() {
@@ -119,8 +131,8 @@ NET_PREFIX=10.213
 
 load_net() {
     # NET_ID and NODES of this cluster (NODES=1: single-node mode, no namespaces).
-    NET_ID="" NODES=1
-    [[ -r "$dir/net.env" ]] && source "$dir/net.env"
+    NET_ID="" NODES=1 ACCOUNTING=shim
+    [[ -r "$dir/cluster.env" ]] && source "$dir/cluster.env"
     return 0
 }
 
@@ -201,7 +213,16 @@ remove_network() {
 # --- configuration ----------------------------------------------------------------------------------------
 
 write_config() {
-    local host hw ctld_port slurmd_port nodes_conf ctld spool pidf logf i timeout
+    local host hw ctld_port slurmd_port nodes_conf ctld spool pidf logf i timeout accounting_conf min_job_age
+    if [[ $ACCOUNTING == slurmdbd ]]; then
+        accounting_conf="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$DBD_PORT"
+        min_job_age=300
+    else
+        accounting_conf="AccountingStorageType=accounting_storage/none"
+        min_job_age=3600  # finished jobs stay in squeue for an hour: the sacct shim answers from there
+    fi
     host=$(hostname -s)
     hw=$(slurmd -C | head -n1 | sed 's/^NodeName=[^ ]* //')
     ctld_port=$(free_port)
@@ -223,7 +244,7 @@ write_config() {
         done
     fi
     cat >"$SLURM_CONF" <<EOF
-# Written by tests/slurm/cluster.sh: a $NODES-node test cluster, no accounting daemon.
+# Written by tests/slurm/cluster.sh: a $NODES-node test cluster, accounting: $ACCOUNTING.
 ClusterName=asyncpipe-test
 SlurmctldHost=$ctld
 SlurmctldPort=$ctld_port
@@ -246,19 +267,23 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1,sched_interval=2
-AccountingStorageType=accounting_storage/none
+$accounting_conf
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
-# Finished jobs stay in squeue for an hour: the sacct shim answers from there.
-MinJobAge=3600
+MinJobAge=$min_job_age
 KillWait=5
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=$timeout
 ${nodes_conf}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    cat >"$dir/env.sh" <<EOF
+export SLURM_CONF=$SLURM_CONF
+export PATH=$dir/bin:\$PATH
+EOF
+    [[ $ACCOUNTING == shim ]] || return 0
     cat >"$dir/bin/sacct" <<'EOF'
 #!/usr/bin/env bash
 # sacct for a cluster without slurmdbd: job states from `squeue --states=all` (see tests/slurm/cluster.sh).
@@ -303,13 +328,56 @@ BEGIN {
 }'
 EOF
     chmod +x "$dir/bin/sacct"
-    cat >"$dir/env.sh" <<EOF
-export SLURM_CONF=$SLURM_CONF
-export PATH=$dir/bin:\$PATH
-EOF
 }
 
 # --- daemons ----------------------------------------------------------------------------------------------
+
+start_accounting() {
+    # MariaDB on 127.0.0.1 with a fresh data dir, a `slurm` user for slurmdbd, then slurmdbd itself.
+    local db_port
+    db_port=$(free_port)
+    [[ "$db_port" != "$DBD_PORT" ]] || db_port=$((DBD_PORT + 1))
+    rm -rf "$dir/db"
+    mariadb-install-db --no-defaults --datadir="$dir/db" --user=root --auth-root-authentication-method=normal \
+        --skip-test-db --innodb-log-file-size=8M >"$dir/db-install.log" 2>&1 ||
+        { log "mariadb-install-db failed; see $dir/db-install.log"; exit 1; }
+    setsid /usr/sbin/mariadbd --no-defaults --datadir="$dir/db" --user=root --socket="$dir/mysql.sock" \
+        --port="$db_port" --bind-address=127.0.0.1 --skip-name-resolve --pid-file="$dir/mariadb.pid" \
+        --log-error="$dir/mariadb.log" --innodb-buffer-pool-size=32M --innodb-log-file-size=8M \
+        --innodb-flush-log-at-trx-commit=0 \
+        </dev/null >/dev/null 2>&1 &
+    for _ in $(seq 300); do
+        mariadb --no-defaults --socket="$dir/mysql.sock" -uroot -e "select 1" >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    mariadb --no-defaults --socket="$dir/mysql.sock" -uroot -e "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY \
+        'asyncpipe-test'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" || { log "MariaDB did not start"; exit 1; }
+    (
+        umask 077  # slurmdbd refuses a readable config (it holds the password)
+        cat >"$dir/slurmdbd.conf" <<EOF
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$dir/slurmdbd.pid
+LogFile=$dir/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$db_port
+StorageUser=slurm
+StoragePass=asyncpipe-test
+StorageLoc=slurm_acct_db
+EOF
+    )
+    /usr/sbin/slurmdbd  # reads slurmdbd.conf next to $SLURM_CONF
+    for _ in $(seq 300); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$DBD_PORT") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    log "slurmdbd did not start; see $dir/slurmdbd.log"
+    exit 1
+}
 
 node_names() {
     if ((NODES == 1)); then hostname -s; else for i in $(seq "$NODES"); do echo "node$i"; done; fi
@@ -364,22 +432,23 @@ up() {
         return
     fi
     install_packages
-    NODES=$nodes NET_ID=""
+    NODES=$nodes NET_ID="" ACCOUNTING=shim
+    accounting_available && ACCOUNTING=slurmdbd
     if ((NODES > 1)); then
         check_netns
         NET_ID=$(pick_net_id)
-        printf 'NET_ID=%s\nNODES=%s\n' "$NET_ID" "$NODES" >"$dir/net.env"
-        make_network
-    else
-        printf 'NET_ID=\nNODES=1\n' >"$dir/net.env"
     fi
+    DBD_PORT=$(free_port)
+    printf 'NET_ID=%s\nNODES=%s\nACCOUNTING=%s\n' "$NET_ID" "$NODES" "$ACCOUNTING" >"$dir/cluster.env"
+    ((NODES == 1)) || make_network
     start_munge
     write_config
+    [[ $ACCOUNTING == shim ]] || start_accounting
     /usr/sbin/slurmctld -c -f "$SLURM_CONF"  # -c: clean state, no jobs from an earlier cluster
     mapfile -t names < <(node_names)
     for node in "${names[@]}"; do start_slurmd "$node"; done
     if wait_idle "${names[@]}"; then
-        log "up: $SLURM_CONF ($NODES node(s): ${names[*]})"
+        log "up: $SLURM_CONF ($NODES node(s): ${names[*]}; accounting: $ACCOUNTING)"
         return
     fi
     log "the nodes did not become idle; see $dir/slurmctld.log and the slurmd logs"
@@ -413,6 +482,9 @@ down() {
     fi
     for node in $(node_names); do stop_pid "$(pid_of "$(slurmd_pidfile "$node")")" "slurmd $node"; done
     stop_pid "$ctld" slurmctld
+    stop_pid "$(pid_of "$dir/slurmdbd.pid")" slurmdbd
+    stop_pid "$(pid_of "$dir/mariadb.pid")" mariadbd
+    rm -rf "$dir/db"  # ~20 MB of database files
     remove_network  # also kills whatever is left inside the namespaces
     if [[ -s "$dir/munged.started" ]]; then
         stop_pid "$(cat "$dir/munged.started")" munged
@@ -448,8 +520,11 @@ start_node() {
 status() {
     local node pid
     load_net
-    pid=$(pid_of "$dir/slurmctld.pid")
-    if alive "$pid"; then echo "slurmctld: running (pid $pid)"; else echo "slurmctld: stopped"; fi
+    for name in slurmctld slurmdbd mariadb; do
+        pid=$(pid_of "$dir/$name.pid")
+        if alive "$pid"; then echo "$name: running (pid $pid)"; else echo "$name: stopped"; fi
+    done
+    echo "accounting: $ACCOUNTING"
     for node in $(node_names); do
         pid=$(pid_of "$(slurmd_pidfile "$node")")
         if alive "$pid"; then echo "slurmd $node: running (pid $pid)"; else echo "slurmd $node: stopped"; fi
