@@ -84,10 +84,45 @@ def pipeline_grid(stages: int, replicas: int, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def test_two_stage_2bw_pipeline_one_stage_per_node(cluster2: Path, tmp_path: Path):
-    grid = pipeline_grid(2, 1, 6)
-    remote = run_sweep([*grid, "launcher=slurm", "launcher.nodes=2"], out=tmp_path / "slurm", name="p2", display=quiet())
-    run_dir = tmp_path / "slurm" / "p2" / "seed=0"
+def _last_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return max((r["step"] for r in rows), default=-1)
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _sweep_in_thread(grid: list[str], out: Path, name: str) -> tuple[threading.Thread, list]:
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(run_sweep(grid, out=out, name=name, display=quiet())))
+    thread.daemon = True
+    thread.start()
+    return thread, result
+
+
+# --- one uninterrupted reference run (local) for the 2-node run, its requeue and its node failure -----------
+
+REF_STEPS = 50  # long enough that a requeue or a node failure lands mid-run on an idle 2-core machine
+REF_GRID = [*pipeline_grid(2, 1, REF_STEPS), "checkpoint.every=5"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """The uninterrupted run's losses (local launcher: the same two processes, on this host)."""
+    out = tmp_path_factory.mktemp("reference")
+    result = run_sweep(REF_GRID, out=out, name="ref", display=quiet())
+    assert result.states[0].state == "completed"
+    return losses(out / "ref" / "seed=0")
+
+
+def test_two_stage_2bw_pipeline_one_stage_per_node(cluster2: Path, tmp_path: Path, reference: list[float]):
+    remote = run_sweep([*REF_GRID, "launcher=slurm", "launcher.nodes=2"], out=tmp_path, name="p2", display=quiet())
+    run_dir = tmp_path / "p2" / "seed=0"
     assert remote.states[0].state == "completed", (run_dir / "slurm.out").read_text()[-3000:]
     record = json.loads((run_dir / "slurm_job.json").read_text())
     assert (record["nodes"], record["tasks_per_node"]) == (2, 1)
@@ -98,10 +133,8 @@ def test_two_stage_2bw_pipeline_one_stage_per_node(cluster2: Path, tmp_path: Pat
         argv = ["sacct", "-X", "-n", "-P", "-o", "State,NNodes,NodeList", "-j", record["job_id"]]
         sacct = lambda: subprocess.run(argv, capture_output=True, text=True).stdout.strip()  # noqa: E731
         _wait_for(lambda: sacct() == "COMPLETED|2|node[1-2]", 30, f"sacct to report the job (it says {sacct()!r})")
-    local = run_sweep(grid, out=tmp_path / "local", name="p2", display=quiet())
-    assert local.states[0].state == "completed"
-    assert len(losses(run_dir)) == 6
-    assert losses(run_dir) == pytest.approx(losses(tmp_path / "local" / "p2" / "seed=0"), rel=1e-5, abs=1e-5)
+    assert len(losses(run_dir)) == REF_STEPS
+    assert losses(run_dir) == pytest.approx(reference, rel=1e-5, abs=1e-5)
 
 
 def test_two_by_two_pipeline_and_data_parallel_simulate_across_nodes(cluster2: Path, tmp_path: Path):
@@ -132,49 +165,13 @@ def test_two_by_two_pipeline_and_data_parallel_simulate_across_nodes(cluster2: P
     assert losses(run_dir) == pytest.approx(losses(tmp_path / "dp-local"), rel=1e-5, abs=1e-5)
 
 
-# --- requeue and node failure: one uninterrupted reference run for both --------------------------------------
-
-FAULT_STEPS = 50  # long enough that the fault lands mid-run on an idle 2-core machine
-FAULT_GRID = [*pipeline_grid(2, 1, FAULT_STEPS), "checkpoint.every=5"]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    """The uninterrupted run's losses (local launcher: the same two processes, on this host)."""
-    out = tmp_path_factory.mktemp("reference")
-    result = run_sweep(FAULT_GRID, out=out, name="ref", display=quiet())
-    assert result.states[0].state == "completed"
-    return losses(out / "ref" / "seed=0")
-
-
-def _last_step(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return max((r["step"] for r in rows), default=-1)
-
-
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def _sweep_in_thread(grid: list[str], out: Path, name: str) -> tuple[threading.Thread, list]:
-    result: list = []
-    thread = threading.Thread(target=lambda: result.append(run_sweep(grid, out=out, name=name, display=quiet())))
-    thread.daemon = True
-    thread.start()
-    return thread, result
-
-
 def test_requeue_of_multinode_job_resumes_exactly(cluster2: Path, tmp_path: Path, reference: list[float]):
-    grid = [*FAULT_GRID, "launcher=slurm", "launcher.nodes=2"]
+    grid = [*REF_GRID, "launcher=slurm", "launcher.nodes=2"]
     sweep, result = _sweep_in_thread(grid, tmp_path, "rq")
     run_dir = tmp_path / "rq" / "seed=0"
     _wait_for(lambda: _last_step(run_dir) >= 3, 180, "the first steps")
     first = _last_step(run_dir)
-    assert first < FAULT_STEPS, "the run finished before it could be requeued; raise FAULT_STEPS"
+    assert first < REF_STEPS, "the run finished before it could be requeued; raise REF_STEPS"
     job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     sweep.join(timeout=300)
@@ -184,16 +181,16 @@ def test_requeue_of_multinode_job_resumes_exactly(cluster2: Path, tmp_path: Path
     assert text.count("Starting with JobEnvironment") == 2 and "resumed from" in text
     assert "Restarts=1" in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert losses(run_dir)[-1] == reference[-1]  # exactly
-    assert len(losses(run_dir)) == FAULT_STEPS
+    assert len(losses(run_dir)) == REF_STEPS
 
 
 def test_killed_node_fails_the_run_cleanly_and_a_rerun_resumes(cluster2: Path, tmp_path: Path, reference: list[float]):
-    grid = [*FAULT_GRID, "launcher=slurm", "launcher.nodes=2"]
+    grid = [*REF_GRID, "launcher=slurm", "launcher.nodes=2"]
     sweep, result = _sweep_in_thread(grid, tmp_path, "kill")
     run_dir = tmp_path / "kill" / "seed=0"
     _wait_for(lambda: (run_dir / "checkpoints" / "step_00000005" / MARKER).exists() and _last_step(run_dir) >= 6,
               240, "a complete checkpoint")  # fmt: skip
-    assert _last_step(run_dir) < FAULT_STEPS, "the run finished before its node could be killed; raise FAULT_STEPS"
+    assert _last_step(run_dir) < REF_STEPS, "the run finished before its node could be killed; raise REF_STEPS"
     killed = time.monotonic()
     cluster("kill-node", cluster2, "node2")  # slurmd, its step daemons and rank 1: a crashed host
     # Rank 0 fails as soon as it talks to its lost peer (at the latest after the process-group timeout), then
@@ -223,4 +220,4 @@ def test_killed_node_fails_the_run_cleanly_and_a_rerun_resumes(cluster2: Path, t
     last = int(max(complete).split("_")[1])
     assert f"at step {last}" in log and "resumed from" in log
     assert losses(run_dir)[-1] == reference[-1]
-    assert len(losses(run_dir)) == FAULT_STEPS
+    assert len(losses(run_dir)) == REF_STEPS
