@@ -139,7 +139,8 @@ def classify(runs: list[tuple[str, dict, str, str, bool]]) -> Grouping:
     named = any(n for *_, n in runs)
     keys = sorted({k for v in values.values() for k in v} - {ROW})
     defaults = schema_defaults()
-    unrecorded = [k for k in keys if k in defaults and any(k not in v for v in values.values())]
+    unrecorded = [k for k in keys if k in defaults and k != "pipeline.stages"  # dropped on purpose by comparable()
+                  and any(k not in v for v in values.values())]
     for v in values.values():  # a run whose config predates a key ran with that key's default behaviour
         v.update({k: defaults[k] for k in unrecorded if k not in v})
     cells: dict[tuple, list[str]] = {}
