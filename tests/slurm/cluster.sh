@@ -224,7 +224,7 @@ AccountingStoragePort=$DBD_PORT"
         min_job_age=3600  # finished jobs stay in squeue for an hour: the sacct shim answers from there
     fi
     host=$(hostname -s)
-    hw=$(slurmd -C | head -n1 | sed 's/^NodeName=[^ ]* //')
+    hw=$(/usr/sbin/slurmd -C | head -n1 | sed 's/^NodeName=[^ ]* //')
     ctld_port=$(free_port)
     slurmd_port=$(free_port)
     [[ "$slurmd_port" != "$ctld_port" ]] || slurmd_port=$((ctld_port + 1))
