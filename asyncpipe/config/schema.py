@@ -161,6 +161,7 @@ class PipelineConfig:
     defer_step: Optional[bool] = None  # 2BW: step just before W(b+1) is first read, hiding the norm all-reduce (None = when needed)
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     threads: int = 1  # torch threads per process
+    schedule: str = "auto"  # auto: 1F1B (delay 0) or 2BW (delay 1); dualpipev: DeepSpeed's DualPipeV (delay 0, m >= 2P)
 
 
 @dataclass

@@ -18,6 +18,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 CLIP_MODES = ("global", "stage")
 BACKENDS = ("auto", "gloo", "nccl")
+PIPE_SCHEDULES = ("auto", "dualpipev")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 MUON_ADJUST_LR_FNS = ("original", "match_rms_adamw")  # torch.optim.Muon; null = original
 EF_SCHEDULES = ("constant", "warmup")
@@ -45,6 +46,7 @@ def validate(cfg: DictConfig) -> None:
     _choice("precision", cfg.precision, PRECISIONS)
     _choice("pipeline.clip", p.clip, CLIP_MODES)
     _choice("pipeline.backend", p.backend, BACKENDS)
+    _choice("pipeline.schedule", p.schedule, PIPE_SCHEDULES)
     _choice("tracker.wandb.mode", cfg.tracker.wandb.mode, WANDB_MODES)
     _need(cfg.delay >= 0, f"delay={cfg.delay} must be >= 0 (0 = synchronous, 1 = PipeDream-2BW)")
     _need(o.lr > 0, f"optimizer.lr={o.lr} must be > 0")
@@ -95,6 +97,14 @@ def validate(cfg: DictConfig) -> None:
             not m.tie_embeddings,
             f"engine=pipeline needs untied embeddings; add model.tie_embeddings=false (model '{m.name}' ties them)",
         )
+        if p.schedule == "dualpipev":
+            _need(cfg.delay == 0, f"pipeline.schedule=dualpipev is synchronous; use it with delay=0, got delay={cfg.delay}")
+            _need(t.micro_batches >= 2 * p.stages and t.eval_batches // p.data_parallel >= 2 * p.stages,
+                  f"pipeline.schedule=dualpipev needs train.micro_batches and train.eval_batches per replica >= 2 x "
+                  f"pipeline.stages = {2 * p.stages}, got {t.micro_batches} and {t.eval_batches}")  # fmt: skip
+            _need(2 * p.stages <= m.n_layer,
+                  f"pipeline.schedule=dualpipev cuts the model into 2 x {p.stages} chunks of at least one block; "
+                  f"model '{m.name}' has {m.n_layer} blocks")  # fmt: skip
         if cfg.delay == 1:
             _need(
                 t.micro_batches >= p.stages,

@@ -2,7 +2,7 @@
 
 from asyncpipe.model.gpt import GPT, Block, Embedding, Head, build_layers, count_parameters, lm_loss
 from asyncpipe.model.moe import MoE, Router, moe_layers, pop_moe_stats, pop_moe_sums, set_aux_grad_scale
-from asyncpipe.model.partition import layer_of_param, partition
+from asyncpipe.model.partition import layer_of_param, partition, stage_layers
 
 __all__ = [
     "GPT",
@@ -19,5 +19,6 @@ __all__ = [
     "partition",
     "pop_moe_stats",
     "pop_moe_sums",
+    "stage_layers",
     "set_aux_grad_scale",
 ]

@@ -23,6 +23,17 @@ def partition(n_layers_total: int, stages: int) -> list[int]:
     return parts
 
 
+def stage_layers(n_layers_total: int, stages: int, rank: int, v_shape: bool = False) -> tuple[list[int], list[int]]:
+    """(chunk boundaries, layer indices of ``rank``): P chunks, one per rank in order, or with ``v_shape`` 2P
+    chunks in a V (DualPipeV: rank r holds chunk r and chunk 2P-1-r, so rank 0 holds the embedding and head)."""
+    if not v_shape:
+        parts = partition(n_layers_total, stages)
+        return parts, list(range(parts[rank], parts[rank + 1]))
+    parts = partition(n_layers_total, 2 * stages)
+    mirror = 2 * stages - 1 - rank
+    return parts, list(range(parts[rank], parts[rank + 1])) + list(range(parts[mirror], parts[mirror + 1]))
+
+
 def layer_of_param(name: str) -> int:
     """Index into the layer list of a parameter named ``layers.{i}.…`` (as in `GPT.named_parameters`)."""
     parts = name.split(".")

@@ -26,6 +26,7 @@ from asyncpipe.model import pop_moe_sums
 from asyncpipe.optim import clip_grads, compensate_grads, grad_sq_norm, lr_factor
 from asyncpipe.pipe import memory
 from asyncpipe.pipe import schedule as sched
+from asyncpipe.pipe.actmem import ActivationMeter
 from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.pipe.stash import WeightStash
 
@@ -51,7 +52,8 @@ class PipeSettings:
 
 
 _WAIT = (ds_schedule.SendActivation, ds_schedule.RecvActivation, ds_schedule.SendGrad, ds_schedule.RecvGrad,
-         sched.CommitP2P)  # fmt: skip
+         sched.CommitP2P, ds_schedule.CommitP2P)  # fmt: skip
+_FORWARD, _BACKWARD = (sched.ForwardPass, ds_schedule.ForwardPass), (sched.BackwardPass, ds_schedule.BackwardPass)
 
 
 class TwoBWPipelineEngine(PipelineEngine):
@@ -70,6 +72,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         if self.zero_optimization() or self.fp16_enabled() or self.bfloat16_enabled():
             raise ValueError("use a client fp32 optimizer (bf16 via torch_autocast), not DeepSpeed's ZeRO/fp16/bf16")
         self.stash = WeightStash(self.module, settings.delay)
+        self.activations = ActivationMeter(self._weight_tensors)
         self.pipe_buffers["grads"] = []
         self.pipe_buffers["losses"] = []
         self._p2p_ops: list[tdist.P2POp] = []
@@ -133,7 +136,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         self.total_loss = None
         self.fwd_outputs = []
         if self._cmds is None:
-            self._exec_schedule(ds_schedule.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id))
+            self._exec_schedule(self._train_schedule())  # DeepSpeed's TrainSchedule (or a subclass's, e.g. DualPipeV)
         else:
             assert self._schedule is not None
             self._reserve_pipe_buffers(self._schedule.num_pipe_buffers())
@@ -184,7 +187,13 @@ class TwoBWPipelineEngine(PipelineEngine):
             torch.cuda.synchronize(self.device)
         start = time.perf_counter()
         inner = self._clock["inner_wait"]
-        fn(self, **cmd.kwargs)
+        if isinstance(cmd, _FORWARD):
+            with self.activations.forward((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"])):
+                fn(self, **cmd.kwargs)
+        else:
+            fn(self, **cmd.kwargs)
+            if isinstance(cmd, _BACKWARD):
+                self.activations.backward_done((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"]))
         if self.settings.trace and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()
@@ -199,6 +208,11 @@ class TwoBWPipelineEngine(PipelineEngine):
         if self.settings.trace:
             self.trace.append((type(cmd).__name__, cmd.kwargs.get("micro_batch"), start, end))
 
+    def _weight_tensors(self) -> list[torch.Tensor]:
+        """Every weight and buffer tensor a forward may read (both stashed versions): not activations."""
+        slots = [t for slot in self.stash.slots if slot is not None for t in slot]
+        return [*self.module.parameters(), *self.module.buffers(), *self.stash.params, *slots]
+
     @contextlib.contextmanager
     def _waiting(self, what: str) -> Iterator[None]:
         start = time.perf_counter()
@@ -207,6 +221,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         finally:
             waited = time.perf_counter() - start
             self._clock["inner_wait"] += waited
+            self._clock[what] = self._clock.get(what, 0.0) + waited
             self._by_wait[what] = self._by_wait.get(what, 0.0) + waited
 
     # -- 2BW compute: DeepSpeed's forward/backward on the micro-batch's pinned weight version ------------
@@ -351,7 +366,7 @@ class TwoBWPipelineEngine(PipelineEngine):
             else:
                 acc = self._batch_loss.pop(b)
                 loss_sum, count = float(acc[0]), acc[1]
-        d = {k: self._clock[k] - self._mark[k] for k in ("wait", "compute")}
+        d = {k: self._clock.get(k, 0.0) - self._mark.get(k, 0.0) for k in ("wait", "compute", "norm_allreduce")}
         self._mark = dict(self._clock)
         moe_lb, moe_z, moe_count = pop_moe_sums(self.module)
         update = getattr(self.optimizer, "last_update_norm", None)
@@ -360,7 +375,7 @@ class TwoBWPipelineEngine(PipelineEngine):
             "step": b, "stage": self.stage_id, "replica": self.grid.data_parallel_id,
             "loss_sum": loss_sum if self.is_last_stage() else math.nan, "loss_count": count,
             "stage_sq_norm": stage_sq, "global_norm": global_norm,
-            "lr": self.optimizer.param_groups[0]["lr"], "wait_s": d["wait"], "compute_s": d["compute"],
+            "lr": self.optimizer.param_groups[0]["lr"], "wait_s": d["wait"], "compute_s": d["compute"], "norm_wait_s": d["norm_allreduce"],
             "weight_bytes": self.stash.weight_bytes, "peak_weight_bytes": self.stash.peak_bytes,
             "update_sq": math.nan if update is None else float(update) ** 2,
             "correction_sq": math.nan if corr is None else float(corr) ** 2,
@@ -385,6 +400,8 @@ class TwoBWPipelineEngine(PipelineEngine):
             "deferred_step": self.defer_step, "global_norm_allreduce": self._global_norm,
             "seconds_by_op": dict(self._by_op), "seconds_blocked_in": dict(self._by_wait),
             "peak_mem_bytes": memory.peak_since(self.memory_baseline, self.device),  # since the stage was built
+            "peak_activation_bytes": self.activations.peak_bytes,
+            "activation_bytes_per_micro_batch": self.activations.max_micro_batch_bytes,
         }  # fmt: skip
 
     # -- evaluation: a collective forward-only pass on the latest weights ---------------------------------

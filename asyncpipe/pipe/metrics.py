@@ -14,7 +14,7 @@ import torch.distributed as tdist
 FIELDS = (
     "step", "stage", "replica", "loss_sum", "loss_count", "stage_sq_norm", "global_norm", "lr", "wait_s",
     "compute_s", "weight_bytes", "peak_weight_bytes", "update_sq", "correction_sq", "moe_lb_sum", "moe_z_sum",
-    "moe_count",
+    "moe_count", "norm_wait_s",
 )  # fmt: skip
 
 
@@ -26,7 +26,8 @@ def combine_step(recs: list[dict[str, float]], step_time: float) -> dict[str, fl
     replica 0: idle fraction (time waiting on communication / time in the schedule) and weight memory.
     """
     last_stage = max(int(r["stage"]) for r in recs)
-    last = [r for r in recs if int(r["stage"]) == last_stage]
+    # The ranks that computed losses: the last stage's, or rank 0's in a V-shaped schedule (DualPipeV).
+    last = [r for r in recs if r["loss_count"] > 0] or [r for r in recs if int(r["stage"]) == last_stage]
     loss = sum(r["loss_sum"] for r in last) / max(1.0, sum(r["loss_count"] for r in last))
     replica0 = sorted((r for r in recs if int(r["replica"]) == 0), key=lambda r: r["stage"])
     head = replica0[0]  # global rank 0: stage 0 of replica 0
@@ -46,6 +47,7 @@ def combine_step(recs: list[dict[str, float]], step_time: float) -> dict[str, fl
         s = int(r["stage"])
         busy = r["wait_s"] + r["compute_s"]
         out[f"stage{s}_idle_frac"] = r["wait_s"] / busy if busy > 0 else 0.0
+        out[f"stage{s}_norm_wait_s"] = r["norm_wait_s"]  # blocked on the cross-stage norm all-reduce this step
         out[f"stage{s}_weight_mb"] = r["weight_bytes"] / 2**20
         out[f"stage{s}_peak_weight_mb"] = r["peak_weight_bytes"] / 2**20
     return out

@@ -103,7 +103,7 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
-    from asyncpipe.model import build_layers, lm_loss, partition, set_aux_grad_scale
+    from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale, stage_layers
     from asyncpipe.optim import build_optimizer
     from asyncpipe.pipe import memory
     from asyncpipe.pipe.engine import PipeSettings, TwoBWPipelineEngine
@@ -112,12 +112,19 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     t, p = cfg.train, cfg.pipeline
     topo = PipeDataParallelTopology(num_pp=p.stages, num_dp=p.data_parallel)
     coord = topo.get_coord(rank)
-    parts = partition(cfg.model.n_layer + 2, p.stages)
+    v_shape = p.schedule == "dualpipev"
+    parts, mine = stage_layers(cfg.model.n_layer + 2, p.stages, coord.pipe, v_shape)
     baseline = memory.mark(device)  # the stage's peak memory is measured from here (stage_summary)
     # Only this stage's layers are built, each from (seed, layer index): the simulator's initial weights.
-    layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=range(parts[coord.pipe], parts[coord.pipe + 1]))
+    layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=mine)
+    engine_cls: Any = TwoBWPipelineEngine
+    module_cls: Any = StagedModule
+    if v_shape:
+        from asyncpipe.pipe.dualpipev import DualPipeVModule, DualPipeVRunEngine
+
+        engine_cls, module_cls = DualPipeVRunEngine, DualPipeVModule
     with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints its seed and topology settings
-        module = StagedModule(layers, parts, topo, lm_loss)
+        module = module_cls(layers, parts, topo, lm_loss)
     set_aux_grad_scale(module, 1.0 / t.micro_batches)  # MoE aux losses: scaled as DeepSpeed scales the LM loss
     optimizer = build_optimizer(module, cfg.optimizer, compensation=cfg.compensation, delays=cfg.delay, pipeline=True)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
@@ -127,7 +134,7 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
         min_lr_frac=t.min_lr_frac, trace=p.trace, defer_step=p.defer_step,
     )  # fmt: skip
     mpu = module.mpu()
-    engine = TwoBWPipelineEngine(
+    engine = engine_cls(
         args=None, model=module, optimizer=optimizer, mpu=mpu, dist_init_required=False, config=ds_config,
         config_class=DeepSpeedConfig(ds_config, mpu), settings=settings,
     )  # fmt: skip
