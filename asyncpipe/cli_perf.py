@@ -1,4 +1,4 @@
-"""Performance commands for the `asyncpipe` CLI: `bench pipeline` (1F1B vs 2BW throughput and memory) and
+"""Performance commands for the `asyncpipe` CLI: `bench pipeline` (1F1B, DualPipeV, 2BW: throughput, memory) and
 `schedule` (a schedule's timeline, idealised from the engine's own schedule classes or measured from a trace).
 
 The lead registers them in `asyncpipe/cli.py`; only typer and asyncpipe.errors are imported at module level so
@@ -124,23 +124,6 @@ def sync_timeline(kind: str, stages: int, micro_batches: int, forward: float = 1
     from asyncpipe.pipe.orders import plan, replay
 
     return replay(plan(kind, stages, micro_batches), forward, backward)
-
-
-def bubble_table(stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0,
-                 batches: int = 3) -> dict[str, Optional[float]]:  # fmt: skip
-    """Per schedule, the idle fraction of its most idle stage over one batch with a free optimizer step (None
-    where the schedule cannot run this P and m); ``2bw`` is its steady state (no flush: 0) and ``2bw-run`` a
-    ``batches``-batch run, paying one fill and drain."""
-    from asyncpipe.pipe.orders import SYNC_SCHEDULES, bubble
-
-    out: dict[str, Optional[float]] = {k: bubble(k, stages, micro_batches, forward, backward) for k in SYNC_SCHEDULES}
-    if micro_batches >= stages:
-        run = ideal_timeline("2bw", stages, micro_batches, batches, forward, backward, 0.0)
-        out["2bw"] = max(steady_gaps(run)) / (micro_batches * (forward + backward))
-        out["2bw-run"] = max(run.idle_fraction)
-    else:
-        out["2bw"] = out["2bw-run"] = None
-    return out
 
 
 def _local_chunk(timeline: Any) -> dict[tuple[int, int], int]:
@@ -280,6 +263,8 @@ def schedule(
     png, txt = out / f"{stem}.png", out / f"{stem}.txt"
     render_pngs(panels, png)
     if trace is None and schedule in SYNC:
+        from asyncpipe.pipe.orders import bubble_table
+
         text += format_bubbles(bubble_table(stages, micro_batches, forward, backward, batches), batches)
     txt.write_text(f"# {panels[0][0]}\n{text}")
     typer.echo(text, nl=False)
@@ -327,15 +312,17 @@ def format_bubbles(table: dict[str, Optional[float]], batches: int) -> str:
 def bench_pipeline(
     overrides: Optional[List[str]] = typer.Argument(None, help="Hydra overrides, e.g. model=small "
                                                     "pipeline.stages=2 train.micro_batches=4"),  # fmt: skip
-    rounds: int = typer.Option(3, help="Alternating [1F1B, 2BW] rounds after the warm-up."),
+    rounds: int = typer.Option(3, help="Alternating rounds of every schedule after the warm-up."),
     steps: int = typer.Option(6, help="Optimizer steps per job (the first and last are not timed)."),
     warmup_steps: int = typer.Option(3, help="Steps of the untimed warm-up job."),
+    variants: str = typer.Option("1f1b,dualpipev,2bw,2bw_ef", help="Schedules to run (1f1b is the reference)."),
     simulator: bool = typer.Option(True, "--simulator/--no-simulator", help="Also bench the simulator "
                                    "(delay=1 vs delay=0 step time)."),  # fmt: skip
     out: Optional[Path] = typer.Option(None, help="JSON result (default runs/bench/pipeline-{model}-P{P}-m{m}.json)."),
 ) -> None:
-    """Throughput of DeepSpeed's 1F1B vs our 2BW on the same model, stages and micro-batches, alternating in
-    one launch: tokens/s, ratio vs the ideal (m+P-1)/m, idle fraction and weight + optimizer memory per stage."""
+    """Throughput of DeepSpeed's 1F1B and DualPipeV against our 2BW (and 2BW + EF) on the same model, stages and
+    micro-batches, alternating in one launch: tokens/s, ratio to 1F1B against the schedule model's ideal, idle
+    fraction, and weight + optimizer + activation memory per stage."""
     from asyncpipe.bench.pipeline import bench_pipeline as run_bench
     from asyncpipe.bench.pipeline import format_result
     from asyncpipe.paths import writable_file
@@ -345,7 +332,8 @@ def bench_pipeline(
         writable_file(out, "--out")  # before minutes of measuring, not after
 
     res = run_bench(overrides or [], rounds=rounds, steps=steps, warmup_steps=warmup_steps, simulator=simulator,
-                    log=lambda msg: typer.echo(msg, err=True))  # fmt: skip
+                    log=lambda msg: typer.echo(msg, err=True),
+                    variants=[v.strip() for v in variants.split(",") if v.strip()])  # fmt: skip
     typer.echo(format_result(res))
     path = out or Path("runs/bench") / f"pipeline-{res['model']}-P{res['stages']}-m{res['micro_batches']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

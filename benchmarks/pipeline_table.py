@@ -1,5 +1,5 @@
-"""The 2BW vs 1F1B table of docs/performance.md in one command: `asyncpipe bench pipeline` for each m, then a
-markdown table with the machine load next to the numbers.
+"""The schedule table of docs/performance.md in one command: `asyncpipe bench pipeline` (1F1B, DualPipeV, 2BW,
+2BW + EF in one launch) for each m, then one markdown table with the machine and its load next to the numbers.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/pipeline_table.py              # measure m = 2, 4, 8 and print
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/pipeline_table.py --update-doc # ... and rewrite the doc's table
@@ -58,34 +58,47 @@ def measure(model: str, stages: int, ms: list[int], rounds: int, steps: int, ext
     return out
 
 
+def _load(uptime: str) -> str:
+    return ",".join(uptime.split("load average:")[-1].strip().split(",")[:2]).replace(" ", "")
+
+
+def _join(mem: list[dict], key: str, fmt: str) -> str:
+    return " / ".join(format(y[key], fmt) for y in mem)
+
+
 def table(results: list[dict]) -> str:
-    """The markdown table (and the simulator line) of a list of `bench_pipeline` results."""
-    head = ("| m | 1F1B tok/s | 2BW tok/s | 2BW/1F1B | ideal (m+P-1)/m | fraction of ideal | fastest-step ratio "
-            "(fraction) | idle/stage 1F1B | idle/stage 2BW | busy ms/micro-batch/stage 1F1B → 2BW "
-            "| 2BW weights+opt MB/stage (versions) | load (1/5 min) before → after |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    """One markdown table over every m and schedule of a list of `bench_pipeline` results (+ simulator lines)."""
+    head = ("| m | schedule | tok/s | ×1F1B (per round) | ideal ×1F1B | fraction of ideal | bubble analytic "
+            "| idle/stage measured | norm wait ms/step/stage | weight versions | weights+opt(+EF) MB/stage "
+            "| activations peak MB/stage | load 1/5 min before → after |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     rows = []
     for r in results:
-        v = r["variants"]
-        idle = {n: " / ".join(f"{x:.3f}" for x in v[n]["idle_frac_per_stage"]) for n in v}
-        busy = {n: " / ".join(f"{x * 1e3:.0f}" for x in v[n]["compute_s_per_micro_batch"]) for n in v}
-        mem = " / ".join(f"{x['peak_weight_plus_optimizer_mb']:.1f} ({x['weight_versions_peak']:.0f})"
-                         for x in v["2bw"]["memory_per_stage"])  # fmt: skip
-        load = lambda u: u.split("load average:")[-1].strip().split(",")[:2]  # noqa: E731
-        rows.append(
-            f"| {r['micro_batches']} | {v['1f1b']['tokens_per_s']:.0f} | {v['2bw']['tokens_per_s']:.0f} "
-            f"| {r['ratio_2bw_over_1f1b']:.3f} | {r['ideal_ratio']:.3f} | **{r['fraction_of_ideal']:.3f}** "
-            f"| {r['ratio_best_step']:.3f} ({r['fraction_of_ideal_best_step']:.3f}) "
-            f"| {idle['1f1b']} | {idle['2bw']} | {busy['1f1b']} → {busy['2bw']} | {mem} "
-            f"| {','.join(load(r.get('uptime_before', '')))} → {','.join(load(r.get('uptime_after', '')))} |"
-        )
+        load = f"{_load(r.get('uptime_before', ''))} → {_load(r.get('uptime_after', ''))}"
+        for name, x in r["variants"].items():
+            per_round = ", ".join(f"{y:.3f}" for y in x["ratio_to_1f1b_per_round"])
+            mem = x["memory_per_stage"]
+            frac = x["fraction_of_ideal"]
+            rows.append(
+                f"| {r['micro_batches']} | {name} | {x['tokens_per_s']:.0f} | {x['ratio_to_1f1b']:.3f} ({per_round}) "
+                f"| {x['ideal_ratio_to_1f1b']:.3f} | {'**' if name == '2bw' else ''}{frac:.3f}"
+                f"{'**' if name == '2bw' else ''} | {x['analytic_bubble']:.3f} "
+                f"| {' / '.join(f'{y:.3f}' for y in x['idle_frac_per_stage'])} "
+                f"| {' / '.join(f'{y:.1f}' for y in x['norm_wait_ms_per_step'])} "
+                f"| {_join(mem, 'weight_versions_peak', '.0f')} | {_join(mem, 'peak_weight_plus_optimizer_mb', '.1f')} "
+                f"| {_join(mem, 'peak_activation_mb', '.1f')} | {load} |"
+            )  # fmt: skip
+        for name, why in r.get("skipped", {}).items():
+            rows.append(f"| {r['micro_batches']} | {name} | {why} | | | | | | | | | | {load} |")
     lines = [head, *rows]
     first = results[0] if results else {}
     if first:
         lines.append(f"\nModel `{first['model']}`, P={first['stages']}, micro-batch {first['micro_batch_size']} x "
                      f"{first['seq_len']} tokens, {first['threads_per_process']} thread/process, {first['rounds']} "
-                     f"rounds x {first['steps_per_job']} steps per variant ({first['steps_dropped_each_end']} "
-                     f"dropped at each end); {first.get('cpu', '?')}, {first['cpu_count']} CPUs; measured "
+                     f"rounds x {first['steps_per_job']} steps per schedule ({first['steps_dropped_each_end']} "
+                     f"dropped at each end), schedule model at the measured backward/forward cost ratio "
+                     + ", ".join(f"{r.get('backward_over_forward', 2.0):.2f} (m={r['micro_batches']})" for r in results)
+                     + f"; {first.get('cpu', '?')}, {first['cpu_count']} CPUs shared with other jobs; measured "
                      f"{first.get('measured_at', '?')}.")  # fmt: skip
     for r in results:
         if "simulator" in r:
@@ -94,7 +107,7 @@ def table(results: list[dict]) -> str:
                 f"\nSimulator (model `{sim['model']}`, m={r['micro_batches']}, {sim['threads']} thread): "
                 + ", ".join(f"{n} {sim['median_step_s'][n] * 1e3:.0f} ms/step (x{x:.3f})"
                             for n, x in sim["ratio_to_delay0"].items())  # fmt: skip
-                + f"; load {','.join(r.get('uptime_after', '').split('load average:')[-1].split(',')[:2])}."
+                + f"; load {_load(r.get('uptime_after', ''))}."
             )
     return "\n".join(lines)
 

@@ -68,24 +68,35 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "fraction of ideal" in res.output
+    # m = 2 < 2P: DualPipeV cannot run; the bench says why instead of failing.
+    assert "dualpipev" in res.output and "needs m >= 2P" in res.output
     r = json.loads(out.read_text())
     assert r["stages"] == 2 and r["micro_batches"] == 2 and r["ideal_ratio"] == pytest.approx(1.5)
+    assert set(r["variants"]) == {"1f1b", "2bw", "2bw_ef"} and set(r["skipped"]) == {"dualpipev"}
     v = r["variants"]
     assert r["ratio_2bw_over_1f1b"] == pytest.approx(v["2bw"]["tokens_per_s"] / v["1f1b"]["tokens_per_s"])
     assert r["fraction_of_ideal"] == pytest.approx(r["ratio_2bw_over_1f1b"] / 1.5)
     best = {n: v[n]["tokens_per_s_best_step"] for n in v}
     assert r["ratio_best_step"] == pytest.approx(best["2bw"] / best["1f1b"])
     assert v["2bw"]["tokens_per_s_best_step"] >= v["2bw"]["tokens_per_s"]
-    for name, versions in (("1f1b", 1.0), ("2bw", 2.0)):
-        v = r["variants"][name]
-        assert v["tokens_per_s"] > 0 and len(v["idle_frac_per_stage"]) == 2
-        assert len(v["compute_s_per_micro_batch"]) == 2 and all(x > 0 for x in v["compute_s_per_micro_batch"])
-        assert all(0.0 <= f < 1.0 for f in v["idle_frac_per_stage"])
-        for mem in v["memory_per_stage"]:
+    # The schedule model: 1F1B's bubble is (P-1)/(m+P-1) whatever the costs; 2BW's steady state has none.
+    assert r["analytic_bubble"]["1f1b"] == pytest.approx(1 / 3) and v["2bw"]["analytic_bubble"] == pytest.approx(0.0)
+    assert v["2bw"]["ideal_ratio_to_1f1b"] == pytest.approx(1.5)
+    for name, versions, ef in (("1f1b", 1.0, False), ("2bw", 2.0, False), ("2bw_ef", 2.0, True)):
+        x = v[name]
+        assert x["tokens_per_s"] > 0 and len(x["idle_frac_per_stage"]) == 2 and len(x["norm_wait_ms_per_step"]) == 2
+        assert len(x["compute_s_per_micro_batch"]) == 2 and all(y > 0 for y in x["compute_s_per_micro_batch"])
+        assert all(0.0 <= f < 1.0 for f in x["idle_frac_per_stage"])
+        for mem in x["memory_per_stage"]:
             assert mem["weight_versions_peak"] == pytest.approx(versions)
             assert mem["optimizer_state_mb"] > mem["param_mb"] > 0
+            assert (mem["ef_buffer_mb"] == pytest.approx(mem["param_mb"])) if ef else mem["ef_buffer_mb"] == 0
             assert mem["peak_weight_plus_optimizer_mb"] == pytest.approx(
                 mem["peak_weight_mb"] + mem["optimizer_state_mb"] + mem["ef_buffer_mb"])
+            assert mem["peak_activation_mb"] >= mem["activation_mb_per_micro_batch"] > 0
+    # 1F1B keeps at most P - s micro-batches in flight on stage s, so stage 0 peaks at two micro-batches' worth.
+    m0 = v["1f1b"]["memory_per_stage"][0]
+    assert m0["peak_activation_mb"] == pytest.approx(2 * m0["activation_mb_per_micro_batch"], rel=0.01)
     assert set(r["simulator"]["ratio_to_delay0"]) == {"delay0", "delay1", "delay1_ef"}
     assert set(r["targets"]) == {"ratio_ge_0.95_ideal", "fastest_step_ratio_ge_0.95_ideal", "weights_le_two_versions",
                                 "simulator_delay1_le_1.10"}

@@ -98,13 +98,15 @@ def test_versions_pinned_to_w_b_minus_1_and_two_alive(P, m, N, defer):
 
 @pytest.mark.parametrize("P,m,N", CASES)
 def test_deferred_step_lands_before_its_weights_are_read(P, m, N):
-    for stream in streams(P, m, N, defer=True):
+    for s, stream in enumerate(streams(P, m, N, defer=True)):
         index = {id(c): i for i, c in enumerate(stream)}
         for step in of(stream, sched.OptimizerStep):
             first_use = [c for c in of(stream, sched.ForwardPass) if c.version == step.dst_version]
             assert all(index[id(step)] < index[id(c)] for c in first_use)
-            # and no earlier than needed: right before batch b+2's first forward when there is one
-            if (step.batch + 2) * m < N * m:
+            if s == 0:  # the first stage reduces last: it steps at once
+                assert stream[index[id(step)] - 1] == sched.ReduceGrads(batch=step.batch)
+            # the others no earlier than needed: right before batch b+2's first forward when there is one
+            elif (step.batch + 2) * m < N * m:
                 nxt = stream[index[id(step)] + 1 :]
                 following = next(c for c in nxt if isinstance(c, (sched.LoadMicroBatch, sched.ForwardPass)))
                 assert following.micro_batch == (step.batch + 2) * m
@@ -192,6 +194,23 @@ def test_2bw_removes_the_flush_bubble_and_deferral_hides_the_norm_allreduce(P, m
     assert deferred == pytest.approx(free)
 
 
+@pytest.mark.parametrize("P,m", [(2, 2), (2, 4), (3, 3), (4, 8)])
+def test_deferral_costs_nothing_with_unequal_stages_and_a_priced_step(P, m):
+    # Measured-like costs: the last stage (head + loss) is heavier and every step costs something. The blocking
+    # norm all-reduce costs the deferred schedule nothing; deferring the first stage's step too would delay the
+    # activations the others wait for, once per batch.
+    costs = dict(forward=[1.0] * (P - 1) + [1.1], backward=[2.0] * (P - 1) + [2.1], step=0.4)
+    N = 5
+    free = simulate_schedule("2bw-deferred", m, P, N, **costs).makespan
+    deferred = simulate_schedule("2bw-deferred", m, P, N, collective_steps=True, **costs).makespan
+    assert deferred == pytest.approx(free)
+    all_deferred = [sched.flatten(sched.TwoBWSchedule(m, P, s, N, defer_step=True).steps()) for s in range(P)]
+    first = sched.TwoBWSchedule(m, P, 0, N, defer_step=True)
+    first.defer_step = True  # the old rule: the first stage deferred too
+    all_deferred[0] = sched.flatten(first.steps())
+    assert simulate(all_deferred, collective_steps=True, **costs).makespan > deferred
+
+
 def test_deepspeed_translation_keeps_micro_batch_order():
     pytest.importorskip("deepspeed")
     for P, m, s in itertools.product((2, 4), (4, 5), (0, 1)):
@@ -203,9 +222,10 @@ def test_deepspeed_translation_keeps_micro_batch_order():
 @pytest.mark.parametrize("kind", ["2bw", "2bw-deferred", "1f1b"])
 @pytest.mark.parametrize("P,m", [(2, 2), (3, 3), (4, 4), (4, 6)])
 def test_stage_0_steps_after_everyone_finished_the_previous_step(kind, P, m):
-    """What the metrics path relies on: rank 0 collects step b-1 when it applies step b (everyone has sent it),
-    and a rank finishes its step b-2 send when it applies step b (rank 0 has posted that receive). Causal
-    order, so it must hold for any compute times: checked for random ones."""
+    """What the metrics path relies on: rank 0 collects, at the cut after batch b, the steps before the one it
+    applied last (applied: b without deferral, b-1 with it, where its step b follows the cut), so everyone must
+    have sent those; and a rank finishes its step b-2 send when it applies step b (rank 0 has posted that
+    receive). Causal order, so it must hold for any compute times: checked for random ones."""
     import random
 
     rng = random.Random(P * 100 + m)
@@ -217,7 +237,8 @@ def test_stage_0_steps_after_everyone_finished_the_previous_step(kind, P, m):
         )  # fmt: skip
         ends = {(e.stage, e.batch): e.end for e in tl.events if e.kind == "step"}
         starts = {(e.stage, e.batch): e.start for e in tl.events if e.kind == "step"}
-        for b in range(1, N):
-            assert all(starts[(0, b)] >= ends[(s, b - 1)] - 1e-9 for s in range(P)), (b, ends, starts)
+        lag = 2 if kind == "2bw-deferred" else 1
+        for b in range(lag, N):
+            assert all(starts[(0, b)] >= ends[(s, b - lag)] - 1e-9 for s in range(P)), (b, ends, starts)
             if b >= 2:
                 assert all(starts[(s, b)] >= ends[(0, b - 2)] - 1e-9 for s in range(P)), (b, ends, starts)

@@ -1,8 +1,9 @@
-"""Pipeline throughput: DeepSpeed's flushed 1F1B (delay=0) against our 2BW engine (delay=1) on the same model,
-stages and micro-batches, alternating job by job in one set of local processes after a warm-up.
+"""Pipeline throughput: DeepSpeed's flushed 1F1B, DeepSpeed's DualPipeV, our 2BW and 2BW + EF on the same model,
+data, stages and micro-batches, alternating job by job in one set of local processes after a warm-up.
 
-Reports tokens/s of each, their ratio against the ideal (m+P-1)/m, the idle fraction per stage, and peak weight
-+ optimizer (+ EF) memory per stage; optionally the simulator bench (delay=1 vs delay=0 step time) beside it.
+Per schedule: tokens/s and their ratio to 1F1B against the schedule model's ideal (`asyncpipe.pipe.orders`
+bubbles; (m+P-1)/m for 2BW), the idle fraction and norm all-reduce wait per stage, and per stage the peak
+weight (versions), optimizer (+ EF) and activation memory; optionally the simulator bench beside it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from omegaconf import DictConfig
 
 from asyncpipe.errors import UserError
 
-VARIANTS = {"1f1b": 0, "2bw": 1}  # name -> delay
+# name -> overrides on top of the user's; every variant runs the same model, data, stages and micro-batches.
+VARIANTS = {
+    "1f1b": ["delay=0"],
+    "dualpipev": ["delay=0", "pipeline.schedule=dualpipev"],
+    "2bw": ["delay=1"],
+    "2bw_ef": ["delay=1", "optimizer.ef.enabled=true"],
+}
+SYNC_MODEL = {"1f1b": "1f1b", "dualpipev": "dualpipev"}  # variant -> its schedule in `asyncpipe.pipe.orders`
 # Defaults a user override may replace: evaluation is a collective that would sit inside the timed window.
 BENCH_DEFAULTS = ["train.eval_batches=1"]
 
@@ -43,19 +51,21 @@ def _tensor_bytes(obj: Any, seen: set) -> int:
 
 def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
     """Per stage: bytes of the optimizer's state tensors and of the EF buffer u(t-1), measured on the stage's
-    own layers and optimizer (built as the engine builds them) after two steps have materialised the state."""
+    own layers (two chunks in a V for DualPipeV) and optimizer, built as the engine builds them, after two steps
+    have materialised the state."""
     import torch
 
     from asyncpipe.data import ensure_prepared, load_manifest
-    from asyncpipe.model import build_layers, partition
+    from asyncpipe.model import build_layers, stage_layers
     from asyncpipe.optim import build_optimizer
     from asyncpipe.train.runtime import vocab_size_for
 
     vocab = vocab_size_for(cfg.model, load_manifest(ensure_prepared(cfg.data, cfg.tokenizer)))
-    parts = partition(cfg.model.n_layer + 2, cfg.pipeline.stages)
+    v_shape = cfg.pipeline.get("schedule", "auto") == "dualpipev"
     out = []
     for s in range(cfg.pipeline.stages):
-        layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=range(parts[s], parts[s + 1]))
+        _, mine = stage_layers(cfg.model.n_layer + 2, cfg.pipeline.stages, s, v_shape)
+        layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=mine)
         module = torch.nn.Sequential(*[layer for layer in layers if layer is not None])
         opt = build_optimizer(module, cfg.optimizer)
         for _ in range(2):
@@ -84,12 +94,55 @@ def _job_stats(result: dict, tokens_per_step: int, skip: int) -> dict:
         "min_step_time_s": min((h["step_time"] for h in steady), default=float("nan")),
         "steps_timed": len(steady),
         "idle_frac": [statistics.median(h[f"stage{s}_idle_frac"] for h in steady) for s in stages],
+        "norm_wait_s": [statistics.median(h.get(f"stage{s}_norm_wait_s", 0.0) for h in steady) for s in stages],
         "stages": result.get("stages", []),
     }
 
 
 def _compute(summaries: list[dict], stage: int) -> float:
     return next((x["compute_s"] for x in summaries if x.get("stage") == stage and x.get("replica", 0) == 0), 0.0)
+
+
+def stage_cost_model(summaries: list[dict], P: int, m: int, steps: int, batches: int = 4) -> dict:
+    """1F1B's and 2BW's step times replayed from the engine's own instruction streams at the measured per-stage
+    costs (forward, backward per micro-batch; optimizer step and gradient reduction per batch, blocked time
+    excluded) of one job: the ratio these unequal stages allow, to hold the measured ratio against."""
+    from asyncpipe.pipe.schedule import stream
+    from asyncpipe.pipe.timeline import simulate
+
+    by_stage = {x["stage"]: x for x in summaries if x.get("replica", 0) == 0}
+    ops = [by_stage.get(s, {}).get("seconds_by_op", {}) for s in range(P)]
+    blocked = [sum(by_stage.get(s, {}).get("seconds_blocked_in", {}).values()) for s in range(P)]
+    fwd = [o.get("ForwardPass", 0.0) / (steps * m) for o in ops]  # includes a few cheap evaluation forwards
+    bwd = [o.get("BackwardPass", 0.0) / (steps * m) for o in ops]
+    upd = [(o.get("OptimizerStep", 0.0) + o.get("ReduceGrads", 0.0) - w) / steps for o, w in zip(ops, blocked)]
+    costs = {"forward": fwd, "backward": bwd, "step": upd}
+
+    def per_batch(kind: str) -> float:
+        runs = [simulate([stream(kind, m, P, s, n) for s in range(P)], collective_steps=True, **costs).makespan
+                for n in (batches, batches + 1)]  # fmt: skip
+        return runs[1] - runs[0]
+
+    t1, t2 = per_batch("1f1b"), per_batch("2bw-deferred") if m >= P else float("nan")
+    return {"forward_s": fwd, "backward_s": bwd, "step_s": upd, "step_time_1f1b_s": t1, "step_time_2bw_s": t2,
+            "ratio_2bw_over_1f1b": t1 / t2, "fraction_of_ideal": t1 / t2 / ideal_speedup(P, m)}  # fmt: skip
+
+
+def _stage_memory(summaries: list[dict], mem: list[dict], P: int) -> list[dict]:
+    out = []
+    for s in range(P):
+        summ = next((x for x in summaries if x.get("stage") == s and x.get("replica", 0) == 0), {})
+        peak, act = int(summ.get("peak_weight_bytes", 0)), int(summ.get("peak_activation_bytes", 0))
+        opt_b, ef_b = mem[s]["optimizer_state_bytes"], mem[s]["ef_buffer_bytes"]
+        out.append({
+            "param_mb": summ.get("param_bytes", 0) / 2**20, "peak_weight_mb": peak / 2**20,
+            "weight_versions_peak": summ.get("weight_versions_peak", float("nan")),
+            "optimizer_state_mb": opt_b / 2**20, "ef_buffer_mb": ef_b / 2**20,
+            "peak_weight_plus_optimizer_mb": (peak + opt_b + ef_b) / 2**20,
+            "peak_activation_mb": act / 2**20,
+            "activation_mb_per_micro_batch": summ.get("activation_bytes_per_micro_batch", 0) / 2**20,
+        })  # fmt: skip
+    return out
 
 
 def bench_pipeline(
@@ -102,107 +155,129 @@ def bench_pipeline(
     simulator_rounds: int = 3,
     log: Callable[[str], None] = print,
     compose: Optional[Callable[[list[str]], DictConfig]] = None,
+    variants: Sequence[str] = tuple(VARIANTS),
 ) -> dict:
-    """Run warm-up, then ``rounds`` x [1F1B, 2BW] jobs of ``steps`` steps each in one `launch_many`; medians."""
+    """Run warm-up, then ``rounds`` x ``variants`` jobs of ``steps`` steps each in one `launch_many`; medians.
+    A variant that cannot run this configuration (DualPipeV with m < 2P) is reported with the reason."""
     from asyncpipe.config import compose as default_compose
     from asyncpipe.pipe.local import launch_many
+    from asyncpipe.pipe.orders import bubble_table
 
     compose = compose or default_compose
     if steps < 2 * skip + 1:
         raise UserError(f"--steps {steps} leaves no timed step after dropping {skip} at each end;"
                         f" use >= {2 * skip + 1}")
     if rounds < 1:
-        raise UserError(f"--rounds {rounds} must be >= 1 (alternating [1F1B, 2BW] rounds)")
+        raise UserError(f"--rounds {rounds} must be >= 1 (alternating rounds of every schedule)")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or "1f1b" not in variants:
+        raise UserError(f"variants must include 1f1b and come from {', '.join(VARIANTS)}; got {', '.join(variants)}")
     base = [*BENCH_DEFAULTS, *overrides, "engine=pipeline", f"train.steps={steps}", f"train.eval_every={steps}"]
-    cfgs = {name: compose([*base, f"delay={d}"]) for name, d in VARIANTS.items()}
+    probe = compose([*base, "delay=1"])
+    t, p = probe.train, probe.pipeline
+    P, m, D = p.stages, t.micro_batches, p.data_parallel
+    skipped: dict[str, str] = {}
+    if "dualpipev" in variants and m < 2 * P:
+        skipped["dualpipev"] = (f"not run: DeepSpeed's DualPipeV needs m >= 2P = {2 * P} micro-batches per batch "
+                                f"(got m={m}); it also needs its V-shaped module (2 chunks per rank)")  # fmt: skip
+    eval_v = [f"train.eval_batches={max(t.eval_batches, 2 * P * D)}"]  # DualPipeV evaluates >= 2P micro-batches too
+    cfgs = {n: compose([*base, *VARIANTS[n], *(eval_v if n == "dualpipev" else [])])
+            for n in variants if n not in skipped}  # fmt: skip
+    names = list(cfgs)
     warm = compose([*BENCH_DEFAULTS, *overrides, "engine=pipeline", "delay=1", f"train.steps={max(1, warmup_steps)}"])
-    cfg = cfgs["2bw"]
-    t, p = cfg.train, cfg.pipeline
-    P, m = p.stages, t.micro_batches
-    tokens_per_step = t.micro_batch_size * m * p.data_parallel * t.seq_len
-    order = [name for _ in range(rounds) for name in VARIANTS]
+    cfg = cfgs["1f1b"]
+    tokens_per_step = t.micro_batch_size * m * D * t.seq_len
+    order = [name for _ in range(rounds) for name in names]
     log(f"bench pipeline: model {cfg.model.name}, P={P}, m={m}, {p.threads} thread(s)/process, "
-        f"warm-up {warmup_steps} steps, then {rounds} x {list(VARIANTS)} of {steps} steps")  # fmt: skip
+        f"warm-up {warmup_steps} steps, then {rounds} x {names} of {steps} steps")  # fmt: skip
+    for name, why in skipped.items():
+        log(f"  {name}: {why}")
 
     def progress(job: int, rec: dict) -> None:
         name = "warm-up" if job == 0 else order[job - 1]
         if "step_time" in rec:
             ms = rec["step_time"] * 1e3
-            log(f"  job {job} {name:7s} step {rec['step']}: {ms:8.1f} ms  {rec['tokens_per_s']:9.0f} tok/s")
+            log(f"  job {job} {name:9s} step {rec['step']}: {ms:8.1f} ms  {rec['tokens_per_s']:9.0f} tok/s")
 
+    load_before = list(os.getloadavg())
     results = launch_many([warm, *[cfgs[n] for n in order]], on_step=progress)[1:]
+    load_after = list(os.getloadavg())
     per_job = [(name, _job_stats(r, tokens_per_step, skip)) for name, r in zip(order, results)]
     out: dict[str, Any] = {
-        "bench": "pipeline",
-        "model": cfg.model.name,
-        "optimizer": cfg.optimizer.name,
-        "ef": bool(cfg.optimizer.ef.enabled),
-        "stages": P,
-        "micro_batches": m,
-        "micro_batch_size": t.micro_batch_size,
-        "seq_len": t.seq_len,
-        "data_parallel": p.data_parallel,
-        "threads_per_process": p.threads,
-        "tokens_per_step": tokens_per_step,
-        "rounds": rounds,
-        "steps_per_job": steps,
-        "steps_dropped_each_end": skip,
-        "cpu_count": os.cpu_count(),
-        "load_avg": list(os.getloadavg()),
-        "overrides": list(overrides),
-    }
-    variants: dict[str, dict] = {}
-    mem = optimizer_state_bytes(cfg)
-    for name in VARIANTS:
-        jobs = [s for n, s in per_job if n == name]
-        summaries = jobs[-1]["stages"]
-        stage_mem = []
-        for s in range(P):
-            summ = next((x for x in summaries if x.get("stage") == s and x.get("replica", 0) == 0), {})
-            peak = int(summ.get("peak_weight_bytes", 0))
-            opt_b, ef_b = mem[s]["optimizer_state_bytes"], mem[s]["ef_buffer_bytes"]
-            stage_mem.append({
-                "param_mb": summ.get("param_bytes", 0) / 2**20, "peak_weight_mb": peak / 2**20,
-                "weight_versions_peak": summ.get("weight_versions_peak", float("nan")),
-                "optimizer_state_mb": opt_b / 2**20, "ef_buffer_mb": ef_b / 2**20,
-                "peak_weight_plus_optimizer_mb": (peak + opt_b + ef_b) / 2**20,
-            })  # fmt: skip
-        variants[name] = {
-            "tokens_per_s": statistics.median(j["tokens_per_s"] for j in jobs),
-            "tokens_per_s_per_round": [j["tokens_per_s"] for j in jobs],
-            "step_time_s": statistics.median(j["step_time_s"] for j in jobs),
+        "bench": "pipeline", "model": cfg.model.name, "optimizer": cfg.optimizer.name,
+        "ef": bool(cfg.optimizer.ef.enabled), "stages": P, "micro_batches": m, "micro_batch_size": t.micro_batch_size,
+        "seq_len": t.seq_len, "data_parallel": D, "threads_per_process": p.threads,
+        "tokens_per_step": tokens_per_step, "rounds": rounds, "steps_per_job": steps, "steps_dropped_each_end": skip,
+        "cpu_count": os.cpu_count(), "load_avg": load_before, "load_avg_after": load_after,
+        "overrides": list(overrides), "skipped": skipped,
+    }  # fmt: skip
+    jobs = {n: [st for name, st in per_job if name == n] for n in names}
+    # The schedule model's bubbles at this run's measured backward/forward cost ratio (2BW's stages, whole jobs).
+    last_2bw = (jobs.get("2bw") or jobs["1f1b"])[-1]["stages"]
+    fwd = sum(x.get("seconds_by_op", {}).get("ForwardPass", 0.0) for x in last_2bw)
+    bwd = sum(x.get("seconds_by_op", {}).get("BackwardPass", 0.0) for x in last_2bw)
+    b_over_f = bwd / fwd if fwd > 0 and bwd > 0 else 2.0
+    analytic = bubble_table(P, m, 1.0, b_over_f)
+    out["backward_over_forward"] = b_over_f
+    out["analytic_bubble"] = analytic
+    mem_cache: dict[tuple, list] = {}
+    variants_out: dict[str, dict] = {}
+    for name in names:
+        js = jobs[name]
+        key = (cfgs[name].pipeline.schedule, bool(cfgs[name].optimizer.ef.enabled))
+        if key not in mem_cache:
+            mem_cache[key] = optimizer_state_bytes(cfgs[name])
+        summaries = js[-1]["stages"]
+        bub = analytic["2bw"] if name.startswith("2bw") else analytic[SYNC_MODEL[name]]
+        variants_out[name] = {
+            "tokens_per_s": statistics.median(j["tokens_per_s"] for j in js),
+            "tokens_per_s_per_round": [j["tokens_per_s"] for j in js],
+            "step_time_s": statistics.median(j["step_time_s"] for j in js),
             # Load on a shared machine only ever slows a step down: the fastest step is the least disturbed.
-            "tokens_per_s_best_step": tokens_per_step / min(j["min_step_time_s"] for j in jobs),
-            "idle_frac_per_stage": [statistics.median(j["idle_frac"][s] for j in jobs) for s in range(P)],
+            "tokens_per_s_best_step": tokens_per_step / min(j["min_step_time_s"] for j in js),
+            "idle_frac_per_stage": [statistics.median(j["idle_frac"][s] for j in js) for s in range(P)],
+            "norm_wait_ms_per_step": [1e3 * statistics.median(j["norm_wait_s"][s] for j in js) for s in range(P)],
+            "analytic_bubble": bub,
             # Busy (not blocked) seconds per micro-batch and stage over whole jobs (evaluation and optimizer steps
-            # included): the same work in both variants, so a gap between them is CPU contention, not schedule.
-            "compute_s_per_micro_batch": [statistics.median(_compute(j["stages"], s) / (steps * m) for j in jobs)
+            # included): the same work in every variant, so a gap between them is CPU contention, not schedule.
+            "compute_s_per_micro_batch": [statistics.median(_compute(j["stages"], s) / (steps * m) for j in js)
                                           for s in range(P)],
-            "memory_per_stage": stage_mem,
+            "memory_per_stage": _stage_memory(summaries, mem_cache[key], P),
             # Where the time went in the last job of this variant (the profile behind a missed target).
             "seconds_by_op_per_stage": [x.get("seconds_by_op", {}) for x in summaries if x.get("replica", 0) == 0],
             "seconds_blocked_in_per_stage": [x.get("seconds_blocked_in", {}) for x in summaries
                                              if x.get("replica", 0) == 0],
-        }
-    out["variants"] = variants
-    paired = [b["tokens_per_s"] / a["tokens_per_s"] for (_, a), (_, b) in zip(per_job[0::2], per_job[1::2])]
-    ratio = variants["2bw"]["tokens_per_s"] / variants["1f1b"]["tokens_per_s"]
+        }  # fmt: skip
+    ref = variants_out["1f1b"]
+    for name, v in variants_out.items():
+        # Same work per batch: the ideal speed-up is the ratio of busy fractions, (1 - bubble) / (1 - 1F1B's bubble).
+        ideal = (1 - v["analytic_bubble"]) / (1 - analytic["1f1b"]) if v["analytic_bubble"] is not None else None
+        v["ratio_to_1f1b"] = v["tokens_per_s"] / ref["tokens_per_s"]
+        # Paired within a round: jobs of the same round ran back to back under the same load.
+        v["ratio_to_1f1b_per_round"] = [a / b for a, b in zip(v["tokens_per_s_per_round"], ref["tokens_per_s_per_round"])]
+        v["ratio_to_1f1b_best_step"] = v["tokens_per_s_best_step"] / ref["tokens_per_s_best_step"]
+        v["ideal_ratio_to_1f1b"] = ideal
+        v["fraction_of_ideal"] = v["ratio_to_1f1b"] / ideal if ideal else None
+    out["variants"] = variants_out
+    if "2bw" in jobs:
+        out["stage_cost_model"] = stage_cost_model(jobs["2bw"][-1]["stages"], P, m, steps)
     ideal = ideal_speedup(P, m)
-    best = variants["2bw"]["tokens_per_s_best_step"] / variants["1f1b"]["tokens_per_s_best_step"]
-    out.update({
-        "ratio_2bw_over_1f1b": ratio, "ratio_per_round": paired, "ideal_ratio": ideal,
-        "ratio_best_step": best, "fraction_of_ideal_best_step": best / ideal,
-        "fraction_of_ideal": ratio / ideal, "ideal_idle_frac_1f1b": (P - 1) / (m + P - 1),
-        "targets": {
-            "ratio_ge_0.95_ideal": ratio >= 0.95 * ideal,
-            "fastest_step_ratio_ge_0.95_ideal": best >= 0.95 * ideal,
-            "weights_le_two_versions": all(x["weight_versions_peak"] <= 2.0 + 1e-9
-                                           for x in variants["2bw"]["memory_per_stage"]),
-        },
-    })  # fmt: skip
+    if "2bw" in variants_out:
+        v2 = variants_out["2bw"]
+        out.update({
+            "ratio_2bw_over_1f1b": v2["ratio_to_1f1b"], "ratio_per_round": v2["ratio_to_1f1b_per_round"],
+            "ideal_ratio": ideal, "ratio_best_step": v2["ratio_to_1f1b_best_step"],
+            "fraction_of_ideal_best_step": v2["ratio_to_1f1b_best_step"] / ideal,
+            "fraction_of_ideal": v2["ratio_to_1f1b"] / ideal, "ideal_idle_frac_1f1b": (P - 1) / (m + P - 1),
+            "targets": {
+                "ratio_ge_0.95_ideal": v2["ratio_to_1f1b"] >= 0.95 * ideal,
+                "fastest_step_ratio_ge_0.95_ideal": v2["ratio_to_1f1b_best_step"] >= 0.95 * ideal,
+                "weights_le_two_versions": all(x["weight_versions_peak"] <= 2.0 + 1e-9 for x in v2["memory_per_stage"]),
+            },
+        })  # fmt: skip
     if simulator:
         out["simulator"] = simulator_result(overrides, simulator_rounds, log, compose, threads=p.threads)
-        out["targets"]["simulator_delay1_le_1.10"] = out["simulator"]["ratio_to_delay0"]["delay1"] <= 1.10
+        out.setdefault("targets", {})["simulator_delay1_le_1.10"] = out["simulator"]["ratio_to_delay0"]["delay1"] <= 1.10
     return out
 
 
@@ -221,25 +296,43 @@ def simulator_result(
 
 
 def format_result(res: dict) -> str:
-    """The human-readable lines of a `bench_pipeline` result."""
+    """The human-readable lines of a `bench_pipeline` result: one row per schedule, then memory per stage."""
     v = res["variants"]
-    lines = [f"model {res['model']}  P={res['stages']}  m={res['micro_batches']}  "
-             f"({res['tokens_per_step']} tokens/step, {res['threads_per_process']} thread/process, "
-             f"load {res['load_avg'][0]:.2f} on {res['cpu_count']} CPUs)"]  # fmt: skip
-    for name in VARIANTS:
-        idle = " ".join(f"{x:.3f}" for x in v[name]["idle_frac_per_stage"])
-        busy = " ".join(f"{x * 1e3:.0f}" for x in v[name]["compute_s_per_micro_batch"])
-        lines.append(f"{name:5s} {v[name]['tokens_per_s']:9.0f} tok/s  {v[name]['step_time_s'] * 1e3:8.1f} ms/step  "
-                     f"idle per stage {idle}  busy ms/micro-batch per stage {busy}")  # fmt: skip
-    lines.append(f"2bw/1f1b {res['ratio_2bw_over_1f1b']:.3f}  ideal (m+P-1)/m {res['ideal_ratio']:.3f}  "
-                 f"fraction of ideal {res['fraction_of_ideal']:.3f}  (per round: "
-                 + ", ".join(f"{r:.3f}" for r in res["ratio_per_round"]) + f"; fastest steps: "
-                 f"{res['ratio_best_step']:.3f} = {res['fraction_of_ideal_best_step']:.3f} of ideal)")
-    for s, mem in enumerate(v["2bw"]["memory_per_stage"]):
-        lines.append(f"stage {s}: params {mem['param_mb']:.2f} MB, 2bw peak weights {mem['peak_weight_mb']:.2f} MB "
-                     f"({mem['weight_versions_peak']:.2f} versions), optimizer {mem['optimizer_state_mb']:.2f} MB, "
-                     f"EF {mem['ef_buffer_mb']:.2f} MB, "
-                     f"total {mem['peak_weight_plus_optimizer_mb']:.2f} MB")  # fmt: skip
+    P = res["stages"]
+    lines = [f"model {res['model']}  P={P}  m={res['micro_batches']}  ({res['tokens_per_step']} tokens/step, "
+             f"{res['threads_per_process']} thread/process, load {res['load_avg'][0]:.2f} -> "
+             f"{res.get('load_avg_after', res['load_avg'])[0]:.2f} on {res['cpu_count']} CPUs; "
+             f"schedule model at B/F = {res.get('backward_over_forward', 2.0):.2f})",
+             f"{'schedule':10s} {'tok/s':>7s} {'x1F1B':>6s} {'ideal':>6s} {'frac':>6s}  {'bubble':>6s}  "
+             f"{'idle/stage':{7 * P}s} {'norm-wait ms':{6 * P}s} per round x1F1B"]  # fmt: skip
+    for name, x in v.items():
+        fmt = lambda y: "   n/a" if y is None else f"{y:6.3f}"  # noqa: E731
+        idle = " ".join(f"{y:.3f}" for y in x["idle_frac_per_stage"])
+        wait = " ".join(f"{y:5.1f}" for y in x["norm_wait_ms_per_step"])
+        rounds = ", ".join(f"{y:.3f}" for y in x["ratio_to_1f1b_per_round"])
+        lines.append(f"{name:10s} {x['tokens_per_s']:7.0f} {x['ratio_to_1f1b']:6.3f} {fmt(x['ideal_ratio_to_1f1b'])} "
+                     f"{fmt(x['fraction_of_ideal'])}  {fmt(x['analytic_bubble'])}  {idle:{7 * P}s} {wait:{6 * P}s} "
+                     f"{rounds}")  # fmt: skip
+    for name, why in res.get("skipped", {}).items():
+        lines.append(f"{name:10s} {why}")
+    if "fraction_of_ideal" in res:
+        lines.append(f"2bw/1f1b {res['ratio_2bw_over_1f1b']:.3f}  ideal (m+P-1)/m {res['ideal_ratio']:.3f}  "
+                     f"fraction of ideal {res['fraction_of_ideal']:.3f}  (fastest steps: {res['ratio_best_step']:.3f}"
+                     f" = {res['fraction_of_ideal_best_step']:.3f} of ideal)")  # fmt: skip
+    if "stage_cost_model" in res:
+        c = res["stage_cost_model"]
+        ms = lambda xs: "/".join(f"{x * 1e3:.0f}" for x in xs)  # noqa: E731
+        lines.append(f"at the measured stage costs (F {ms(c['forward_s'])}, B {ms(c['backward_s'])}, step "
+                     f"{ms(c['step_s'])} ms per stage) the schedules allow 2bw/1f1b {c['ratio_2bw_over_1f1b']:.3f} "
+                     f"= {c['fraction_of_ideal']:.3f} of (m+P-1)/m")  # fmt: skip
+    lines.append("memory per stage, MB: weights peak (versions) + optimizer + EF = total; activations peak "
+                 "(per micro-batch)")
+    for name, x in v.items():
+        per = "  |  ".join(f"{mm['peak_weight_mb']:.1f} ({mm['weight_versions_peak']:.0f}) + {mm['optimizer_state_mb']:.1f}"
+                           f" + {mm['ef_buffer_mb']:.1f} = {mm['peak_weight_plus_optimizer_mb']:.1f}; act "
+                           f"{mm['peak_activation_mb']:.1f} ({mm['activation_mb_per_micro_batch']:.1f})"
+                           for mm in x["memory_per_stage"])  # fmt: skip
+        lines.append(f"  {name:10s} {per}")
     if "simulator" in res:
         sim = res["simulator"]
         lines.append("simulator " + ", ".join(f"{n} {sim['median_step_s'][n] * 1e3:.1f} ms (x{r:.3f})"

@@ -57,9 +57,10 @@ class StepReporter:
     """Moves each rank's per-step numbers to rank 0 over ``group`` (gloo: the vectors stay on the CPU).
 
     gloo reports a receive complete only once it is waited on, so rank 0 never polls: it waits for steps
-    that every rank has certainly sent. When rank 0 applies step b, every rank has applied step b-1 (in 2BW
-    with m >= P the data dependencies order it so, deferred or not; in 1F1B stage 0 steps last), so the
-    records up to b-1 cost no waiting; the rest are collected at sync points (evaluation, the end).
+    that every rank has certainly sent. At a cut where rank 0 has applied step b, every rank has applied step
+    b-1 (in 2BW with m >= P the data dependencies order it so, deferred or not, rank 0's own step b then
+    following the cut; in 1F1B stage 0 steps last), so the records up to b-1 cost no waiting; the rest are
+    collected at sync points (evaluation, the end).
     """
 
     LAG = 1  # steps rank 0 stays behind its own latest step when collecting without a sync

@@ -224,3 +224,22 @@ def bubble(name: str, stages: int, micro_batches: int, forward: float = 1.0, bac
         return None
     return max(tl.idle_fraction)
 
+
+def bubble_table(stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0,
+                 batches: int = 3) -> dict[str, Optional[float]]:  # fmt: skip
+    """Per schedule, the bubble of one batch with a free optimizer step (None where it cannot run this P and m).
+    A synchronous schedule flushes every batch, so that is its idle fraction over one batch; ``2bw`` is the
+    idle share of the time one more batch adds to a run (its steady state; 0 with equal stages) and ``2bw-run``
+    the idle fraction of a ``batches``-batch run, which pays one fill and drain."""
+    from asyncpipe.pipe.timeline import simulate_schedule
+
+    out: dict[str, Optional[float]] = {k: bubble(k, stages, micro_batches, forward, backward) for k in SYNC_SCHEDULES}
+    out["2bw"] = out["2bw-run"] = None
+    if micro_batches >= stages:
+        runs = [simulate_schedule("2bw", micro_batches, stages, n, forward=forward, backward=backward, step=0.0)
+                for n in (batches, batches + 1)]  # fmt: skip
+        extra = runs[1].makespan - runs[0].makespan
+        out["2bw"] = max(0.0, 1.0 - micro_batches * (forward + backward) / extra)
+        out["2bw-run"] = max(runs[0].idle_fraction)
+    return out
+

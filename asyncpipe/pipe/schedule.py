@@ -99,9 +99,12 @@ class TwoBWSchedule:
     next `ReduceGrads` per call (a cut with no message in flight between stages): warm-up in the first call,
     the drain in the last.
 
-    ``defer_step``: each `OptimizerStep(b)` moves from right after `ReduceGrads(b)` to just before the first
-    forward of batch b+2, the first use of its output W(b+1) (steps with no such forward close the stream).
-    A cross-stage reduction started by `ReduceGrads` then overlaps a batch of work instead of stalling.
+    ``defer_step``: on every stage but the first, each `OptimizerStep(b)` moves from right after `ReduceGrads(b)`
+    to just before the first forward of batch b+2, the first use of its output W(b+1) (steps with no such
+    forward close the stream). A cross-stage reduction started by `ReduceGrads` then overlaps a batch of work
+    instead of stalling. The first stage runs the last backward of every batch, so when it reaches
+    `ReduceGrads(b)` every other stage has already started the reduction: it steps at once, which keeps its
+    step off the rhythm the other stages wait on (a deferred step there delays the next activation sent).
 
     ``start``: the stream begins at batch ``start`` (a resumed run), warming up afresh; micro-batch numbers and
     version pins stay absolute, so batch b still runs on W(max(b-1, 0)).
@@ -122,8 +125,8 @@ class TwoBWSchedule:
                 "stage 0 would start batch b+2 before step b made its weights"
             )
         self.micro_batches, self.stages, self.stage_id, self.batches = micro_batches, stages, stage_id, batches
-        self.defer_step, self.start = defer_step, start
         self.is_first_stage = stage_id == 0
+        self.defer_step, self.start = defer_step and not self.is_first_stage, start
         self.is_last_stage = stage_id == stages - 1
 
     # -- the rules the engine and the tests rely on ------------------------------------------------------

@@ -8,7 +8,7 @@ queued before a `CommitP2P` are posted together; a stream without commits blocks
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from asyncpipe.pipe.schedule import (
     COMM,
@@ -80,20 +80,26 @@ def _channel(cmd: Instruction, stage: int) -> tuple[tuple[str, int, int], str]:
     raise TypeError(cmd)
 
 
+Cost = Union[float, Sequence[float]]  # one duration for every stage, or one per stage
+
+
 def simulate(
     streams: Sequence[Sequence[Instruction]],
-    forward: float = 1.0,
-    backward: float = 2.0,
-    step: float = 0.0,
+    forward: Cost = 1.0,
+    backward: Cost = 2.0,
+    step: Cost = 0.0,
     latency: float = 0.0,
     collective_steps: bool = False,
 ) -> Timeline:
-    """Run the stages' streams against each other with the given durations; raises `ScheduleError`.
+    """Run the stages' streams against each other with the given durations (per stage where a sequence: a
+    measured, unequal pipeline); raises `ScheduleError`.
 
     ``collective_steps``: a cross-stage all-reduce (global-norm clipping) starts at each stage's
     `ReduceGrads(b)` without blocking, and `OptimizerStep(b)` waits until every stage has started it.
     """
     n = len(streams)
+    fwd, bwd, upd = ([float(c)] * n if isinstance(c, (int, float)) else [float(x) for x in c]
+                     for c in (forward, backward, step))  # fmt: skip
     stages = [_Stage(s, any(isinstance(c, CommitP2P) for c in s)) for s in streams]
     # Per link and side: (micro_batch, post time) of every op posted so far, in order.
     posted: dict[tuple, dict[str, list[tuple[int, float]]]] = {}
@@ -140,9 +146,9 @@ def simulate(
                     return moved
                 begin = st.clock
                 st.clock = max([st.clock] + arrivals)
-                events.append(Event(i, "step", None, begin, st.clock + step, batch=st.collective))
-                st.clock += step
-                busy[i] += step
+                events.append(Event(i, "step", None, begin, st.clock + upd[i], batch=st.collective))
+                st.clock += upd[i]
+                busy[i] += upd[i]
                 st.collective = None
                 moved = True
             if st.waiting is not None:
@@ -163,7 +169,7 @@ def simulate(
                 post(i, st.queued)
                 st.queued = []
             elif isinstance(cmd, (ForwardPass, BackwardPass)):
-                dur = forward if isinstance(cmd, ForwardPass) else backward
+                dur = fwd[i] if isinstance(cmd, ForwardPass) else bwd[i]
                 kind = "forward" if isinstance(cmd, ForwardPass) else "backward"
                 events.append(Event(i, kind, cmd.micro_batch, st.clock, st.clock + dur, cmd.version))
                 st.clock += dur
@@ -175,9 +181,9 @@ def simulate(
                 if collective_steps:
                     st.collective = cmd.batch
                     continue
-                events.append(Event(i, "step", None, st.clock, st.clock + step, batch=cmd.batch))
-                st.clock += step
-                busy[i] += step
+                events.append(Event(i, "step", None, st.clock, st.clock + upd[i], batch=cmd.batch))
+                st.clock += upd[i]
+                busy[i] += upd[i]
 
     while True:
         moved = any([advance(i) for i in range(n)])
@@ -201,7 +207,7 @@ def simulate(
     return Timeline(events, makespan, busy)
 
 
-def simulate_schedule(kind: str, micro_batches: int, stages: int, batches: int, **kw: float) -> Timeline:
+def simulate_schedule(kind: str, micro_batches: int, stages: int, batches: int, **kw: Cost) -> Timeline:
     """`simulate` on every stage's stream of a named schedule (``2bw``, ``1f1b``, ``gpipe``)."""
     from asyncpipe.pipe.schedule import stream
 
