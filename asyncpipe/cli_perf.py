@@ -31,7 +31,7 @@ def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
     from asyncpipe.pipe.timeline import simulate_schedule
 
     if kind not in SCHEDULES:
-        raise UserError(f"--schedule {kind!r} is unknown; choose one of: {', '.join(SCHEDULES)}")
+        raise UserError(f"--schedule {kind!r} is unknown; choose one of: {', '.join(SCHEDULES + SYNC)}")
     if stages < 1 or micro_batches < 1 or batches < 1:
         raise UserError("--stages, --micro-batches and --batches must all be >= 1")
     return simulate_schedule(kind, micro_batches, stages, batches, forward=forward, backward=backward, step=step)

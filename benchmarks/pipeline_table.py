@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOC = REPO / "docs" / "performance.md"
 START, END = "<!-- pipeline-table:start -->", "<!-- pipeline-table:end -->"
+PAPER_START, PAPER_END = "<!-- schedule-table:start -->", "<!-- schedule-table:end -->"
+PAPER = [(2, 2), (2, 4), (2, 8), (4, 8), (4, 16), (8, 16), (8, 32), (16, 64)]  # (P, m), most beyond 2 cores
 
 
 def _uptime() -> str:
@@ -112,12 +114,29 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def paper_table(backward: float = 2.0) -> str:
+    """Bubbles of every schedule from its own rules (`asyncpipe.pipe.orders.bubble_table`) at F=1, B=``backward``."""
+    from asyncpipe.pipe.orders import bubble_table
+
+    names = ["1f1b", "zb-h1", "interleaved-1f1b", "dualpipev", "2bw", "2bw-run"]
+    lines = ["| P | m | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for P, m in PAPER:
+        b = bubble_table(P, m, 1.0, backward)
+        lines.append(f"| {P} | {m} | " + " | ".join("n/a" if b[n] is None else f"{b[n]:.3f}" for n in names) + " |")
+    return "\n".join(lines) + (f"\n\nF = 1, B = {backward:g} (zb-h1: B and W {backward / 2:g} each), optimizer step "
+                               "free; 2bw-run: a 3-batch run with its one fill and drain.")
+
+
+def _replace(doc: str, start: str, end: str, text: str) -> str:
+    if start not in doc or end not in doc:
+        raise SystemExit(f"{DOC} has no {start} ... {end} block to replace")
+    before, rest = doc.split(start, 1)
+    return before + start + "\n" + text + "\n" + end + rest.split(end, 1)[1]
+
+
 def update_doc(text: str) -> None:
-    doc = DOC.read_text()
-    if START not in doc or END not in doc:
-        raise SystemExit(f"{DOC} has no {START} ... {END} block to replace")
-    before, rest = doc.split(START, 1)
-    DOC.write_text(before + START + "\n" + text + "\n" + END + rest.split(END, 1)[1])
+    doc = _replace(DOC.read_text(), START, END, text)
+    DOC.write_text(_replace(doc, PAPER_START, PAPER_END, paper_table()))
 
 
 def main() -> None:

@@ -141,6 +141,8 @@ def _stage_memory(summaries: list[dict], mem: list[dict], P: int) -> list[dict]:
             "peak_weight_plus_optimizer_mb": (peak + opt_b + ef_b) / 2**20,
             "peak_activation_mb": act / 2**20,
             "activation_mb_per_micro_batch": summ.get("activation_bytes_per_micro_batch", 0) / 2**20,
+            # The whole process's peak resident memory since the stage was built (CUDA: allocator peak).
+            "peak_process_mb": summ.get("peak_mem_bytes", -1) / 2**20,
         })  # fmt: skip
     return out
 
