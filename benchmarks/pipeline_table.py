@@ -70,10 +70,11 @@ def _join(mem: list[dict], key: str, fmt: str) -> str:
 
 def table(results: list[dict]) -> str:
     """One markdown table over every m and schedule of a list of `bench_pipeline` results (+ simulator lines)."""
-    head = ("| m | schedule | tok/s | ×1F1B (per round) | ideal ×1F1B | fraction of ideal | bubble analytic "
+    head = ("| m | schedule | tok/s | ×1F1B (per round) | ×1F1B fastest steps | ideal ×1F1B | fraction of ideal "
+            "| bubble analytic "
             "| idle/stage measured | norm wait ms/step/stage | weight versions | weights+opt(+EF) MB/stage "
             "| activations peak MB/stage | load 1/5 min before → after |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     rows = []
     for r in results:
         load = f"{_load(r.get('uptime_before', ''))} → {_load(r.get('uptime_after', ''))}"
@@ -83,7 +84,7 @@ def table(results: list[dict]) -> str:
             frac = x["fraction_of_ideal"]
             rows.append(
                 f"| {r['micro_batches']} | {name} | {x['tokens_per_s']:.0f} | {x['ratio_to_1f1b']:.3f} ({per_round}) "
-                f"| {x['ideal_ratio_to_1f1b']:.3f} | {'**' if name == '2bw' else ''}{frac:.3f}"
+                f"| {x['ratio_to_1f1b_best_step']:.3f} | {x['ideal_ratio_to_1f1b']:.3f} | {'**' if name == '2bw' else ''}{frac:.3f}"
                 f"{'**' if name == '2bw' else ''} | {x['analytic_bubble']:.3f} "
                 f"| {' / '.join(f'{y:.3f}' for y in x['idle_frac_per_stage'])} "
                 f"| {' / '.join(f'{y:.1f}' for y in x['norm_wait_ms_per_step'])} "
@@ -91,7 +92,7 @@ def table(results: list[dict]) -> str:
                 f"| {_join(mem, 'peak_activation_mb', '.1f')} | {load} |"
             )  # fmt: skip
         for name, why in r.get("skipped", {}).items():
-            rows.append(f"| {r['micro_batches']} | {name} | {why} | | | | | | | | | | {load} |")
+            rows.append(f"| {r['micro_batches']} | {name} | {why} | | | | | | | | | | | {load} |")
     lines = [head, *rows]
     first = results[0] if results else {}
     if first:
