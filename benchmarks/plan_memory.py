@@ -5,7 +5,10 @@ resident memory above its mark just before it builds its stage (Linux VmHWM, res
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/plan_memory.py            # measure, print a markdown table
     .venv/bin/python benchmarks/plan_memory.py --from-json                  # re-render the saved results
 
-glibc would keep freed blocks of a few hundred KiB in its heap (RSS that no tensor uses); the ranks run with
+Each measured config runs in rank processes that have just trained a warm-up config (same model and stages,
+micro-batch 2 x 32 tokens): what a process grows by once (shared-library code pages, allocator arenas,
+communication buffers; about 120 MiB per rank here) is then behind the mark, as it is outside the CUDA
+allocator's count on a GPU. glibc would keep freed blocks of a few hundred KiB in its heap (RSS that no tensor uses); the ranks run with
 MALLOC_MMAP_THRESHOLD_=65536 so every tensor of 64 KiB or more is its own mapping, returned when freed, and the
 resident set follows live tensors. Results: benchmarks/results/plan-memory.json.
 """
@@ -20,17 +23,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "plan-memory.json"
-COMMON = ["engine=pipeline", "device=cpu", "precision=fp32", "train.steps=4", "train.eval_every=4",
+COMMON = ["engine=pipeline", "device=cpu", "precision=fp32", "train.steps=3", "train.eval_every=3",
           "train.eval_batches=1", "train.micro_batches=4", "pipeline.threads=1", "run.dir=unused"]  # fmt: skip
 CASES = [  # (label, overrides): activations large enough to matter next to the weights
     ("small 1F1B adamw", ["model=small", "pipeline.stages=2", "delay=0", "optimizer=adamw",
                           "train.micro_batch_size=16", "train.seq_len=256"]),
     ("small 2BW muon+EF", ["model=small", "pipeline.stages=2", "delay=1", "optimizer=muon_ef",
                            "train.micro_batch_size=16", "train.seq_len=256"]),
-    ("mini 2BW muon+EF P4", ["model=mini", "pipeline.stages=4", "delay=1", "optimizer=muon_ef",
+    ("mini 2BW muon+EF", ["model=mini", "pipeline.stages=2", "delay=1", "optimizer=muon_ef",
                              "train.micro_batch_size=16", "train.seq_len=256"]),
     ("moe_mini 2BW muon+EF", ["model=moe_mini", "pipeline.stages=2", "delay=1", "optimizer=muon_ef",
                               "train.micro_batch_size=16", "train.seq_len=256"]),
+    ("small 2BW muon+EF, mb 1x32 (weights, optimizer, EF)", ["model=small", "pipeline.stages=2", "delay=1",
+                                                               "optimizer=muon_ef", "train.micro_batch_size=1",
+                                                               "train.seq_len=32"]),
 ]  # fmt: skip
 MIB = 2**20
 
@@ -45,7 +51,8 @@ def measure() -> list[dict]:
     for label, overrides in CASES:
         cfg = compose(COMMON + overrides)
         pl = plan(cfg, gpu_mem_gib=80)
-        (result,) = launch_many([cfg], run_dirs=[None], timeout_s=900)
+        warm = compose(COMMON + overrides + ["train.micro_batch_size=2", "train.seq_len=32"])
+        _, result = launch_many([warm, cfg], run_dirs=[None, None], timeout_s=1800)
         measured = {st["stage"]: st["peak_mem_bytes"] for st in result["stages"] if st["replica"] == 0}
         for s in pl.stages:
             rows.append({
