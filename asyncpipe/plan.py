@@ -185,6 +185,8 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
     notes = []
     if cfg.delay > 1:
         notes.append(f"delay={cfg.delay} runs only in the simulator; weights counted as {versions} versions")
+    if delay == 1 and t.micro_batches < P:
+        notes.append(f"engine=pipeline runs 2BW only with train.micro_batches >= pipeline.stages ({t.micro_batches} < {P})")
     if deferred:
         notes.append("2BW defers each step past the next batch's first backward: two gradient buffers")
     return Plan(m.name, total, active, stages, "2BW" if cfg.delay else "1F1B", gpu_mem_gib, notes)

@@ -17,6 +17,7 @@ output head; not the embedding lookup), and the second term the attention scores
 over the full (not causal) T x T matrix.
 
     .venv/bin/python benchmarks/gpu_check.py [--compile] [--steps 30] [--micro-batch-size 16] [--seq-len 1024]
+    .venv/bin/python benchmarks/gpu_check.py --dry-run --steps 6 --micro-batch-size 2 --seq-len 64   # on a CPU
 """
 
 from __future__ import annotations
@@ -64,12 +65,20 @@ def _cfg(overrides: list[str]) -> Any:
     return compose(["train.eval_every=100000", "run.dir=unused"] + overrides)
 
 
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def train_135m(args: argparse.Namespace, log: Any) -> dict:
     import torch
 
     from asyncpipe.train.loop import Trainer
 
-    cfg = _cfg(["model=135m", "device=cuda", "precision=bf16", "optimizer=adamw", f"train.steps={args.steps}",
+    dev, model = ("cpu", "tiny") if args.dry_run else ("cuda", "135m")
+    cfg = _cfg([f"model={model}", f"device={dev}", "precision=bf16", "optimizer=adamw", f"train.steps={args.steps}",
                 f"train.micro_batch_size={args.micro_batch_size}", f"train.seq_len={args.seq_len}",
                 "train.micro_batches=1"])  # fmt: skip
     trainer = Trainer(cfg)
@@ -79,36 +88,36 @@ def train_135m(args: argparse.Namespace, log: Any) -> dict:
     losses = []
     for _ in range(warm):
         losses.append(trainer.train_step().train_loss)
-    torch.cuda.synchronize()
+    _sync(dev)
     start = time.perf_counter()
     for _ in range(args.steps - warm):
         losses.append(trainer.train_step().train_loss)
-    torch.cuda.synchronize()
+    _sync(dev)
     seconds = time.perf_counter() - start
     tokens_per_s = trainer.tokens_per_step * (args.steps - warm) / seconds
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if dev == "cuda" else "cpu (dry run)"
     peak = args.peak_tflops or peak_tflops(name)
     fpt = flops_per_token(cfg.model, trainer.vocab_size, args.seq_len)
     mfu = fpt * tokens_per_s / (peak * 1e12) if peak else None
     out = {"device": name, "peak_tflops": peak, "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "mfu": mfu,
            "compile": args.compile, "micro_batch_size": args.micro_batch_size, "seq_len": args.seq_len,
            "first_loss": losses[0], "last_loss": losses[-1],
-           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}  # fmt: skip
+           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None}  # fmt: skip
     mfu_text = f"MFU {mfu:.1%} of {peak:g} TFLOP/s" if mfu is not None else f"MFU unknown ({name} not in the table; --peak-tflops)"
-    log(f"135m bf16 simulator: {tokens_per_s:,.0f} tokens/s, {mfu_text}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    log(f"{model} bf16 simulator: {tokens_per_s:,.0f} tokens/s, {mfu_text}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     if not all(math.isfinite(x) for x in losses) or losses[-1] >= losses[0]:
-        raise SystemExit("FAIL: 135m did not train (loss not finite or not falling)")
+        raise SystemExit(f"FAIL: {model} did not train (loss not finite or not falling)")
     return out
 
 
-def cpu_vs_cuda(log: Any) -> dict:
+def cpu_vs_cuda(log: Any, dry_run: bool = False) -> dict:
     from asyncpipe.train.loop import Trainer
 
     runs = {}
-    for device in ("cpu", "cuda"):
+    for device in ("cpu", "cpu" if dry_run else "cuda"):
         trainer = Trainer(_cfg(["model=tiny", f"device={device}", "precision=fp32", "optimizer=adamw",
                                 "train.steps=5"]))  # fmt: skip
-        runs[device] = [trainer.train_step().train_loss for _ in range(5)]
+        runs["cuda" if runs else "cpu"] = [trainer.train_step().train_loss for _ in range(5)]
     worst = max(abs(a - b) / abs(a) for a, b in zip(runs["cpu"], runs["cuda"]))
     ok = worst <= LOSS_RTOL
     log(f"tiny CPU vs CUDA, 5 steps fp32: worst relative loss difference {worst:.2e} (tolerance {LOSS_RTOL:g}) "
@@ -118,10 +127,10 @@ def cpu_vs_cuda(log: Any) -> dict:
     return {"cpu": runs["cpu"], "cuda": runs["cuda"], "worst_rel": worst, "rtol": LOSS_RTOL}
 
 
-def pipeline(log: Any) -> dict:
+def pipeline(log: Any, dry_run: bool = False) -> dict:
     import torch
 
-    if torch.cuda.device_count() < 2:
+    if not dry_run and torch.cuda.device_count() < 2:
         log(f"pipeline engine: skipped ({torch.cuda.device_count()} GPU visible; it needs 2)")
         return {"skipped": True}
     from omegaconf import OmegaConf
@@ -129,7 +138,8 @@ def pipeline(log: Any) -> dict:
     from asyncpipe.pipe.local import launch_many
     from asyncpipe.train.loop import Trainer
 
-    cfg = _cfg(["model=tiny", "engine=pipeline", "device=cuda", "precision=fp32", "optimizer=adamw", "delay=1",
+    dev = "cpu" if dry_run else "cuda"
+    cfg = _cfg(["model=tiny", "engine=pipeline", f"device={dev}", "precision=fp32", "optimizer=adamw", "delay=1",
                 "pipeline.stages=2", "train.steps=20", "train.micro_batches=4"])  # fmt: skip
     started = time.perf_counter()
     (result,) = launch_many([cfg], run_dirs=[None], timeout_s=240)
@@ -139,7 +149,7 @@ def pipeline(log: Any) -> dict:
     pipe = [h["train_loss"] for h in result["history"]]
     worst = max(abs(a - b) / abs(b) for a, b in zip(pipe, sim))
     ok = result["status"] == "completed" and len(pipe) == 20 and worst <= PIPE_RTOL
-    log(f"pipeline engine, 2 GPUs, 2BW tiny 20 steps: {wall:.0f} s, worst relative loss difference to the simulator "
+    log(f"pipeline engine, 2 {'CPU processes' if dry_run else 'GPUs'}, 2BW tiny 20 steps: {wall:.0f} s, worst relative loss difference to the simulator "
         f"{worst:.2e} (tolerance {PIPE_RTOL:g}) {'ok' if ok else 'FAIL'}")  # fmt: skip
     if not ok:
         raise SystemExit(f"FAIL: pipeline {pipe} vs simulator {sim} (status {result['status']})")
@@ -153,17 +163,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--compile", action="store_true", help="torch.compile the 135m model")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, if not in the table")
+    ap.add_argument("--dry-run", action="store_true", help="check this script on the CPU: tiny in place of 135m, "
+                    "CPU in place of CUDA (the pipeline on 2 CPU processes); measures nothing (tests use it)")  # fmt: skip
     args = ap.parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.dry_run:
         print(f"gpu-check: FAIL: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
               "run it on a machine with an NVIDIA GPU and a CUDA build of torch", file=sys.stderr)  # fmt: skip
         return 1
     started = time.perf_counter()
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    result = {"throughput": train_135m(args, log), "cpu_vs_cuda": cpu_vs_cuda(log), "pipeline": pipeline(log)}
+    result = {"throughput": train_135m(args, log), "cpu_vs_cuda": cpu_vs_cuda(log, args.dry_run),
+              "pipeline": pipeline(log, args.dry_run)}  # fmt: skip
     result["wall_s"] = time.perf_counter() - started
+    if args.dry_run:
+        log(f"gpu-check dry run: ok in {result['wall_s']:.0f} s (nothing written)")
+        return 0
     OUT.parent.mkdir(parents=True, exist_ok=True)
     tmp = OUT.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))

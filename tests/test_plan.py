@@ -89,6 +89,8 @@ def test_max_micro_batch_is_the_largest_that_fits() -> None:
         at = plan(compose(over + [f"train.micro_batch_size={s.max_micro_batch}"]), 80).stages[s.stage]
         above = plan(compose(over + [f"train.micro_batch_size={s.max_micro_batch + 1}"]), 80).stages[s.stage]
         assert at.total <= 80 * GIB < above.total
+    assert not any("micro_batches" in n for n in base.notes)
+    assert any("micro_batches >= pipeline.stages" in n for n in plan(compose(["model=mini", "pipeline.stages=8", "delay=1"])).notes)
     with pytest.raises(UserError, match="exceeds"):
         plan(compose(["model=tiny", "pipeline.stages=5"]))
 
