@@ -470,4 +470,4 @@ def test_report_lists_code_states_and_warns_when_they_differ(tmp_path):
     report = build_report(tmp_path)
     assert any("2 different code states" in w for w in report.warnings)
     md = (tmp_path / "report" / "report.md").read_text()
-    assert "aaaaaaaaaa | asyncpipe 0.1.0 | torch 2.13.0 | 1 |" in md and "bbbbbbbbbb (dirty)" in md
+    assert "| aaaaaaaaaa; asyncpipe 0.1.0; torch 2.13.0 | 1 |" in md and "bbbbbbbbbb (dirty)" in md

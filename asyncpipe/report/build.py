@@ -165,7 +165,7 @@ def run_table(report: Report) -> pd.DataFrame:
 
 def provenance_table(report: Report) -> pd.DataFrame:
     codes = report.runs["code"].fillna("unrecorded") if "code" in report.runs else pd.Series(["unrecorded"] * len(report.runs))
-    table = pd.DataFrame({"code (commit | versions)": codes.values, "runs": 1}).groupby("code (commit | versions)").sum()
+    table = pd.DataFrame({"code (commit; versions)": codes.values, "runs": 1}).groupby("code (commit; versions)").sum()
     return table
 
 

@@ -171,7 +171,7 @@ def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
 
 
 def code_of(run: Path) -> str:
-    """The code a run came from, from its provenance.json: `commit[+dirty] | package versions`, or "unrecorded"."""
+    """The code a run came from, from its provenance.json: `commit[ (dirty)]; package versions`, or "unrecorded"."""
     try:
         prov = json.loads((run / PROVENANCE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -179,7 +179,7 @@ def code_of(run: Path) -> str:
     git = prov.get("git") or {}
     commit = (git.get("commit") or "no git")[:10] + (" (dirty)" if git.get("dirty") else "")
     versions = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items() if v and k != "asyncpipe")
-    return f"{commit} | asyncpipe {(prov.get('versions') or {}).get('asyncpipe')} | {versions}"
+    return f"{commit}; asyncpipe {(prov.get('versions') or {}).get('asyncpipe')}; {versions}"
 
 
 def named_variants(root: Path) -> list[str]:
