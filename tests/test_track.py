@@ -333,3 +333,17 @@ def test_train_records_provenance_and_train_log(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "asyncpipe", "train", "train.steps=2", f"run.dir={tmp_path / 'x'}",
                           "optimizer.lr=-1"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert bad.returncode == 2 and not (tmp_path / "x").exists()  # a refused run leaves no run dir behind
+
+
+def test_provenance_of_a_launcher_and_its_ranks_is_one_start(tmp_path):
+    from asyncpipe.track.provenance import write_provenance
+
+    launcher = {"host": "h", "pid": 10, "ppid": 1, "overrides": ["a=1"]}
+    rank0 = {"host": "h", "pid": 11, "ppid": 10, "overrides": ["a=1", "run.dir=x"]}
+    write_provenance(tmp_path, rank0)  # the rank wrote first: the launcher's record replaces it
+    write_provenance(tmp_path, launcher)
+    assert json.loads((tmp_path / "provenance.json").read_text()) == {**launcher, "resumed": []}
+    write_provenance(tmp_path, rank0)  # and a rank never overwrites its launcher's
+    resume = {"host": "h", "pid": 20, "ppid": 1, "overrides": ["a=1", "resume=true"]}
+    write_provenance(tmp_path, resume)
+    assert json.loads((tmp_path / "provenance.json").read_text()) == {**launcher, "resumed": [resume]}

@@ -63,6 +63,8 @@ def provenance(overrides: Sequence[str]) -> dict[str, Any]:
         "command": redact_secrets(shlex.join(argv)),
         "cwd": os.getcwd(),
         "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
         "python": sys.version.split()[0],
         "git": git_state(Path(__file__).resolve().parent),
         "versions": versions(),
@@ -70,15 +72,22 @@ def provenance(overrides: Sequence[str]) -> dict[str, Any]:
 
 
 def write_provenance(run_dir: Path, record: dict) -> None:
-    """Write provenance.json; when one is there (a resume), keep it and add this start under "resumed"."""
+    """Write provenance.json; when one is there (a resume), keep it and add this start under "resumed". A rank that
+    an `asyncpipe train` started (data-parallel ranks) defers to that launcher's record, which has the overrides
+    as the user typed them."""
     path = Path(run_dir) / PROVENANCE_FILE
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         old = None
     if isinstance(old, dict):
-        old.setdefault("resumed", []).append(record)
-        record = old
+        if old.get("host") == record.get("host") and old.get("pid") == record.get("ppid"):
+            return  # our launcher recorded this start
+        if old.get("host") == record.get("host") and old.get("ppid") == record.get("pid"):
+            record = {**record, "resumed": old.get("resumed", [])}  # a rank we started wrote first: ours replaces it
+        else:
+            old.setdefault("resumed", []).append(record)
+            record = old
     atomic_write_json(path, record)
 
 
