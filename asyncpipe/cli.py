@@ -46,14 +46,9 @@ def train(overrides: Optional[List[str]] = OVERRIDES) -> None:
     from asyncpipe.config import compose
     from asyncpipe.run import run_training
 
-    from asyncpipe.dist import rank_env
-    from asyncpipe.track.provenance import recorded
-
     cfg = compose(overrides or [])
     check_train_paths(cfg)
-    env = rank_env()
-    with recorded(cfg, overrides or [], rank=env[0] if env else 0):  # provenance.json and train.log in the run dir
-        summary = run_training(cfg, overrides or [])
+    summary = run_training(cfg, overrides=overrides or [])  # overrides: as typed, for provenance.json only
     raise typer.Exit(summary.get("exit_code", 0))
 
 

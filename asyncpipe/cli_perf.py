@@ -41,7 +41,7 @@ def _eval_forwards(config: dict) -> tuple[int, int, int, int]:
     """(eval forwards per evaluation, eval_every, steps, micro_batches) from a run's config.yaml (as a dict)."""
     t, p = config.get("train", {}), config.get("pipeline", {})
     n, d = int(t.get("eval_batches", 8)), int(p.get("data_parallel", 1))
-    per_eval = n // d if n % d == 0 else n  # the runner's share per replica
+    per_eval = n // d if n % d == 0 else n  # each replica's share (pipe.adapter)
     return per_eval, int(t.get("eval_every", 25)), int(t.get("steps", 100)), int(t.get("micro_batches", 4))
 
 

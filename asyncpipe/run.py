@@ -1,114 +1,87 @@
-"""The entry point of one training run: check the run dir, pick the engine and the process layout, drive it.
+"""The entry point of one training run (`asyncpipe train`): claim and record the run dir, pick the process layout,
+run the ranks.
 
-- `engine=simulate`, one process: trains here.
-- `engine=simulate` with `pipeline.data_parallel=D`: spawns D local ranks (or, when RANK/WORLD_SIZE are set by
-  torchrun or SLURM, is one of them).
-- `engine=pipeline`: starts its P x D stage processes (or is one rank of them under torchrun / SLURM).
-Local files are the record: `config.yaml`, `metrics.jsonl`, `summary.json`.
+- one process (`engine=simulate`, `pipeline.data_parallel=1`): the run trains here (`asyncpipe.rank.run_rank`);
+- several (`engine=pipeline`, or simulate with `pipeline.data_parallel=D`): the local launcher starts them
+  (`asyncpipe.spawn.launch`), every rank with the same resolved config;
+- under torchrun or SLURM (RANK / WORLD_SIZE set): this process is one rank; rank 0 claims the run dir.
+
+Local files are the record: `config.yaml`, `metrics.jsonl`, `summary.json` (see `asyncpipe.session.rundir`).
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from asyncpipe.config import to_yaml
 from asyncpipe.dist import rank_env
 from asyncpipe.errors import UserError
+from asyncpipe.rank import run_rank
+from asyncpipe.runtime.signals import StopRequest
+from asyncpipe.session.rundir import RunRecord
+from asyncpipe.spawn import Job, RankFailed, launch, world_of
+from asyncpipe.status import FAILED, exit_code
+from asyncpipe.track.provenance import recorded
 
 
-def check_run_dir(cfg: DictConfig) -> Path:
-    """Refuse to overwrite a run (unless resuming) and to resume a completed one."""
-    from asyncpipe.track.files import read_summary
+def _one_of_many(cfg: DictConfig, log: Callable[[str], None], stop: StopRequest, overrides: Sequence[str]) -> dict:
+    """This process is one rank of a job started by torchrun or SLURM; rank 0 claims and writes the run dir."""
+    from asyncpipe.dist import destroy_process_group
 
-    path = Path(cfg.run.dir)
-    summary = path / "summary.json"
-    if summary.exists() and not cfg.resume:
-        raise UserError(f"run dir {path} already holds a run; choose another run.dir or pass resume=true")
-    if summary.exists() and (read_summary(path) or {}).get("status") == "completed":
-        raise UserError(f"run dir {path} holds a completed run; nothing to resume")
-    return path
-
-
-def prepare_run_dir(cfg: DictConfig) -> Path:
-    """Create the run dir and write the resolved `config.yaml`."""
-    from asyncpipe.track import RunDir
-
-    path = check_run_dir(cfg)
-    RunDir(path).write_config(to_yaml(cfg))
-    return path
-
-
-def _world_of(cfg: DictConfig) -> int:
-    replicas = cfg.pipeline.data_parallel
-    return replicas * (cfg.pipeline.stages if cfg.engine == "pipeline" else 1)
-
-
-def _spawn(cfg: DictConfig, overrides: Sequence[str], log: Callable[[str], None]) -> dict:
-    """This process is the launcher: start the ranks locally and report rank 0's summary."""
-    from asyncpipe.data import ensure_prepared
-    from asyncpipe.dist import spawn_local
-
-    path = check_run_dir(cfg)
-    ensure_prepared(cfg.data, cfg.tokenizer, progress=log)  # once, before the ranks start
-    argv = ["train", *overrides, f"run.dir={path}", f"resume={str(bool(cfg.resume)).lower()}"]
-    code = spawn_local(_world_of(cfg), argv, threads=cfg.pipeline.threads)
-    summary_path = path / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"status": "failed"}
-    if code == 2 and not summary_path.exists():
-        raise UserError("a rank stopped on a configuration or data error (see above)")
-    return {**summary, "exit_code": code}
-
-
-def _run_rank(cfg: DictConfig, rank: int, world: int, log: Callable[[str], None]) -> dict:
-    """This process is one rank of a multi-process job."""
-    if world != _world_of(cfg):
+    env = rank_env()
+    assert env is not None
+    rank, world, _ = env
+    if world != world_of(cfg):
         raise UserError(
-            f"launched as {world} processes but the config needs {_world_of(cfg)} "
+            f"launched as {world} processes but the config needs {world_of(cfg)} "
             f"(pipeline.stages x pipeline.data_parallel for engine=pipeline, pipeline.data_parallel for simulate)"
         )
-    from asyncpipe.dist import destroy_process_group, init_process_group
-
-    if cfg.engine == "pipeline":  # sets up its own groups, with pipeline.backend
-        from asyncpipe.pipe.runner import run_rank
-
-        summary = run_rank(cfg, log=log)
-    else:
-        from asyncpipe.train.runtime import pick_device
-
-        init_process_group(pick_device(cfg.device).type)
-        summary = _run_simulated(cfg, log, rank, world)
+    record = RunRecord.open(cfg) if rank == 0 else None
+    try:
+        with recorded(cfg, overrides, rank=rank):
+            summary = run_rank(cfg, Path(cfg.run.dir), log=log if rank == 0 else (lambda _: None), stop=stop)
+    except UserError:
+        if record is not None:
+            record.close(failed_by_user=True)
+        raise
     destroy_process_group()  # after a success only: with a rank gone, the teardown's barrier would wait forever
+    if record is not None:
+        record.close()
     return summary
 
 
-def _run_simulated(cfg: DictConfig, log: Callable[[str], None], rank: int = 0, world: int = 1) -> dict:
-    from asyncpipe.train.session import run_simulated
-
-    existed = Path(cfg.run.dir).exists()
-    run_path = prepare_run_dir(cfg) if rank == 0 else Path(cfg.run.dir)
+def _here(cfg: DictConfig, path: Path, log: Callable[[str], None], stop: StopRequest) -> dict:
+    if world_of(cfg) == 1:
+        return run_rank(cfg, path, log=log, stop=stop)
     try:
-        return run_simulated(cfg, run_path, log=log if rank == 0 else (lambda _: None), rank=rank, world=world)
-    except UserError:
-        if rank == 0 and not existed:  # a user mistake leaves no run dir behind that could pass for a run
-            shutil.rmtree(run_path, ignore_errors=True)
-        raise
+        (result,) = launch([Job(cfg, path)], stopped=stop.signal_name)
+    except RankFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return {"status": FAILED, "exit_code": exit_code(FAILED)}
+    return result
 
 
-def run_training(cfg: DictConfig, overrides: Sequence[str] = (), log: Optional[Callable[[str], None]] = None) -> dict:
-    """Run one training job as configured; the CLI's `train` command."""
+def run_training(cfg: DictConfig, log: Optional[Callable[[str], None]] = None, overrides: Sequence[str] = ()) -> dict:
+    """Run one training job as configured; returns its summary (``exit_code`` included). ``overrides``: the
+    command line as the user typed it, for the run's provenance.json only (every rank trains ``cfg``)."""
     log = log or print
-    env = rank_env()
-    if env is not None and env[1] > 1:
-        return _run_rank(cfg, env[0], env[1], log)
-    if cfg.engine == "pipeline":
-        from asyncpipe.pipe.runner import launch_local
-
-        return launch_local(cfg, overrides, log=log)
-    if cfg.pipeline.data_parallel > 1:
-        return _spawn(cfg, overrides, log)
-    return _run_simulated(cfg, log)
+    with StopRequest() as stop:  # from here on a stop signal ends the run with a summary, never a bare kill
+        env = rank_env()
+        if env is not None and env[1] > 1:
+            summary = _one_of_many(cfg, log, stop, overrides)
+        else:
+            record = RunRecord.open(cfg)  # provenance and train.log only once the run dir is this run's
+            try:
+                with recorded(cfg, overrides, rank=0):
+                    summary = _here(cfg, record.path, log, stop)
+            except UserError:
+                record.close(failed_by_user=True)
+                raise
+            except BaseException:
+                record.close()
+                raise
+            record.close()
+    return {k: v for k, v in summary.items() if k != "history"}

@@ -135,14 +135,14 @@ def pipeline(log: Any, dry_run: bool = False) -> dict:
         return {"skipped": True}
     from omegaconf import OmegaConf
 
-    from asyncpipe.pipe.local import launch_many
+    from asyncpipe.spawn import Job, launch
     from asyncpipe.train.loop import Trainer
 
     dev = "cpu" if dry_run else "cuda"
     cfg = _cfg(["model=tiny", "engine=pipeline", f"device={dev}", "precision=fp32", "optimizer=adamw", "delay=1",
                 "pipeline.stages=2", "train.steps=20", "train.micro_batches=4"])  # fmt: skip
     started = time.perf_counter()
-    (result,) = launch_many([cfg], run_dirs=[None], timeout_s=240)
+    (result,) = launch([Job(cfg, None, show_progress=False)], timeout_s=240)
     wall = time.perf_counter() - started
     trainer = Trainer(OmegaConf.merge(cfg, {"engine": "simulate"}))
     sim = [trainer.train_step().train_loss for _ in range(20)]

@@ -44,7 +44,7 @@ MIB = 2**20
 def measure() -> list[dict]:
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # inherited by the rank processes
     from asyncpipe.config import compose
-    from asyncpipe.pipe.local import launch_many
+    from asyncpipe.spawn import Job, launch
     from asyncpipe.plan import plan
 
     rows = []
@@ -52,7 +52,7 @@ def measure() -> list[dict]:
         cfg = compose(COMMON + overrides)
         pl = plan(cfg, gpu_mem_gib=80)
         warm = compose(COMMON + overrides + ["train.micro_batch_size=2", "train.seq_len=32"])
-        _, result = launch_many([warm, cfg], run_dirs=[None, None], timeout_s=1800)
+        _, result = launch([Job(warm, None, show_progress=False), Job(cfg, None, show_progress=False)], timeout_s=1800)
         measured = {st["stage"]: st["peak_mem_bytes"] for st in result["stages"] if st["replica"] == 0}
         for s in pl.stages:
             rows.append({

@@ -72,14 +72,20 @@ def test_corrupt_or_foreign_checkpoint_is_a_one_line_error(reference: Path, tmp_
     overrides = list(RUN)
     if damage == "corrupt":
         (newest / "rank0.pt").write_bytes(b"not a checkpoint")
-    else:
+    else:  # a run dir that lost its config.yaml: the checkpoint's fingerprint is the guard
         overrides[0] = "optimizer=muon_ef"
+        (run / "config.yaml").unlink()
     before = read_metrics(run)
+    config = (run / "config.yaml").read_bytes() if damage == "corrupt" else None
     proc = asyncpipe("train", *overrides, f"run.dir={run}", "resume=true")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and ("cannot be read" in lines[0] or "different run" in lines[0])
     assert read_metrics(run) == before  # nothing was rewritten
+    if damage == "corrupt":
+        assert (run / "config.yaml").read_bytes() == config  # nor the record rewritten
+    else:
+        assert not (run / "config.yaml").exists()  # nor written
 
 
 def test_loss_above_limit_ends_run_as_diverged(tmp_path: Path) -> None:

@@ -36,12 +36,12 @@ def _simulate(cfg):
 @pytest.fixture(scope="module")
 def runs():
     from asyncpipe.config import compose
-    from asyncpipe.pipe.local import launch_many
+    from asyncpipe.spawn import Job, launch
 
     cfgs = [compose(BASE + [f"pipeline.stages={p}", f"delay={d}"]) for p, d in CASES]
     results = []
     for stages in sorted({p for p, _ in CASES}):  # one launch per world size, its configs back to back
-        results += launch_many([c for c in cfgs if c.pipeline.stages == stages], timeout_s=500)
+        results += launch([Job(c, None, show_progress=False) for c in cfgs if c.pipeline.stages == stages], timeout_s=500)
     return cfgs, results
 
 

@@ -54,9 +54,10 @@ def _simulate(cfg) -> tuple[list, float]:
 
 
 def _launch(cfgs, run_dirs=None):
-    from asyncpipe.pipe.local import launch_many
+    from asyncpipe.spawn import Job, launch
 
-    return launch_many(cfgs, run_dirs=run_dirs, timeout_s=240)
+    dirs = run_dirs or [None] * len(cfgs)
+    return launch([Job(c, d, show_progress=False) for c, d in zip(cfgs, dirs)], timeout_s=240)
 
 
 def _check(cfg, result, rtol: float, norm_rtol: float = 1e-5) -> None:

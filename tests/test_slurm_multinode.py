@@ -18,7 +18,7 @@ import pytest
 
 from asyncpipe.launch import run_sweep, sweep_states
 from asyncpipe.launch.slurm_job import PEERS_WAIT_S
-from asyncpipe.train.checkpoint import MARKER
+from asyncpipe.runtime.checkpoint import MARKER
 from helpers import asyncpipe
 from test_slurm import CLUSTER, SKIP, losses, quiet
 

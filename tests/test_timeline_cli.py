@@ -110,13 +110,13 @@ def test_trace_missing_is_a_user_error(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_traced_pipeline_run_draws_its_measured_timeline(tmp_path: Path) -> None:
     from asyncpipe.config import compose
-    from asyncpipe.pipe.runner import launch_local
+    from asyncpipe.run import run_training
 
     run = tmp_path / "run"
     cfg = compose(["model=tiny", "engine=pipeline", "delay=1", "pipeline.stages=2", "train.micro_batches=2",
                    "train.micro_batch_size=2", "train.seq_len=16", "train.steps=3", "train.eval_batches=1",
                    "pipeline.trace=true", f"run.dir={run}", "tracker.wandb.mode=disabled"])  # fmt: skip
-    assert launch_local(cfg, log=lambda _: None, timeout_s=300)["status"] == "completed"
+    assert run_training(cfg, log=lambda _: None)["status"] == "completed"
     res = CliRunner().invoke(_app(), ["schedule", "--trace", str(run), "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "out" / "trace-run.png").exists() and (tmp_path / "out" / "trace-run.txt").exists()

@@ -58,7 +58,7 @@ def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
     from asyncpipe.data import ensure_prepared, load_manifest
     from asyncpipe.model import build_layers, stage_layers
     from asyncpipe.optim import build_optimizer
-    from asyncpipe.train.runtime import vocab_size_for
+    from asyncpipe.runtime.device import vocab_size_for
 
     vocab = vocab_size_for(cfg.model, load_manifest(ensure_prepared(cfg.data, cfg.tokenizer)))
     v_shape = cfg.pipeline.get("schedule", "auto") == "dualpipev"
@@ -159,11 +159,11 @@ def bench_pipeline(
     compose: Optional[Callable[[list[str]], DictConfig]] = None,
     variants: Sequence[str] = tuple(VARIANTS),
 ) -> dict:
-    """Run warm-up, then ``rounds`` x ``variants`` jobs of ``steps`` steps each in one `launch_many`; medians.
+    """Run warm-up, then ``rounds`` x ``variants`` jobs of ``steps`` steps each in one launch; medians.
     A variant that cannot run this configuration (DualPipeV with m < 2P) is reported with the reason."""
     from asyncpipe.config import compose as default_compose
-    from asyncpipe.pipe.local import launch_many
     from asyncpipe.pipe.orders import bubble_table
+    from asyncpipe.spawn import Job, launch
 
     compose = compose or default_compose
     if steps < 2 * skip + 1:
@@ -202,7 +202,8 @@ def bench_pipeline(
             log(f"  job {job} {name:9s} step {rec['step']}: {ms:8.1f} ms  {rec['tokens_per_s']:9.0f} tok/s")
 
     load_before = list(os.getloadavg())
-    results = launch_many([warm, *[cfgs[n] for n in order]], on_step=progress)[1:]
+    jobs = [Job(c, None, show_progress=False) for c in [warm, *[cfgs[n] for n in order]]]
+    results = launch(jobs, on_step=progress)[1:]
     load_after = list(os.getloadavg())
     per_job = [(name, _job_stats(r, tokens_per_step, skip)) for name, r in zip(order, results)]
     out: dict[str, Any] = {

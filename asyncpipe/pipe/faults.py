@@ -1,5 +1,6 @@
 """Fault tolerance of `engine=pipeline`: what every rank agrees on at a batch cut (stop requests, divergence),
-and checkpoints of a stage taken at a cut, in the simulator's format (`asyncpipe.train.checkpoint`).
+and the state of a stage at a cut, which the run lifecycle checkpoints in the simulator's format
+(`asyncpipe.runtime.checkpoint`).
 
 A cut (the end of `train_batch`) has no message between stages in flight. Once its deferred optimizer steps
 are applied, a stage's future depends only on its weight versions (2BW: W(b) for batch b+1 and the latest
@@ -11,14 +12,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as tdist
-
-from asyncpipe.errors import UserError
-from asyncpipe.train import checkpoint
 
 
 @dataclass
@@ -83,41 +80,3 @@ def load_engine_state(engine: Any, state: dict) -> None:
     engine.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
     engine.restart_at(int(state["step"]))
-
-
-def save(engine: Any, cfg: Any, run_dir: Path, rank: int, world: int, group: Any) -> tuple[Path, float]:
-    """Every rank writes its part of a checkpoint at this cut; returns (directory, seconds this rank took)."""
-    started = time.perf_counter()
-    path = checkpoint.save(
-        Path(run_dir), engine.global_steps, engine_state(engine), checkpoint.fingerprint_of(cfg), rank=rank,
-        world=world, barrier=lambda: tdist.barrier(group=group), keep=cfg.checkpoint.keep,
-    )  # fmt: skip
-    return path, time.perf_counter() - started
-
-
-def resume(engine: Any, cfg: Any, run_dir: Optional[Path], rank: int, world: int, group: Any,
-           log: Callable[[str], None]) -> Optional[Path]:  # fmt: skip
-    """resume=true: load the latest complete checkpoint into ``engine`` on every rank (or none: step 0).
-
-    Every rank reads its own part; a bad part on any rank is a `UserError` on all of them, raised before
-    anything in the run dir changes."""
-    if run_dir is None:
-        raise UserError("resume=true needs a run dir to resume from (run.dir)")
-    path, state, error = None, None, None
-    try:
-        path = checkpoint.latest_complete(Path(run_dir), world=world, log=log if rank == 0 else (lambda _: None))
-        if path is not None:
-            state = checkpoint.load(path, checkpoint.fingerprint_of(cfg), rank=rank)
-    except UserError as err:
-        error = str(err)
-    errors: list = [None] * world
-    tdist.all_gather_object(errors, error, group=group)
-    first = next((e for e in errors if e), None)
-    if first is not None:
-        raise UserError(first)
-    if state is None:
-        log("resume=true but no complete checkpoint: starting from step 0")
-        return None
-    load_engine_state(engine, state)
-    log(f"resumed from {path} at step {engine.global_steps}")
-    return path

@@ -3,21 +3,20 @@ cut exactly where `asyncpipe.model.partition` cuts, and the DeepSpeed config of 
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
-import torch.distributed as tdist
 from deepspeed.runtime.pipe.module import PipelineModule
 
+from asyncpipe.dist import init_process_group
 
-def init_comm(backend: str, timeout_s: float = 1800.0) -> None:
-    """torch.distributed from the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT), then DeepSpeed's comm on top.
+
+def init_comm(backend: str) -> None:
+    """torch.distributed from the env (`asyncpipe.dist.init_process_group`), then DeepSpeed's comm on top.
 
     DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce op on CPU (~30-40 s) that only its
     inference all-reduce uses; marking the op unavailable skips the build (its sole check reads this dict).
     """
-    if not tdist.is_initialized():
-        tdist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+    init_process_group(backend)
     import deepspeed.ops as ds_ops
 
     compat = vars(ds_ops).get("__compatible_ops__")

@@ -1,1 +1,1 @@
-"""The single-process training loop (`engine=simulate`): steps, evaluation, divergence, checkpoints."""
+"""The simulator engine (`engine=simulate`): `loop.Trainer`, driven by the run lifecycle (`asyncpipe.session`)."""

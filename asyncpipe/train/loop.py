@@ -1,4 +1,5 @@
-"""The single-process trainer (`engine=simulate`): exact k-step delayed optimisation of the whole model.
+"""The simulator (`engine=simulate`): exact k-step delayed optimisation of the whole model in one process (or
+D data-parallel replicas), as an engine of the run lifecycle (`asyncpipe.session.lifecycle.Engine`).
 
 One optimizer step = `train.micro_batches` micro-batches of gradient accumulation evaluated at the stale weights
 W(t-k), global-norm clipping of that stale gradient, then the optimizer's update applied to W(t). The delay and EF
@@ -16,6 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from asyncpipe.data import MicroBatches, ensure_prepared, load_manifest
+from asyncpipe.dist import Comm
 from asyncpipe.model import GPT, count_parameters, lm_loss, pop_moe_stats, set_aux_grad_scale
 from asyncpipe.optim import (
     DelayedWeights,
@@ -26,7 +28,8 @@ from asyncpipe.optim import (
     forward_weights,
     lr_factor,
 )
-from asyncpipe.train.runtime import autocast_context, pick_device, vocab_size_for
+from asyncpipe.runtime.device import autocast_context, pick_device, vocab_size_for
+from asyncpipe.session.lifecycle import Agreement
 
 
 @dataclass
@@ -40,7 +43,8 @@ class StepResult:
 
 
 class Trainer:
-    """Owns the model, optimizer, delayed weights and data streams of one simulated run."""
+    """Owns the model, optimizer, delayed weights and data streams of one simulated run. Replicas agree on the
+    loss inside `train_step` (one all-reduce with the gradients), so `agree` answers for the step just run."""
 
     def __init__(
         self, cfg: DictConfig, log: Optional[Callable[[str], None]] = None, rank: int = 0, world: int = 1
@@ -69,6 +73,9 @@ class Trainer:
         self.delayed = DelayedWeights(self.params, [delays[name] for name, _ in named])
         self.step = 0
         self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len * world
+        self.comm = Comm(world)  # the default process group (set up by the caller when world > 1)
+        self._records: list[dict] = []
+        self._last: Optional[StepResult] = None
 
     # -- one optimizer step -------------------------------------------------------------------------------
     def forward_backward(self, step: int) -> float:
@@ -85,7 +92,8 @@ class Trainer:
             total += loss.item()
         return total / m
 
-    def train_step(self) -> StepResult:
+    def train_step(self, sync: bool = True) -> StepResult:
+        """One optimizer step (every step lands at once: ``sync`` is for engines that can defer)."""
         start = time.perf_counter()
         t = self.cfg.train
         lr_scale = lr_factor(self.step, t.steps, t.warmup_frac, t.min_lr_frac)
@@ -111,7 +119,37 @@ class Trainer:
         extras.update(getattr(self.optimizer, "diagnostics", {}))
         self.step += 1
         lr = self.optimizer.param_groups[0]["lr"]
-        return StepResult(self.step, loss, float(grad_norm), lr, time.perf_counter() - start, extras)
+        result = StepResult(self.step, loss, float(grad_norm), lr, time.perf_counter() - start, extras)
+        self._last = result
+        self._records.append({"step": result.step, "train_loss": loss, "lr": lr, "grad_norm": result.grad_norm,
+                              "step_time": result.step_time, **extras})  # fmt: skip
+        return result
+
+    # -- what the run lifecycle asks of an engine ---------------------------------------------------------
+    def agree(self, stop: bool) -> Agreement:
+        loss = None if self._last is None else self._last.train_loss  # already the replicas' mean
+        return Agreement(self.comm.any(stop), loss, self.step)
+
+    def settle(self) -> None:
+        """Nothing is ever pending here."""
+
+    def records(self, synced: bool = False) -> list[dict]:
+        out, self._records = self._records, []
+        return out if self.rank == 0 else []
+
+    def finish(self) -> tuple[Agreement, dict]:
+        return Agreement(), {}
+
+    def describe(self) -> str:
+        cfg = self.cfg
+        ef = f" + EF(lam={cfg.optimizer.ef.lam})" if cfg.optimizer.ef.enabled else ""
+        if cfg.compensation.name != "none":
+            ef = f" + {cfg.compensation.name}"
+        return (
+            f"model {cfg.model.name} ({self.n_params / 1e6:.2f}M params, vocab {self.vocab_size}) | "
+            f"{cfg.optimizer.name}{ef} lr {cfg.optimizer.lr:g} | delay {cfg.delay} ({cfg.delay_profile}) | "
+            f"{cfg.train.steps} steps x {self.tokens_per_step} tokens | {self.device.type}"
+        )
 
     def _average_replicas(self, loss: float) -> float:
         """Mean gradient and loss over replicas: one flat all-reduce, before clipping (as the pipeline does)."""
@@ -149,6 +187,9 @@ class Trainer:
     # -- evaluation ---------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> float:
+        """Mean val loss over `train.eval_batches` (rank 0 only: the replicas hold the same weights; NaN elsewhere)."""
+        if self.rank != 0:
+            return math.nan
         self.model.eval()
         losses = []
         for i in range(self.cfg.train.eval_batches):
@@ -174,20 +215,3 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.delayed.load_state_dict(state["delayed"])
         torch.set_rng_state(state["rng"]["torch"])
-
-
-def diverged(loss: float, limit: float) -> bool:
-    return not math.isfinite(loss) or loss > limit
-
-
-def describe(trainer: Trainer) -> str:
-    cfg = trainer.cfg
-    ef = f" + EF(lam={cfg.optimizer.ef.lam})" if cfg.optimizer.ef.enabled else ""
-    if cfg.compensation.name != "none":
-        ef = f" + {cfg.compensation.name}"
-    return (
-        f"model {cfg.model.name} ({trainer.n_params / 1e6:.2f}M params, vocab {trainer.vocab_size}) | "
-        f"{cfg.optimizer.name}{ef} lr {cfg.optimizer.lr:g} | delay {cfg.delay} ({cfg.delay_profile}) | "
-        f"{cfg.train.steps} steps x {trainer.tokens_per_step} tokens | {trainer.device.type}"
-    )
-

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from asyncpipe.errors import UserError
-from asyncpipe.optim.compensation import register
+from asyncpipe.optim.compensation.registry import register
 from asyncpipe.optim.compensation.base import Compensated
 
 SCOPES = ("tensor", "group", "model")

@@ -19,10 +19,14 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def use_bf16(device: torch.device, precision: str) -> bool:
+    """bf16 autocast when asked for, or with precision=auto on CUDA."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
 def autocast_context(device: torch.device, precision: str) -> ContextManager:
     """bf16 autocast over fp32 master weights (auto: on CUDA only); fp32 otherwise."""
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    if not use_bf16:
+    if not use_bf16(device, precision):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 

@@ -1,6 +1,8 @@
-"""Turn SLURM's warning signals (and SIGTERM) into a flag the training loop checks between steps.
+"""Turn stop signals (SIGTERM, Ctrl-C's SIGINT, SLURM's SIGUSR1/SIGUSR2 warnings) into a flag the run lifecycle
+checks between steps.
 
-The loop finishes the step in flight, writes a checkpoint, and exits: a requeued job then resumes exactly there.
+The lifecycle finishes the step in flight, writes a checkpoint, and exits 4: a requeued job (or resume=true) then
+resumes exactly there.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import threading
 from types import FrameType
 from typing import Optional
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class StopRequest:
-    """Context manager: while active, SIGTERM / SIGUSR1 / SIGUSR2 set `requested` instead of killing the process."""
+    """Context manager: while active, SIGTERM / SIGINT / SIGUSR1 / SIGUSR2 set `requested` instead of killing the
+    process."""
 
     def __init__(self) -> None:
         self.signal_name: Optional[str] = None

@@ -1,0 +1,199 @@
+"""`PipelineStage`: this rank's stage of an `engine=pipeline` run as an engine of the run lifecycle
+(`asyncpipe.session.lifecycle.Engine`), a thin adapter over `TwoBWPipelineEngine`.
+
+Data order matches the simulator: step t, replica r, micro-batch j reads global micro-batch t*m*D + r*m + j, so
+P stages x D replicas with m micro-batches each equals `engine=simulate` with m*D micro-batches. Stop requests
+and the train loss are agreed at batch cuts one batch late (`pipe.faults.CutControl`), so no rank ever waits
+for them mid-stream; checkpoints are taken at cuts whose deferred steps are applied (`settle`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from omegaconf import DictConfig
+
+from asyncpipe.dist import Comm, backend_for, rank_env
+from asyncpipe.errors import UserError
+from asyncpipe.runtime.device import pick_device, use_bf16, vocab_size_for
+from asyncpipe.session.lifecycle import Agreement
+
+
+def _train_stream(data: Any, m: int, replicas: int, replica: int, steps: int, start: int = 0) -> Iterator[tuple]:
+    for t in range(start, steps):
+        for j in range(m):
+            yield data.get(t * m * replicas + replica * m + j)
+
+
+def _val_indices(n: int, replicas: int, replica: int) -> list[int]:
+    # Equal shares keep "mean of replica means" equal to the simulator's mean; otherwise every replica does all.
+    return list(range(replica, n, replicas)) if n % replicas == 0 else list(range(n))
+
+
+def setup_rank(cfg: DictConfig) -> tuple[int, int, Any]:
+    """This process as one rank of the pipeline: (rank, world, device), with torch.distributed and DeepSpeed's
+    comm initialised (backend `pipeline.backend`, timeout from `asyncpipe.dist`)."""
+    import torch
+
+    found = rank_env()
+    if found is None:
+        raise UserError("engine=pipeline ranks need RANK and WORLD_SIZE in the environment (torchrun, SLURM, asyncpipe)")
+    rank, world, local = found
+    os.environ.setdefault("LOCAL_RANK", str(local))  # DeepSpeed's PipelineModule reads it
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing and not torch.distributed.is_initialized():
+        raise UserError(f"engine=pipeline needs {' and '.join(missing)} in the environment (the rendezvous of rank 0)")
+    p = cfg.pipeline
+    if world != p.stages * p.data_parallel:
+        raise UserError(f"world size {world} != pipeline.stages {p.stages} x pipeline.data_parallel {p.data_parallel}")
+    device = pick_device(cfg.device)
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
+    elif device.type == "cuda":
+        torch.cuda.set_device(local)
+    torch.set_num_threads(p.threads)
+    from asyncpipe.pipe.stage import init_comm
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    init_comm(backend_for(device.type, p.backend))
+    return rank, world, device
+
+
+def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[Any, int, int]:
+    """This rank's `TwoBWPipelineEngine` over its stage of the model; returns (engine, stage, replica)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+    from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale, stage_layers
+    from asyncpipe.optim import build_optimizer
+    from asyncpipe.pipe import memory
+    from asyncpipe.pipe.engine import PipeSettings, TwoBWPipelineEngine
+    from asyncpipe.pipe.stage import StagedModule, deepspeed_config
+
+    t, p = cfg.train, cfg.pipeline
+    topo = PipeDataParallelTopology(num_pp=p.stages, num_dp=p.data_parallel)
+    coord = topo.get_coord(rank)
+    v_shape = p.schedule == "dualpipev"
+    parts, mine = stage_layers(cfg.model.n_layer + 2, p.stages, coord.pipe, v_shape)
+    baseline = memory.mark(device)  # the stage's peak memory is measured from here (stage_summary)
+    # Only this stage's layers are built, each from (seed, layer index): the simulator's initial weights.
+    layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=mine)
+    engine_cls: Any = TwoBWPipelineEngine
+    module_cls: Any = StagedModule
+    if v_shape:
+        from asyncpipe.pipe.dualpipev import DualPipeVModule, DualPipeVRunEngine
+
+        engine_cls, module_cls = DualPipeVRunEngine, DualPipeVModule
+    with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints its seed and topology settings
+        module = module_cls(layers, parts, topo, lm_loss)
+    set_aux_grad_scale(module, 1.0 / t.micro_batches)  # MoE aux losses: scaled as DeepSpeed scales the LM loss
+    optimizer = build_optimizer(module, cfg.optimizer, compensation=cfg.compensation, delays=cfg.delay, pipeline=True)
+    ds_config = deepspeed_config(t.micro_batch_size, t.micro_batches, p.data_parallel, use_bf16(device, cfg.precision))
+    settings = PipeSettings(
+        delay=cfg.delay, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip, warmup_frac=t.warmup_frac,
+        min_lr_frac=t.min_lr_frac, trace=p.trace, defer_step=p.defer_step,
+    )  # fmt: skip
+    mpu = module.mpu()
+    engine = engine_cls(
+        args=None, model=module, optimizer=optimizer, mpu=mpu, dist_init_required=False, config=ds_config,
+        config_class=DeepSpeedConfig(ds_config, mpu), settings=settings,
+    )  # fmt: skip
+    engine.memory_baseline = baseline
+    return engine, coord.pipe, coord.data
+
+
+class PipelineStage:
+    """One rank's stage, as the lifecycle's engine: `train_step` runs one batch up to its cut."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Optional[Path] = None) -> None:
+        import torch.distributed as tdist
+
+        from asyncpipe.data import MicroBatches, dataset_dir, ensure_prepared, load_manifest
+        from asyncpipe.pipe.faults import CutControl
+
+        self.cfg, self.run_dir = cfg, run_dir
+        self.rank, self.world, device = setup_rank(cfg)
+        t, p = cfg.train, cfg.pipeline
+        # One rank prepares the data; the others wait for it rather than race to write the same files.
+        if self.rank == 0:
+            data_path = ensure_prepared(cfg.data, cfg.tokenizer)
+        tdist.barrier()
+        if self.rank != 0:
+            data_path = dataset_dir(cfg.data, cfg.tokenizer)
+        vocab = vocab_size_for(cfg.model, load_manifest(data_path))
+        self.engine, self.stage, self.replica = build_engine(cfg, self.rank, device, vocab)
+        # Agreement at cuts and checkpoint barriers on a CPU group of their own, whatever the device.
+        group = tdist.new_group(list(range(self.world)), backend="gloo")
+        self.comm = Comm(self.world, group)
+        self.control = CutControl(group, self.engine.is_last_stage())
+        self.train_data = MicroBatches(data_path, "train", t.seq_len, t.micro_batch_size, cfg.seed)
+        self.val_data = MicroBatches(data_path, "val", t.seq_len, t.micro_batch_size, 0)  # the simulator's val set
+        self.val_idx = _val_indices(t.eval_batches, p.data_parallel, self.replica)
+        self.tokens_per_step = t.micro_batch_size * t.micro_batches * p.data_parallel * t.seq_len
+        self._streaming = False
+
+    @property
+    def step(self) -> int:
+        return self.engine.global_steps
+
+    def describe(self) -> str:
+        cfg, p = self.cfg, self.cfg.pipeline
+        return (
+            f"pipeline: {p.stages} stages x {p.data_parallel} replicas, delay {cfg.delay} "
+            f"({'2BW' if cfg.delay else '1F1B'}), {cfg.optimizer.name}, model {cfg.model.name}, "
+            f"{cfg.train.steps} steps x {self.tokens_per_step} tokens"
+        )
+
+    def train_step(self, sync: bool) -> None:
+        if not self._streaming:  # from the first step to run (after a resume: its checkpoint's step)
+            t = self.cfg.train
+            stream = _train_stream(self.train_data, t.micro_batches, self.cfg.pipeline.data_parallel, self.replica,
+                                   t.steps, self.step)  # fmt: skip
+            self.engine.set_dataiterator(stream)
+            self._streaming = True
+        self.engine.train_batch(sync=sync)  # a deferred step lands before weights are read
+
+    def agree(self, stop: bool) -> Agreement:
+        seen = self.control.exchange(stop, self.engine.last_loss)  # what every rank knew one cut ago
+        return Agreement(seen.stop, seen.loss, self.step - 1)
+
+    def settle(self) -> None:
+        self.engine.apply_pending()
+
+    def records(self, synced: bool) -> list[dict]:
+        # At a sync'd cut every rank has applied every step: rank 0 collects them all (before a checkpoint is
+        # marked complete, so a resumed run's metrics.jsonl has every step up to it).
+        return self.engine.poll_metrics(synced=synced)
+
+    def evaluate(self) -> float:
+        data = [self.val_data.get(i) for i in self.val_idx]
+        return self.engine.evaluate(iter(data), len(self.val_idx))
+
+    def state_dict(self) -> dict:
+        from asyncpipe.pipe.faults import engine_state
+
+        return engine_state(self.engine)
+
+    def load_state_dict(self, state: dict) -> None:
+        from asyncpipe.pipe.faults import load_engine_state
+
+        load_engine_state(self.engine, state)
+
+    def finish(self) -> tuple[Agreement, dict]:
+        """The last cut's agreement, then every stage's summary gathered (collective); writes this rank's trace."""
+        seen = self.control.finish()
+        tail = Agreement(seen.stop, seen.loss, self.step)
+        if self.cfg.pipeline.trace and self.run_dir is not None:
+            # One file per rank: (instruction, micro-batch, start, end) on this host's monotonic clock.
+            events = [{"stage": self.stage, "replica": self.replica, "op": n, "micro_batch": k, "start": a, "end": e}
+                      for n, k, a, e in self.engine.trace]  # fmt: skip
+            (Path(self.run_dir) / f"trace-rank{self.rank}.json").write_text(json.dumps(events))
+        summary = self.engine.stage_summary()
+        summary.update(cut_control_wait_s=self.control.wait_s, cuts=self.control.cuts)
+        return tail, {"stages": self.comm.gather(summary)}

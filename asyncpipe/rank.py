@@ -1,0 +1,149 @@
+"""One rank of a run: build the configured engine and drive it through the run lifecycle.
+
+`run_rank` serves every process layout: a one-process run, one rank under torchrun or SLURM (through
+`asyncpipe.run.run_training`), and one rank started by the local launcher (``python -m asyncpipe.rank SPEC``,
+see `asyncpipe.spawn`), which runs the spec's jobs back to back and reports through files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from omegaconf import DictConfig
+
+from asyncpipe.errors import UserError
+from asyncpipe.runtime.signals import StopRequest
+from asyncpipe.status import INTERRUPTED, exit_code
+
+
+def build_engine(cfg: DictConfig, run_dir: Optional[Path], log: Callable[[str], None]) -> Any:
+    """This process's engine: a `PipelineStage` (engine=pipeline) or the simulator's `Trainer` (one replica)."""
+    from asyncpipe.dist import rank_env
+
+    if cfg.engine == "pipeline":
+        from asyncpipe.pipe.adapter import PipelineStage
+
+        return PipelineStage(cfg, run_dir)
+    from asyncpipe.train.loop import Trainer
+
+    env = rank_env()
+    rank, world = (env[0], env[1]) if env is not None else (0, 1)
+    if world > 1:
+        from asyncpipe.dist import backend_for, init_process_group
+        from asyncpipe.runtime.device import pick_device
+
+        init_process_group(backend_for(pick_device(cfg.device).type))
+    return Trainer(cfg, log=log if rank == 0 else None, rank=rank, world=world)
+
+
+def run_rank(
+    cfg: DictConfig,
+    run_dir: Optional[Path],
+    log: Callable[[str], None] = print,
+    stop: Optional[StopRequest] = None,
+    on_step: Optional[Callable[[dict], None]] = None,
+    show_progress: bool = True,
+) -> dict:
+    """Train this rank's share of the run ``cfg`` into ``run_dir`` (already checked and recorded by the caller);
+    returns the lifecycle's summary."""
+    from asyncpipe.session.lifecycle import run
+
+    started = time.perf_counter()
+    engine = build_engine(cfg, run_dir, log)  # set-up errors (bad data, a foreign checkpoint) surface before any log
+    return run(engine, cfg, run_dir, log=log, stop=stop, on_step=on_step, started=started,
+               show_progress=show_progress)  # fmt: skip
+
+
+# -- a rank of `asyncpipe.spawn.launch` -------------------------------------------------------------------------
+def _watch_parent() -> None:
+    """Exit when the launching process dies, so a killed launcher never leaves ranks behind."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))  # NaN stays NaN: results are read back by Python only
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def _train_log(run_dir: Optional[Path]) -> Iterator[None]:
+    """Rank 0's progress lines go to the run's train.log too (the launcher's own lines are teed there by it)."""
+    if run_dir is None:
+        yield
+        return
+    from asyncpipe.track.provenance import LogTee
+
+    tee = LogTee(sys.stdout, run_dir)
+    tee.started = 0.0  # the launcher claimed the run dir (config.yaml) before this rank started
+    sys.stdout = tee  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = tee.stream
+        tee.log_only(*([tee.partial] if tee.partial.strip() else []))
+
+
+def main(spec_path: str) -> None:
+    """Run every job of the spec; rank 0 appends one JSON line per step to ``events.jsonl``. Each rank writes
+    ``result-{job}-{rank}.json`` per finished job, or ``error-{rank}.json`` and exits 1."""
+    # Installed before the heavy imports: a stop signal during start-up still ends in a summary, not a crash.
+    stop = StopRequest().__enter__()
+    spec = json.loads(Path(spec_path).read_text())
+    if spec.get("stopped"):
+        stop.signal_name = spec["stopped"]
+    out = Path(spec["out"])
+    rank = int(os.environ["RANK"])
+    _watch_parent()
+    try:
+        from omegaconf import OmegaConf
+
+        from asyncpipe.dist import destroy_process_group
+
+        with open(out / "events.jsonl", "a") if rank == 0 else open(os.devnull, "w") as events:
+
+            def on_step(m: dict, job: int) -> None:
+                events.write(json.dumps({"job": job, "metrics": m}) + "\n")
+                events.flush()
+
+            interrupted = False
+            for i, job in enumerate(spec["jobs"]):
+                if interrupted:  # a stop ends the launch: later jobs are reported, not run
+                    skipped = {"status": INTERRUPTED, "steps": 0, "exit_code": exit_code(INTERRUPTED)}
+                    _write_json(out / f"result-{i}-{rank}.json", skipped)
+                    continue
+                run_dir = None if job["run_dir"] is None else Path(job["run_dir"])
+                with _train_log(run_dir if rank == 0 else None):
+                    result = run_rank(OmegaConf.create(job["config"]), run_dir, stop=stop,
+                                      on_step=lambda m, i=i: on_step(m, i), show_progress=job["show_progress"])
+                _write_json(out / f"result-{i}-{rank}.json", result)
+                interrupted = result.get("status") == INTERRUPTED
+        destroy_process_group()
+    except BaseException as err:  # report, then die: the launcher tears the other ranks down
+        kind = "user_error" if isinstance(err, UserError) else "error"
+        text = str(err) if kind == "user_error" else traceback.format_exc()
+        _write_json(out / f"error-{rank}.json", {"kind": kind, "text": text})
+        if kind != "user_error":  # a user error is printed once, by the launcher
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

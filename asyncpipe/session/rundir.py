@@ -1,0 +1,158 @@
+"""The run dir as a trustworthy record: one writer at a time, never a sweep root, never overwritten, and resumed
+only with the settings it was started with. Every refusal is a one-line `UserError` raised before anything in
+the run dir changes (config.yaml included).
+
+The writer lock is an `flock` on ``RUN/.writer.lock`` held by the process that writes the run dir (the only
+process of a one-process run, the launcher of local ranks, rank 0 under torchrun/SLURM) for the run's life; the
+kernel drops it when that process ends, however it ends, so a killed run can always be resumed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from asyncpipe.errors import UserError
+from asyncpipe.status import COMPLETED
+from asyncpipe.track.files import CONFIG_FILE, RunDir, atomic_write_bytes, read_summary
+
+LOCK_FILE = ".writer.lock"
+# Settings a resumed run may change: where and how it is watched, not what it trains.
+RESUME_MAY_CHANGE = ("resume", "run.", "tracker.", "launcher.", "data.root", "train.log_every", "pipeline.threads",
+                     "pipeline.trace", "checkpoint.")  # fmt: skip
+
+
+class WriterLock:
+    """An exclusive, non-blocking `flock` on ``RUN/.writer.lock``: whoever holds it writes that run dir."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        """Take the lock or refuse: another process is training in this run dir."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(
+                f"run dir {self.path.parent} is in use by another process training in it; wait for it to end "
+                "(or stop it), or choose another run.dir"
+            ) from None
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
+
+def _check_place(path: Path) -> None:
+    from asyncpipe.launch.state import MANIFEST
+
+    if (path / MANIFEST).exists():
+        raise UserError(f"run.dir={path} is a sweep directory (it holds {MANIFEST}); choose a run dir of its own")
+    if path.exists() and not path.is_dir():
+        raise UserError(f"run.dir={path} is a file, not a directory; choose another run.dir")
+
+
+def _flat(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _flat(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], node
+
+
+def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, Any]]:
+    """(key, recorded value, new value) for every setting a resume may not change, in key order."""
+    old = dict(_flat(recorded))
+    new = dict(_flat(OmegaConf.to_container(cfg, resolve=True)))
+    keys = sorted(set(old) | set(new))
+    return [(k, old.get(k), new.get(k)) for k in keys
+            if old.get(k) != new.get(k) and not k.startswith(RESUME_MAY_CHANGE)]  # fmt: skip
+
+
+def check_run_dir(cfg: DictConfig) -> Path:
+    """Refuse what the run dir cannot take: a sweep root or a file, a finished or started run without
+    resume=true, a completed run, a resume with changed settings. Writes nothing."""
+    path = Path(cfg.run.dir)
+    _check_place(path)
+    summary = read_summary(path)  # a corrupt one is a UserError
+    recorded = path / CONFIG_FILE
+    if summary is not None and summary.get("status") == COMPLETED:
+        if cfg.resume:
+            raise UserError(f"run dir {path} holds a completed run; nothing to resume")
+        raise UserError(f"run dir {path} already holds a run; choose another run.dir")
+    if not cfg.resume and (summary is not None or recorded.exists()):
+        raise UserError(f"run dir {path} already holds a run; choose another run.dir or pass resume=true")
+    if cfg.resume and recorded.exists():
+        try:
+            old = yaml.safe_load(recorded.read_text())
+        except (OSError, yaml.YAMLError):
+            old = None
+        if not isinstance(old, dict):
+            raise UserError(f"{recorded} is not readable YAML; the run cannot be resumed (choose another run.dir)")
+        diff = changed_settings(old, cfg)
+        if diff:
+            key, was, now = diff[0]
+            more = f" (and {len(diff) - 1} more: {', '.join(k for k, _, _ in diff[1:4])})" if len(diff) > 1 else ""
+            raise UserError(
+                f"resume=true with a changed setting: {key} was {was!r} when the run started, now {now!r}{more}; "
+                "resume with the recorded settings (see config.yaml) or start a new run.dir"
+            )
+    return path
+
+
+class RunRecord:
+    """The run dir of a run about to start: locked, checked, its config.yaml written (see `open`)."""
+
+    def __init__(self, path: Path, lock: WriterLock, created: bool) -> None:
+        self.path, self.lock, self.created = path, lock, created
+        self.previous: Optional[bytes] = b""  # config.yaml before this run wrote it (None: there was none)
+
+    @classmethod
+    def open(cls, cfg: DictConfig) -> "RunRecord":
+        """Check the run dir (`check_run_dir`), lock it, check again and write the resolved config.yaml (a resume's
+        differs from the recorded one only in `RESUME_MAY_CHANGE` keys); a refusal leaves no new directory or
+        file behind and never rewrites config.yaml."""
+        from asyncpipe.config import to_yaml
+
+        path = Path(cfg.run.dir)
+        _check_place(path)
+        created = not path.exists()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create run.dir={path}: {exc.strerror}") from None
+        lock = WriterLock(path)
+        record = cls(path, lock, created)
+        try:
+            lock.acquire()
+            check_run_dir(cfg)
+            recorded = path / CONFIG_FILE
+            record.previous = recorded.read_bytes() if recorded.exists() else None
+            RunDir(path).write_config(to_yaml(cfg))  # a resume's: the same settings (checked), resume=true
+        except BaseException:
+            record.close(failed_by_user=True)
+            raise
+        return record
+
+    def close(self, failed_by_user: bool = False) -> None:
+        """Release the lock; after a user mistake in a directory this run created (and locked), remove it: it
+        holds no run."""
+        held = self.lock.fd is not None
+        if failed_by_user and self.created and held:
+            shutil.rmtree(self.path, ignore_errors=True)
+        elif failed_by_user and held and self.previous is None:
+            (self.path / CONFIG_FILE).unlink(missing_ok=True)
+        elif failed_by_user and held and self.previous:  # a refused resume leaves the record as it was
+            atomic_write_bytes(self.path / CONFIG_FILE, self.previous)
+        self.lock.release()

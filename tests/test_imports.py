@@ -1,0 +1,126 @@
+"""The package's import graph, read with `ast` (nothing is imported): no import circles between modules of
+`asyncpipe/`, no module importing another module's private (`_name`) names, and the layering the docs promise."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "asyncpipe"
+
+
+def _modules(package: Path) -> dict[str, Path]:
+    mods = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return mods
+
+
+def import_graph(package: Path = PACKAGE) -> tuple[dict[str, set[str]], list[tuple[str, str]]]:
+    """(module -> the package's modules it imports, anywhere in the file), and (module, private name) pairs."""
+    mods = _modules(package)
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    private = []
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    full = f"{target}.{alias.name}"
+                    if full in mods:
+                        edges[mod].add(full)
+                    elif target in mods:
+                        edges[mod].add(target)
+                        name = alias.name
+                        if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+                            if target != mod:
+                                private.append((mod, full))
+            elif isinstance(node, ast.Import):
+                edges[mod].update(a.name for a in node.names if a.name in mods)
+    return edges, private
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_reader_sees_a_cycle_and_a_private_import(tmp_path: Path) -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg.sub.b import g, _h\n")
+    (pkg / "sub" / "b.py").write_text("from .. import a\n\ndef g(): ...\n\ndef _h(): ...\n")
+    edges, private = import_graph(pkg)
+    assert cycles(edges) == [["pkg.a", "pkg.sub.b"]]
+    assert private == [("pkg.a", "pkg.sub.b._h")]
+
+
+def test_no_import_cycles() -> None:
+    edges, _ = import_graph()
+    assert len(edges) > 50 and edges["asyncpipe.run"]  # the reader found the package
+    assert cycles(edges) == []
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    _, private = import_graph()
+    assert private == []
+
+
+def test_layering() -> None:
+    """config never imports torch-side modules; the engines do not import each other; the lifecycle and the
+    runtime import no engine; report never imports torch-side modules."""
+    edges, _ = import_graph()
+
+    def reaches(prefix: str, target: str) -> list[tuple[str, str]]:
+        return [(m, t) for m, ts in edges.items() if m.startswith(prefix) for t in ts if t.startswith(target)]
+
+    assert reaches("asyncpipe.pipe", "asyncpipe.train") == []
+    assert reaches("asyncpipe.train", "asyncpipe.pipe") == []
+    for below in ("asyncpipe.session", "asyncpipe.runtime"):
+        for engine in ("asyncpipe.train", "asyncpipe.pipe"):
+            assert reaches(below, engine) == []
+    for light in ("asyncpipe.config", "asyncpipe.report"):
+        for heavy in ("asyncpipe.runtime", "asyncpipe.model", "asyncpipe.optim", "asyncpipe.pipe", "asyncpipe.train"):
+            assert reaches(light, heavy) == []
