@@ -87,10 +87,11 @@ def test_a_stop_signal_checkpoints_exits_4_and_resume_is_exact(references, tmp_p
     assert proc.wait(timeout=180) == 4, (tmp_path / "log").read_text()[-2000:]
     summary = read_summary(run)
     assert summary["status"] == "interrupted" and summary["exit_code"] == 4 and 2 <= summary["steps"] < STEPS
-    assert (run / "checkpoints" / f"step_{summary['steps']:08d}" / "COMPLETE").exists()
+    ckpt = run / "checkpoints" / f"step_{summary['steps']:08d}"
+    assert (ckpt / "COMPLETE").exists()
     done = asyncpipe(*_args(engine, run, "resume=true"))
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"resumed from {run / 'checkpoints' / f'step_{summary['steps']:08d}'}" in done.stdout
+    assert f"resumed from {ckpt}" in done.stdout
     assert losses(run) == losses(reference)  # exact float equality, every step and every evaluation
     assert read_summary(run)["final_val_loss"] == read_summary(reference)["final_val_loss"]
 

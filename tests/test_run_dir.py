@@ -30,7 +30,7 @@ def test_a_second_process_in_a_training_run_dir_is_refused_and_the_first_finishe
     first = start(*args, log=tmp_path / "log")
     wait_for_step(run, 1, first)
     _one_line(asyncpipe(*args, "resume=true"), "is in use by another process")
-    _one_line(asyncpipe(*args), "is in use by another process")
+    _one_line(asyncpipe(*args), "already holds a run")  # refused before it would even ask for the lock
     assert first.wait(timeout=300) == 0, (tmp_path / "log").read_text()[-2000:]
     steps = [m["step"] for m in read_metrics(run)]
     assert steps == list(range(41))  # no step twice, none lost

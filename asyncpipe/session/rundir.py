@@ -126,7 +126,7 @@ class RunRecord:
         from asyncpipe.config import to_yaml
 
         path = Path(cfg.run.dir)
-        _check_place(path)
+        check_run_dir(cfg)  # before the lock file exists: a refused run writes nothing
         created = not path.exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ class RunRecord:
         record = cls(path, lock, created)
         try:
             lock.acquire()
-            check_run_dir(cfg)
+            check_run_dir(cfg)  # again, as the writer: the run dir may have changed before we held the lock
             recorded = path / CONFIG_FILE
             record.previous = recorded.read_bytes() if recorded.exists() else None
             RunDir(path).write_config(to_yaml(cfg))  # a resume's: the same settings (checked), resume=true
