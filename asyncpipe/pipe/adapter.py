@@ -136,7 +136,7 @@ class PipelineStage:
         self.val_data = MicroBatches(data_path, "val", t.seq_len, t.micro_batch_size, 0)  # the simulator's val set
         self.val_idx = _val_indices(t.eval_batches, p.data_parallel, self.replica)
         self.tokens_per_step = t.micro_batch_size * t.micro_batches * p.data_parallel * t.seq_len
-        self._streaming = False
+        self._streaming, self._ran = False, 0
 
     @property
     def step(self) -> int:
@@ -156,12 +156,13 @@ class PipelineStage:
             stream = _train_stream(self.train_data, t.micro_batches, self.cfg.pipeline.data_parallel, self.replica,
                                    t.steps, self.step)  # fmt: skip
             self.engine.set_dataiterator(stream)
-            self._streaming = True
+            self._streaming, self._ran = True, self.step
         self.engine.train_batch(sync=sync)  # a deferred step lands before weights are read
+        self._ran += 1  # batches run (their optimizer steps may still be deferred)
 
     def agree(self, stop: bool) -> Agreement:
         seen = self.control.exchange(stop, self.engine.last_loss)  # what every rank knew one cut ago
-        return Agreement(seen.stop, seen.loss, self.step - 1)
+        return Agreement(seen.stop, seen.loss, self._ran - 1)
 
     def settle(self) -> None:
         self.engine.apply_pending()
@@ -188,7 +189,7 @@ class PipelineStage:
     def finish(self) -> tuple[Agreement, dict]:
         """The last cut's agreement, then every stage's summary gathered (collective); writes this rank's trace."""
         seen = self.control.finish()
-        tail = Agreement(seen.stop, seen.loss, self.step)
+        tail = Agreement(seen.stop, seen.loss, self._ran)
         if self.cfg.pipeline.trace and self.run_dir is not None:
             # One file per rank: (instruction, micro-batch, start, end) on this host's monotonic clock.
             events = [{"stage": self.stage, "replica": self.replica, "op": n, "micro_batch": k, "start": a, "end": e}
