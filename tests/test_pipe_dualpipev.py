@@ -41,11 +41,11 @@ def test_dualpipev_matches_the_simulator() -> None:
     import torch
     from omegaconf import OmegaConf
 
-    from asyncpipe.pipe.local import launch_many
+    from asyncpipe.spawn import Job, launch
     from asyncpipe.train.loop import Trainer
 
     cfg = compose(["model=tiny", *BASE, "train.micro_batches=4", "optimizer=adamw"])
-    (result,) = launch_many([cfg], timeout_s=240)
+    (result,) = launch([Job(cfg, None, show_progress=False)], timeout_s=240)
     sim = Trainer(OmegaConf.merge(cfg, {"engine": "simulate"}))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
