@@ -39,17 +39,17 @@ def _one_of_many(cfg: DictConfig, log: Callable[[str], None], stop: StopRequest,
             f"launched as {world} processes but the config needs {world_of(cfg)} "
             f"(pipeline.stages x pipeline.data_parallel for engine=pipeline, pipeline.data_parallel for simulate)"
         )
-    record = RunRecord.open(cfg) if rank == 0 else None
-    try:
-        with recorded(cfg, overrides, rank=rank):
+    with recorded(cfg, overrides, rank=rank):  # provenance.json, train.log: once this run wrote config.yaml
+        record = RunRecord.open(cfg) if rank == 0 else None
+        try:
             summary = run_rank(cfg, Path(cfg.run.dir), log=log if rank == 0 else (lambda _: None), stop=stop)
-    except UserError:
+        except UserError:
+            if record is not None:
+                record.close(failed_by_user=True)
+            raise
+        destroy_process_group()  # after a success only: with a rank gone, the teardown's barrier would wait forever
         if record is not None:
-            record.close(failed_by_user=True)
-        raise
-    destroy_process_group()  # after a success only: with a rank gone, the teardown's barrier would wait forever
-    if record is not None:
-        record.close()
+            record.close()
     return summary
 
 
@@ -73,15 +73,15 @@ def run_training(cfg: DictConfig, log: Optional[Callable[[str], None]] = None, o
         if env is not None and env[1] > 1:
             summary = _one_of_many(cfg, log, stop, overrides)
         else:
-            record = RunRecord.open(cfg)  # provenance and train.log only once the run dir is this run's
-            try:
-                with recorded(cfg, overrides, rank=0):
+            with recorded(cfg, overrides, rank=0):  # provenance.json, train.log: once this run wrote config.yaml
+                record = RunRecord.open(cfg)
+                try:
                     summary = _here(cfg, record.path, log, stop)
-            except UserError:
-                record.close(failed_by_user=True)
-                raise
-            except BaseException:
+                except UserError:
+                    record.close(failed_by_user=True)
+                    raise
+                except BaseException:
+                    record.close()
+                    raise
                 record.close()
-                raise
-            record.close()
     return {k: v for k, v in summary.items() if k != "history"}
