@@ -52,7 +52,7 @@ def writable_file(path: PathLike, what: str) -> Path:
     path = Path(os.path.expanduser(str(path)))
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; give a file name")
-    writable_dir(path.parent, f"the directory of {what}")
+    writable_dir(path.parent, f"the directory of {what}", f"choose another {what}")
     if path.exists() and not os.access(path, os.W_OK):
         raise UserError(f"{what} {path}: cannot write to it (permission denied); choose another {what}")
     return path
