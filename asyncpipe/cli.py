@@ -14,7 +14,7 @@ import typer
 
 from asyncpipe import cli_perf, cli_sweep  # typer and asyncpipe.errors only: --help stays fast
 from asyncpipe.errors import EXIT_USER_ERROR, UserError
-from asyncpipe.paths import data_root, writable_dir, writable_file
+from asyncpipe.paths import data_root, own_dir, writable_dir, writable_file
 
 try:
     from typer import TyperException as CliError  # typer >= 0.20 vendors click: its errors derive from this
@@ -164,7 +164,7 @@ def check_train_paths(cfg) -> None:  # noqa: ANN001 (a DictConfig; omegaconf is 
     """Before a run writes anything: its run dir and (when the data still has to be prepared) the data root."""
     from asyncpipe.data import dataset_dir
 
-    writable_dir(cfg.run.dir, "run.dir")
+    own_dir(cfg.run.dir, "run.dir")
     data_root(cfg.data.root, prepared=(dataset_dir(cfg.data, cfg.tokenizer) / "manifest.json").is_file())
 
 

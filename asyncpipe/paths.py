@@ -58,6 +58,18 @@ def writable_file(path: PathLike, what: str) -> Path:
     return path
 
 
+def own_dir(path: PathLike, what: str = "run.dir") -> Path:
+    """A run's own directory: not the working directory, a directory above it, or the home directory, where a run's
+    files would mix with everything else (`run.dir=.` used to train into the current directory)."""
+    path = Path(os.path.expanduser(str(path)))
+    full, cwd = path.resolve(), Path.cwd().resolve()
+    place = ("the working directory" if full == cwd else "above the working directory" if full in cwd.parents
+             else "your home directory" if full == Path.home().resolve() else None)  # fmt: skip
+    if place:
+        raise UserError(f"{what}={path} is {place}; give the run a directory of its own, e.g. {what}=runs/NAME")
+    return writable_dir(path, what)
+
+
 def data_root(root: PathLike, prepared: bool = False) -> Path:
     """The data root (`data.root`, default $ASYNCPIPE_DATA): a directory, writable unless the dataset a command
     reads is already `prepared` there (reading prepared data from a read-only root is fine)."""

@@ -118,6 +118,8 @@ CASES: dict[str, Case] = {
     "run.dir is a file": Case(train("run.dir={tmp}/afile"), "run.dir {tmp}/afile is a file", afile),
     "run.dir below a file": Case(train("run.dir={tmp}/afile/run"), "run.dir {tmp}/afile/run is below {tmp}/afile", afile),
     "run.dir empty": Case(train("run.dir="), "run.dir is empty"),
+    "run.dir the working directory": Case(train("run.dir=."), "run.dir=. is the working directory"),
+    "run.dir above the working directory": Case(train("run.dir=.."), "run.dir=.. is above the working directory"),
     "run.dir not writable": Case(train("run.dir={ro}/asyncpipe-run"), "run.dir {ro}/asyncpipe-run: cannot write to {ro}"),
     "data root a file (prepare)": Case(["data", "prepare"], "data root {tmp}/afile is a file, not a directory; point ASYNCPIPE_DATA",
                                        afile, {"ASYNCPIPE_DATA": "{tmp}/afile"}),
