@@ -17,7 +17,9 @@ from asyncpipe.launch.display import SweepDisplay, print_table
 from asyncpipe.launch.expand import SweepPlan, expand, run_overrides
 from asyncpipe.launch.sweepfile import SweepFile, load_sweep_file
 from asyncpipe.launch.local import LocalLauncher, RunCommand, train_command
-from asyncpipe.launch.state import MANIFEST, COMPLETED, DIVERGED, FAILED, SLURM_RECORD, RunState, load_manifest, read_json, run_state, write_manifest
+from asyncpipe.launch.state import (
+    COMPLETED, DIVERGED, FAILED, MANIFEST, SLURM_RECORD, RunState, load_manifest, read_json, run_state, write_manifest,
+)
 from asyncpipe.track.files import read_summary
 
 DEFAULT_OUT = Path("runs/sweeps")

@@ -54,7 +54,7 @@ def assemble(
     named = named or (sorted(dict.fromkeys(runs["variant"]), key=natural) if runs["variant_named"].any() else None)
     cells, groups, warnings = compute_cells(runs, curves, grouping, named, reference)
     warnings += [f"run {r}: {n}" for r, n in zip(runs["run"], runs["note"]) if n]
-    codes = runs["code"].fillna("unrecorded") if "code" in runs else pd.Series(dtype=object)
+    codes = runs["code"].astype(object).fillna("unrecorded") if "code" in runs else pd.Series(dtype=object)
     if codes.nunique() > 1:
         warnings.append(f"the runs come from {codes.nunique()} different code states (commit, dirty flag or library "
                         "versions; see Provenance): their differences may be the code's, not the settings'")
@@ -164,7 +164,7 @@ def run_table(report: Report) -> pd.DataFrame:
 
 
 def provenance_table(report: Report) -> pd.DataFrame:
-    codes = report.runs["code"].fillna("unrecorded") if "code" in report.runs else pd.Series(["unrecorded"] * len(report.runs))
+    codes = report.runs["code"].astype(object).fillna("unrecorded")
     table = pd.DataFrame({"code (commit; versions)": codes.values, "runs": 1}).groupby("code (commit; versions)").sum()
     return table
 
