@@ -195,7 +195,9 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cfg = compose([])
         prepare(cfg.data, cfg.tokenizer)
     finally:
-        if old is not None:
+        if old is None:
+            del os.environ["ASYNCPIPE_DATA"]
+        else:
             os.environ["ASYNCPIPE_DATA"] = old
     return root
 
