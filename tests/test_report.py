@@ -269,6 +269,7 @@ def test_report_from_wandb_matches_run_dirs(sweep, tmp_path):
     cols = ["optimizer", "variant", "n", "mean", "std", "gap_to_sync", "gap_closed_pct", "n_diverged", "n_unfinished"]
     pd.testing.assert_frame_equal(remote.cells[cols], local.cells[cols])
     assert remote.groups[0].matched_tokens == 5000
+    assert [len(t) for t in remote.runs["train"]] == [len(t) for t in local.runs["train"][: len(remote.runs)]]
     assert (tmp_path / "remote" / "loss_curves.png").exists()
     with pytest.raises(UserError, match="ENTITY/PROJECT"):
         build_report_from_wandb("proj", "paper", tmp_path / "x", api=api)

@@ -48,7 +48,8 @@ def frames_from_wandb_runs(runs: Iterable[Any]) -> tuple[pd.DataFrame, pd.DataFr
             summary["status"] = _STATE_STATUS.get(getattr(run, "state", None), FAILED)
             if summary["status"] is None:
                 summary = None
-        history = run.scan_history(keys=["tokens", "val_loss"])
+        # Evaluations, then every step's train loss (for the plots); run_record takes what each row holds.
+        history = [*run.scan_history(keys=["tokens", "val_loss"]), *run.scan_history(keys=["tokens", "train_loss"])]
         name = getattr(run, "name", None) or run.id
         records.append(run_record(name, getattr(run, "url", "") or "", config, summary, history))
     return frames(records)
