@@ -7,8 +7,10 @@ The model (bytes per parameter, elements saved per token) follows what this code
   under 2BW when the step is deferred (the next batch accumulates while the last one's step waits), plus a
   transient flat copy for the data-parallel all-reduce when D > 1;
 - optimizer state: AdamW/NAdam 2 fp32 buffers per parameter; Muon 1 (momentum) on the hidden matrices and
-  expert stacks, AdamW's 2 on the rest; SOAP 2 plus two preconditioner and two eigenbasis matrices per matrix;
-- EF: u(t-1) plus the snapshot its step takes (one parameter-sized buffer each);
+  expert stacks, AdamW's 2 on the rest; SOAP 2 plus G G^T and its eigenbasis (n x n) per dimension n <= 10000
+  of every 2+-D tensor (`tests/test_plan.py` compares each with the bytes the optimizer allocates);
+- EF (`optimizer.ef`): u(t-1) plus the snapshot its step takes (one parameter-sized buffer each); a
+  `compensation` method: its buffers (`COMPENSATION_BUFFERS`), in the same column;
 - activations: the tensors autograd saves per token, counted layer by layer (`_saved_per_token`), for each
   micro-batch in flight on stage s: min(P - s, m) under both 1F1B and 2BW; a stage's output activation is held
   too until its gradient returns, and the last stage keeps its logits.
@@ -31,8 +33,9 @@ class LayerShape:
     params: int
     active: int  # parameters one token uses (experts: only its top-k)
     hidden: int  # parameters Muon orthogonalises (block matrices, expert stacks)
+    # (count, shape, Muon's) of every weight tensor of 2+ dims; Muon's: a block matrix or expert stack
+    tensors: list[tuple[int, tuple[int, ...], bool]] = field(default_factory=list)
     router: int = 0  # MoE router parameters (AdamW unless optimizer.muon_router)
-    matrices: list[tuple[int, int, int]] = field(default_factory=list)  # (count, rows, cols) of 2-D weights
 
 
 def _vocab(cfg: Any) -> int:
@@ -43,7 +46,7 @@ def layer_shapes(m: Any, vocab: int) -> list[LayerShape]:
     """``[embedding, block x n_layer, head]`` of a `ModelConfig`-shaped ``m``, as `asyncpipe.model.build_layers` makes them."""
     d, hd = m.d_model, m.d_model // m.n_head
     kvd = (m.n_kv_head or m.n_head) * hd
-    attn = [(1, d, d), (2, kvd, d), (1, d, d)]  # q, (k, v), o
+    attn = [(2, (d, d), True), (2, (kvd, d), True)]  # q, o; k, v
     attn_params = 2 * d * d + 2 * kvd * d + 2 * d  # + the two norms
     moe = getattr(m, "moe", None)
     if moe is not None and moe.experts:
@@ -54,18 +57,19 @@ def layer_shapes(m: Any, vocab: int) -> list[LayerShape]:
         params = attn_params + router + e * expert + shared
         active = attn_params + router + k * expert + shared
         hidden = params - 2 * d - router
-        mats = attn + [(3 * e + (3 if shared else 0), de, d), (1, e, d)]
+        mats = attn + [(3, (e, de, d), True), (1, (e, d), False)]  # w_gate, w_up, w_down (same sizes); router
+        mats += [(3, (de, d), True)] if shared else []
     else:
         params = active = attn_params + 3 * d * m.d_ff
         hidden = params - 2 * d
-        mats = attn + [(3, m.d_ff, d)]
+        mats = attn + [(3, (m.d_ff, d), True)]  # gate, up, down
         router = 0
     emb = vocab * d
     head = d + (0 if m.tie_embeddings else vocab * d)
     return (
-        [LayerShape("embedding", emb, emb, 0, [(1, vocab, d)])]
-        + [LayerShape("block", params, active, hidden, mats, router) for _ in range(m.n_layer)]
-        + [LayerShape("head", head, head, 0, [] if m.tie_embeddings else [(1, vocab, d)])]
+        [LayerShape("embedding", emb, emb, 0, tensors=[(1, (vocab, d), False)])]
+        + [LayerShape("block", params, active, hidden, tensors=mats, router=router) for _ in range(m.n_layer)]
+        + [LayerShape("head", head, head, 0, tensors=[] if m.tie_embeddings else [(1, (vocab, d), False)])]
     )
 
 
@@ -110,7 +114,7 @@ class StagePlan:
     weights: float  # bytes
     grads: float
     optimizer: float
-    ef: float
+    ef: float  # optimizer.ef and the `compensation` method's buffers
     in_flight: int
     act_per_micro_batch: float  # bytes at the configured micro-batch size
     activations: float
@@ -139,10 +143,30 @@ def _optimizer_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
     if name == "muon":
         hidden = sum(s.hidden + (s.router if getattr(cfg.optimizer, "muon_router", False) else 0) for s in shapes)
         return 4.0 * (hidden + 2 * (params - hidden))
-    if name == "soap":
-        precond = sum(2 * c * (r * r + k * k) for s in shapes for c, r, k in s.matrices)
+    if name == "soap":  # GG and Q per dimension up to 10000 (pytorch-optimizer's default), per tensor
+        precond = sum(2 * c * sum(n * n for n in shape if n <= 10000) for s in shapes for c, shape, _ in s.tensors)
         return 4.0 * (2 * params + precond)
     return 4.0 * 2 * params  # adamw, nadam
+
+
+# Parameter-sized buffers each `compensation.name` keeps (+1: the snapshot `Compensated.inner_updates` takes at the
+# step); basis_rotation keeps Kronecker factors instead (below); weight_prediction: W(t-k-1), the velocity and the predicted weights (simulator only).
+COMPENSATION_BUFFERS = {"none": 0, "stage_lr": 0, "ef": 2, "nag_lookahead": 2, "dc": 2, "ef_adaptive": 3,
+                        "weight_prediction": 3, "basis_rotation": 0}  # fmt: skip
+
+
+def _compensation_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
+    comp = getattr(cfg, "compensation", None)
+    name = comp.name if comp is not None else "none"
+    params = sum(s.params for s in shapes)
+    extra = 0.0
+    if name == "basis_rotation":  # L, R, Q_L, Q_R per 2-D matrix no side of which exceeds max_dim, Muon's excepted
+        muon, max_dim = cfg.optimizer.name == "muon", comp.rotation.max_dim
+        extra = sum(
+            2 * c * sum(n * n for n in shape) for s in shapes for c, shape, hidden in s.tensors
+            if len(shape) == 2 and max(shape) <= max_dim and not (muon and hidden)
+        )  # fmt: skip
+    return 4.0 * (COMPENSATION_BUFFERS.get(name, 0) * params + extra)
 
 
 def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
@@ -171,7 +195,7 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
         w = 4.0 * n
         grads = w * ((2 if deferred else 1) + (1 if p.data_parallel > 1 else 0))
         opt = _optimizer_bytes(cfg, own)
-        ef = 2 * w if cfg.optimizer.ef.enabled else 0.0
+        ef = (2 * w if cfg.optimizer.ef.enabled else 0.0) + _compensation_bytes(cfg, own)
         per_token = sum(_saved_per_token(m, x.kind, vocab, bf16) for x in own)
         if s < P - 1:
             per_token += m.d_model * (2 if bf16 else 4)  # the output activation, held until its gradient returns
@@ -198,12 +222,14 @@ def render(pl: Plan, cfg: Optional[Any] = None) -> str:
     lines = [f"model {pl.model}: {pl.total_params / 1e6:,.2f}M parameters, {pl.active_params / 1e6:,.2f}M active per token"]
     if cfg is not None:
         t, p, o = cfg.train, cfg.pipeline, cfg.optimizer
+        comp = getattr(cfg, "compensation", None)
+        comp_text = f" + {comp.name}" if comp is not None and comp.name != "none" else ""
         lines.append(
             f"{pl.schedule} on {p.stages} stages x {p.data_parallel} replicas | micro-batch {t.micro_batch_size} x "
-            f"{t.seq_len} tokens, {t.micro_batches} per step | {o.name}{' + EF' if o.ef.enabled else ''} | "
+            f"{t.seq_len} tokens, {t.micro_batches} per step | {o.name}{' + EF' if o.ef.enabled else ''}{comp_text} | "
             f"budget {pl.gpu_mem_gib:g} GiB per device"
         )
-    head = ("stage", "layers", "params", "ver", "weights", "grads", "optim", "EF", "in-flight", "activ", "total",
+    head = ("stage", "layers", "params", "ver", "weights", "grads", "optim", "EF/comp", "in-flight", "activ", "total",
             "fits", "max mb")  # fmt: skip
     rows = [head]
     for s in pl.stages:

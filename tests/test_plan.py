@@ -51,6 +51,8 @@ def test_stage_parameters_and_schedule_arithmetic(name: str, stages: int) -> Non
         assert (a.versions, b.versions) == (1, 2) and b.weights == 2 * a.weights == 2 * 4 * a.params
         assert a.in_flight == b.in_flight == min(stages - s, 3)
         assert a.ef == b.ef == 2 * 4 * a.params  # u(t-1) and the step's snapshot
+    comp = plan(compose(over + ["delay=1", "optimizer=muon", "compensation.name=ef_adaptive"]))
+    assert all(c.ef == 3 * 4 * c.params for c in comp.stages)  # u(t-1), d(t-1) and the snapshot
 
 
 def _saved_activation_bytes(model: GPT, ids: torch.Tensor) -> int:
@@ -102,3 +104,26 @@ def test_cli_prints_a_row_per_stage() -> None:
     assert "10,118.33M parameters" in lines[0] and "2BW on 8 stages" in lines[1]
     rows = [ln.split() for ln in lines[3:11]]
     assert [r[0] for r in rows] == [str(s) for s in range(8)] and all(r[3] == "2" for r in rows)
+
+
+def _state_bytes(v) -> int:
+    if torch.is_tensor(v):
+        return v.numel() * v.element_size() if v.dim() > 0 else 0
+    return sum(_state_bytes(x) for x in v) if isinstance(v, (list, tuple)) else 0
+
+
+@pytest.mark.parametrize("opt", ["adamw", "nadam", "muon", "muon_router", "soap"])
+def test_optimizer_state_is_what_the_optimizer_allocates(opt: str) -> None:
+    from asyncpipe.optim import build_optimizer
+
+    over = ["optimizer=muon", "optimizer.muon_router=true"] if opt == "muon_router" else [f"optimizer={opt}"]
+    cfg = compose(["model=moe_tiny", "pipeline.stages=1", "device=cpu"] + over)
+    model = GPT(cfg.model, 256)
+    optimizer = build_optimizer(model, cfg.optimizer)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        lm_loss(model(ids), ids).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    allocated = sum(_state_bytes(v) for st in optimizer.state.values() for v in st.values())
+    assert plan(cfg).stages[0].optimizer == allocated
