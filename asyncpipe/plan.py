@@ -43,7 +43,7 @@ def _vocab(cfg: Any) -> int:
 
 
 def layer_shapes(m: Any, vocab: int) -> list[LayerShape]:
-    """``[embedding, block x n_layer, head]`` of a `ModelConfig`-shaped ``m``, as `asyncpipe.model.build_layers` makes them."""
+    """``[embedding, block x n_layer, head]`` of a `ModelConfig`-shaped ``m``, as `model.build_layers` makes them."""
     d, hd = m.d_model, m.d_model // m.n_head
     kvd = (m.n_kv_head or m.n_head) * hd
     attn = [(2, (d, d), True), (2, (kvd, d), True)]  # q, o; k, v
@@ -150,7 +150,8 @@ def _optimizer_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
 
 
 # Parameter-sized buffers each `compensation.name` keeps (+1: the snapshot `Compensated.inner_updates` takes at the
-# step); basis_rotation keeps Kronecker factors instead (below); weight_prediction: W(t-k-1), the velocity and the predicted weights (simulator only).
+# step); basis_rotation keeps Kronecker factors instead (below); weight_prediction: W(t-k-1), the velocity and
+# the predicted weights (simulator only).
 COMPENSATION_BUFFERS = {"none": 0, "stage_lr": 0, "ef": 2, "nag_lookahead": 2, "dc": 2, "ef_adaptive": 3,
                         "weight_prediction": 3, "basis_rotation": 0}  # fmt: skip
 

@@ -103,7 +103,8 @@ def train_135m(args: argparse.Namespace, log: Any) -> dict:
            "compile": args.compile, "micro_batch_size": args.micro_batch_size, "seq_len": args.seq_len,
            "first_loss": losses[0], "last_loss": losses[-1],
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None}  # fmt: skip
-    mfu_text = f"MFU {mfu:.1%} of {peak:g} TFLOP/s" if mfu is not None else f"MFU unknown ({name} not in the table; --peak-tflops)"
+    mfu_text = (f"MFU {mfu:.1%} of {peak:g} TFLOP/s" if mfu is not None
+                else f"MFU unknown ({name} not in the table; --peak-tflops)")  # fmt: skip
     log(f"{model} bf16 simulator: {tokens_per_s:,.0f} tokens/s, {mfu_text}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     if not all(math.isfinite(x) for x in losses) or losses[-1] >= losses[0]:
         raise SystemExit(f"FAIL: {model} did not train (loss not finite or not falling)")
@@ -149,7 +150,8 @@ def pipeline(log: Any, dry_run: bool = False) -> dict:
     pipe = [h["train_loss"] for h in result["history"]]
     worst = max(abs(a - b) / abs(b) for a, b in zip(pipe, sim))
     ok = result["status"] == "completed" and len(pipe) == 20 and worst <= PIPE_RTOL
-    log(f"pipeline engine, 2 {'CPU processes' if dry_run else 'GPUs'}, 2BW tiny 20 steps: {wall:.0f} s, worst relative loss difference to the simulator "
+    where = "CPU processes" if dry_run else "GPUs"
+    log(f"pipeline engine, 2 {where}, 2BW tiny 20 steps: {wall:.0f} s, worst relative loss difference to the simulator "
         f"{worst:.2e} (tolerance {PIPE_RTOL:g}) {'ok' if ok else 'FAIL'}")  # fmt: skip
     if not ok:
         raise SystemExit(f"FAIL: pipeline {pipe} vs simulator {sim} (status {result['status']})")

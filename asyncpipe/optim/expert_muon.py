@@ -28,10 +28,11 @@ def orthogonalize(g: torch.Tensor, steps: int, eps: float = NS_EPS) -> torch.Ten
     if tall:
         x = x.transpose(-2, -1)
     x = x / torch.linalg.matrix_norm(x.float(), keepdim=True).clamp(min=eps).to(x.dtype)
+    mm = torch.baddbmm if x.dim() == 3 else torch.addmm  # batched over experts, or one matrix
     for _ in range(steps):
         gram = x @ x.transpose(-2, -1)
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c) if x.dim() == 3 else torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.baddbmm(x, poly, x, beta=a) if x.dim() == 3 else torch.addmm(x, poly, x, beta=a)
+        poly = mm(gram, gram, gram, beta=b, alpha=c)  # b G + c G^2
+        x = mm(x, poly, x, beta=a)  # a X + (b G + c G^2) X
     return x.transpose(-2, -1) if tall else x
 
 
