@@ -73,8 +73,8 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale, stage_layers
     from asyncpipe.optim import build_optimizer
     from asyncpipe.pipe import memory
-    from asyncpipe.pipe.engine import PipeSettings, TwoBWPipelineEngine
-    from asyncpipe.pipe.stage import StagedModule, deepspeed_config
+    from asyncpipe.pipe.engine import TwoBWPipelineEngine
+    from asyncpipe.pipe.stage import PipeSettings, StagedModule, deepspeed_config
 
     t, p = cfg.train, cfg.pipeline
     topo = PipeDataParallelTopology(num_pp=p.stages, num_dp=p.data_parallel)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Iterator, Optional
 
@@ -28,6 +27,8 @@ from asyncpipe.pipe import memory
 from asyncpipe.pipe import schedule as sched
 from asyncpipe.pipe.actmem import ActivationMeter
 from asyncpipe.pipe.metrics import StepReporter
+from asyncpipe.pipe.p2p import BatchedP2P
+from asyncpipe.pipe.stage import PipeSettings
 from asyncpipe.pipe.stash import WeightStash
 
 
@@ -37,26 +38,12 @@ def _sq_norm_of(norms: torch.Tensor) -> torch.Tensor:
     return grad_sq_norm([SimpleNamespace(grad=n) for n in norms.unbind()])
 
 
-@dataclass
-class PipeSettings:
-    """What the engine needs beyond DeepSpeed's config: the delay, the run length and the update rule."""
-
-    delay: int  # 0: DeepSpeed's 1F1B with flush; 1: 2BW
-    total_steps: int
-    max_norm: float  # train.grad_clip (0 = off)
-    clip: str = "global"  # global: norm over all stages; stage: each stage its own
-    warmup_frac: float = 0.1
-    min_lr_frac: float = 0.1
-    defer_step: Optional[bool] = None  # None: defer when a cross-stage norm is needed (2BW only)
-    trace: bool = False  # record (instruction, micro-batch, start, end) per instruction
-
-
 _WAIT = (ds_schedule.SendActivation, ds_schedule.RecvActivation, ds_schedule.SendGrad, ds_schedule.RecvGrad,
          sched.CommitP2P, ds_schedule.CommitP2P)  # fmt: skip
 _FORWARD, _BACKWARD = (sched.ForwardPass, ds_schedule.ForwardPass), (sched.BackwardPass, ds_schedule.BackwardPass)
 
 
-class TwoBWPipelineEngine(PipelineEngine):
+class TwoBWPipelineEngine(BatchedP2P, PipelineEngine):
     """A `PipelineEngine` whose training schedule is 2BW (delay=1) or DeepSpeed's 1F1B (delay=0).
 
     Call `train_batch()` once per optimizer step (the data iterator yields (x, y) micro-batches in order).
@@ -75,9 +62,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         self.activations = ActivationMeter(self._weight_tensors)
         self.pipe_buffers["grads"] = []
         self.pipe_buffers["losses"] = []
-        self._p2p_ops: list[tdist.P2POp] = []
-        self._act_meta_sent = False
-        self._act_spec: Optional[tuple] = None
+        self.init_p2p()
         self.world = tdist.get_world_size()
         self.rank = tdist.get_rank()
         self._pipe_group = self.grid.get_pipe_parallel_group()
@@ -147,7 +132,7 @@ class TwoBWPipelineEngine(PipelineEngine):
                 self._run(cmd)
                 if isinstance(cmd, sched.ReduceGrads) and cmd.batch == b:
                     break
-            if self._p2p_ops:
+            if self.p2p_ops:
                 raise RuntimeError("a batch ended with communication queued but not committed")
             if sync or not self.defer_step:
                 self.apply_pending()
@@ -253,48 +238,6 @@ class TwoBWPipelineEngine(PipelineEngine):
             self.pipe_buffers["labels"][buffer_id] = None
         if self.is_first_stage():
             self.pipe_buffers["inputs"][buffer_id] = None
-
-    # -- 2BW communication: queued, then posted together by CommitP2P (batched isend/irecv) -------------
-    def _peer(self, stage: int) -> int:
-        return self.grid.stage_to_global(stage)
-
-    def _tb_send_act(self, buffer_id: int, micro_batch: int) -> None:
-        out = self.pipe_buffers["outputs"][buffer_id]
-        if not torch.is_tensor(out):
-            raise TypeError("2BW stages exchange exactly one activation tensor")
-        if not self._act_meta_sent:
-            self._send_tensor_meta(out, self.next_stage)  # blocking; the receiver's first act is this receive
-            self._act_meta_sent = True
-        self._p2p_ops.append(tdist.P2POp(tdist.isend, out.detach().contiguous(), self._peer(self.next_stage)))
-
-    def _tb_recv_act(self, buffer_id: int, micro_batch: int) -> None:
-        if self._act_spec is None:
-            meta = self._recv_tensor_meta(self.prev_stage)
-            self._act_spec = (tuple(meta.shape), meta.dtype)
-        shape, dtype = self._act_spec
-        buf = torch.empty(shape, dtype=dtype, device=self.device, requires_grad=dtype.is_floating_point)
-        self._p2p_ops.append(tdist.P2POp(tdist.irecv, buf, self._peer(self.prev_stage)))
-        self.pipe_buffers["inputs"][buffer_id] = buf
-
-    def _tb_send_grad(self, buffer_id: int, micro_batch: int) -> None:
-        inputs = self.pipe_buffers["inputs"][buffer_id]
-        if inputs.grad is None:
-            raise RuntimeError(f"micro-batch {micro_batch}: no input gradient to send")
-        self._p2p_ops.append(tdist.P2POp(tdist.isend, inputs.grad, self._peer(self.prev_stage)))
-        self.pipe_buffers["inputs"][buffer_id] = None
-
-    def _tb_recv_grad(self, buffer_id: int, micro_batch: int) -> None:
-        out = self.pipe_buffers["outputs"][buffer_id]
-        grad = torch.empty_like(out, requires_grad=False)
-        self._p2p_ops.append(tdist.P2POp(tdist.irecv, grad, self._peer(self.next_stage)))
-        self.pipe_buffers["grads"][buffer_id] = grad
-
-    def _tb_commit(self) -> None:
-        if not self._p2p_ops:
-            return
-        for req in tdist.batch_isend_irecv(self._p2p_ops):
-            req.wait()
-        self._p2p_ops = []
 
     # -- the end of a batch: shared by both schedules ----------------------------------------------------
     def _batch_version(self, batch: int) -> int:
@@ -428,11 +371,7 @@ class TwoBWPipelineEngine(PipelineEngine):
         sched.LoadMicroBatch: _tb_load,
         sched.ForwardPass: _tb_forward,
         sched.BackwardPass: _tb_backward,
-        sched.SendActivation: _tb_send_act,
-        sched.RecvActivation: _tb_recv_act,
-        sched.SendGrad: _tb_send_grad,
-        sched.RecvGrad: _tb_recv_grad,
-        sched.CommitP2P: _tb_commit,
+        **BatchedP2P.INSTRUCTIONS,
         sched.ReduceGrads: _exec_reduce,
         sched.OptimizerStep: _exec_step,
     }

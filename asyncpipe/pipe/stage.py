@@ -1,9 +1,11 @@
 """DeepSpeed-side setup of one pipeline rank: communication without JIT-compiled ops, a `PipelineModule`
-cut exactly where `asyncpipe.model.partition` cuts, and the DeepSpeed config of an `engine=pipeline` run."""
+cut exactly where `asyncpipe.model.partition` cuts, the DeepSpeed config of an `engine=pipeline` run and the
+engine's own settings beside it (`PipeSettings`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from deepspeed.runtime.pipe.module import PipelineModule
 
@@ -58,3 +60,17 @@ def deepspeed_config(micro_batch_size: int, micro_batches: int, replicas: int, b
     if bf16:
         config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     return config
+
+
+@dataclass
+class PipeSettings:
+    """What the engine needs beyond DeepSpeed's config: the delay, the run length and the update rule."""
+
+    delay: int  # 0: DeepSpeed's 1F1B with flush; 1: 2BW
+    total_steps: int
+    max_norm: float  # train.grad_clip (0 = off)
+    clip: str = "global"  # global: norm over all stages; stage: each stage its own
+    warmup_frac: float = 0.1
+    min_lr_frac: float = 0.1
+    defer_step: Optional[bool] = None  # None: defer when a cross-stage norm is needed (2BW only)
+    trace: bool = False  # record (instruction, micro-batch, start, end) per instruction
