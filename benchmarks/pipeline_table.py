@@ -24,6 +24,7 @@ RESULTS = REPO / "benchmarks" / "results"
 DOC = REPO / "docs" / "performance.md"
 START, END = "<!-- pipeline-table:start -->", "<!-- pipeline-table:end -->"
 PAPER_START, PAPER_END = "<!-- schedule-table:start -->", "<!-- schedule-table:end -->"
+ORDER = ["1f1b", "dualpipev", "2bw", "2bw_ef"]
 PAPER = [(2, 2), (2, 4), (2, 8), (4, 8), (4, 16), (8, 16), (8, 32), (16, 64)]  # (P, m), most beyond 2 cores
 
 
@@ -41,7 +42,8 @@ def _cpu() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def measure(model: str, stages: int, ms: list[int], rounds: int, steps: int, extra: list[str]) -> list[dict]:
+def measure(model: str, stages: int, ms: list[int], rounds: int, steps: int, extra: list[str],
+            simulator: bool = True) -> list[dict]:  # fmt: skip
     from asyncpipe.bench.pipeline import bench_pipeline, format_result
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -49,7 +51,7 @@ def measure(model: str, stages: int, ms: list[int], rounds: int, steps: int, ext
     for m in ms:
         before = _uptime()
         res = bench_pipeline([f"model={model}", f"pipeline.stages={stages}", f"train.micro_batches={m}", *extra],
-                             rounds=rounds, steps=steps, warmup_steps=3, simulator=(m == 4),
+                             rounds=rounds, steps=steps, warmup_steps=3, simulator=simulator and m == 4,
                              log=lambda msg: print(msg, file=sys.stderr))  # fmt: skip
         res["uptime_before"], res["uptime_after"] = before, _uptime()
         res["measured_at"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -78,7 +80,11 @@ def table(results: list[dict]) -> str:
     rows = []
     for r in results:
         load = f"{_load(r.get('uptime_before', ''))} → {_load(r.get('uptime_after', ''))}"
-        for name, x in r["variants"].items():
+        for name in [n for n in ORDER if n in r["variants"] or n in r.get("skipped", {})]:
+            if name in r.get("skipped", {}):
+                rows.append(f"| {r['micro_batches']} | {name} | {r['skipped'][name]} | | | | | | | | | | | {load} |")
+                continue
+            x = r["variants"][name]
             per_round = ", ".join(f"{y:.3f}" for y in x["ratio_to_1f1b_per_round"])
             mem = x["memory_per_stage"]
             frac = x["fraction_of_ideal"]
@@ -91,8 +97,6 @@ def table(results: list[dict]) -> str:
                 f"| {_join(mem, 'weight_versions_peak', '.0f')} | {_join(mem, 'peak_weight_plus_optimizer_mb', '.1f')} "
                 f"| {_join(mem, 'peak_activation_mb', '.1f')} | {load} |"
             )  # fmt: skip
-        for name, why in r.get("skipped", {}).items():
-            rows.append(f"| {r['micro_batches']} | {name} | {why} | | | | | | | | | | | {load} |")
     lines = [head, *rows]
     first = results[0] if results else {}
     if first:
@@ -147,6 +151,7 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--no-simulator", action="store_true", help="skip the simulator bench (it rides with m=4)")
     ap.add_argument("--from-json", action="store_true", help="render benchmarks/results/ instead of measuring")
     ap.add_argument("--update-doc", action="store_true", help=f"rewrite the table block in {DOC.name}")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
@@ -156,7 +161,7 @@ def main() -> None:
         paths = [RESULTS / f"pipeline-{a.model}-P{a.stages}-m{m}.json" for m in a.m]
         results = [json.loads(p.read_text()) for p in paths if p.exists()]
     else:
-        results = measure(a.model, a.stages, a.m, a.rounds, a.steps, a.overrides)
+        results = measure(a.model, a.stages, a.m, a.rounds, a.steps, a.overrides, simulator=not a.no_simulator)
     text = table(results)
     print(text)
     if a.update_doc:

@@ -205,6 +205,10 @@ def bench_pipeline(
     jobs = [Job(c, None, show_progress=False) for c in [warm, *[cfgs[n] for n in order]]]
     results = launch(jobs, on_step=progress)[1:]
     load_after = list(os.getloadavg())
+    for i, (name, r) in enumerate(zip(order, results), start=1):
+        if r.get("status") != "completed" or len(r.get("history", [])) < steps:
+            raise RuntimeError(f"bench job {i} ({name}) ended {r.get('status', 'without a result')} after "
+                               f"{len(r.get('history', []))} of {steps} steps")  # fmt: skip
     per_job = [(name, _job_stats(r, tokens_per_step, skip)) for name, r in zip(order, results)]
     out: dict[str, Any] = {
         "bench": "pipeline", "model": cfg.model.name, "optimizer": cfg.optimizer.name,

@@ -42,6 +42,12 @@ class DualPipeVRunEngine(TwoBWPipelineEngine, ds_dualpipev.DualPipeVEngine):
     (`train_batch`, `evaluate`, metrics, instruction timing); the instruction map takes DualPipeV's handlers for
     compute and communication and ours for the end of a batch."""
 
+    def _phase1_buffer(self, buffer_id: int) -> int:
+        """The phase-1 slot of the micro-batch in phase-0 slot ``buffer_id``. DeepSpeed's offsets by the training
+        micro-batch count, which overruns the buffers of an evaluation with another count; half the reserved
+        buffers is right for both (`evaluate` reserves 2 x its own count)."""
+        return buffer_id + self.num_pipe_buffers // 2
+
     _INSTRUCTION_MAP = {
         **TwoBWPipelineEngine._INSTRUCTION_MAP,
         **{k: v for k, v in ds_dualpipev.DualPipeVEngine._INSTRUCTION_MAP.items()
