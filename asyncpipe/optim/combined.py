@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import torch
 
+from asyncpipe.optim.closure import evaluate_closure
 
 class _MergedState(Mapping):
     """Read view of the inner optimizers' ``state`` dicts (never creates entries, unlike a defaultdict)."""
@@ -47,10 +48,7 @@ class CombinedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for opt in self.optimizers:
             opt.step()
         return loss

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from asyncpipe.errors import UserError
+from asyncpipe.optim.closure import evaluate_closure
 
 
 def _acc_dtype(t: torch.Tensor) -> torch.dtype:
@@ -75,10 +76,7 @@ class ErrorFeedback(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         lam = self.lam_at(self._t) if self.lam_at is not None else self.lam
         self._t += 1
         params = [p for p in self._params() if p.grad is not None]

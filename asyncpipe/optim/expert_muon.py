@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import torch
 
+from asyncpipe.optim.closure import evaluate_closure
+
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic of torch.optim.Muon (maximal slope at zero)
 NS_EPS = 1e-7
 
@@ -60,10 +62,7 @@ class ExpertMuon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             lr, mu = group["lr"], group["momentum"]
             for p in group["params"]:

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch
 
 from asyncpipe.errors import UserError
+from asyncpipe.optim.closure import evaluate_closure
 
 
 class Compensated(torch.optim.Optimizer):
@@ -52,10 +53,7 @@ class Compensated(torch.optim.Optimizer):
     # -- hooks -------------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         self._step()
         self.t += 1
         return loss
