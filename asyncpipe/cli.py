@@ -121,11 +121,14 @@ def report(
 
 
 @app.command()
-def sync(path: Path = typer.Argument(..., help="A run or sweep directory whose offline W&B runs to upload.")) -> None:
-    """Upload offline W&B runs (`wandb sync`) under a run or sweep directory."""
+def sync(
+    path: Path = typer.Argument(..., help="A run or sweep directory whose offline W&B runs to upload."),
+    timeout: float = typer.Option(120.0, help="Seconds one run's upload may take before sync gives up."),
+) -> None:
+    """Upload offline W&B runs (`wandb sync`) under a run or sweep directory, one at a time, each time-bounded."""
     from asyncpipe.track import sync as wandb_sync
 
-    typer.echo(f"synced {wandb_sync(path)} offline run(s)")
+    typer.echo(f"synced {wandb_sync(path, timeout_s=timeout, progress=typer.echo)} offline run(s)")
 
 
 @bench_app.command("simulator")

@@ -301,12 +301,34 @@ def test_sync(clean_wandb_env, tmp_path, monkeypatch):
         returncode, stdout, stderr = 0, "", ""
 
     monkeypatch.setattr(wandb_mirror.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or Done())
-    assert sync(tmp_path) == 2
+    lines: list[str] = []
+    assert sync(tmp_path, progress=lines.append) == 2
     expected = [str(tmp_path / r / "wandb" / f"offline-run-20250101_000000-{r}") for r in ("r0", "r1")]
-    assert seen[0][-3:] == ["sync", *expected]
+    assert [cmd[-2:] for cmd in seen] == [["sync", e] for e in expected]  # one bounded call per run
+    assert lines == [f"[1/2] wandb sync {expected[0]}", f"[2/2] wandb sync {expected[1]}"]
     Done.returncode, Done.stderr = 1, "error: api key not configured"
     with pytest.raises(UserError, match="wandb sync failed"):
         sync(tmp_path)
+
+
+def test_sync_is_bounded_when_wandb_is_unreachable(clean_wandb_env, tmp_path, monkeypatch):
+    """A `wandb sync` that would retry for minutes is cut at the timeout and reported in one line."""
+    import subprocess
+
+    (tmp_path / "r0" / "wandb" / "offline-run-20250101_000000-r0").mkdir(parents=True)
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
+    timeouts = []
+
+    def hang(cmd, timeout=None, **kw):
+        timeouts.append(timeout)
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(wandb_mirror.subprocess, "run", hang)
+    with pytest.raises(UserError, match=r"did not finish in 5 s \(is W&B reachable.*0 of 1 runs were uploaded"):
+        sync(tmp_path, timeout_s=5)
+    assert timeouts == [5]
+    with pytest.raises(UserError, match="must be > 0"):
+        sync(tmp_path, timeout_s=0)
 
 
 def test_train_records_provenance_and_train_log(tmp_path):

@@ -237,19 +237,32 @@ class WandbMirror:
         self.run = None
 
 
-def sync(path: str | os.PathLike) -> int:
-    """Upload every offline W&B run under `path` (a sweep or run dir) with `wandb sync`; returns how many."""
+def sync(path: str | os.PathLike, timeout_s: float = 120.0, progress: Any = None) -> int:
+    """Upload every offline W&B run under `path` (a sweep or run dir) with `wandb sync`, one run at a time, each
+    bounded by `timeout_s` (an unreachable W&B server makes `wandb sync` retry for many minutes); `progress`
+    gets one line per run. Returns how many were uploaded."""
     root = Path(path)
     if not root.is_dir():
         raise UserError(f"{root} is not a directory; pass a sweep or run directory")
+    if not timeout_s > 0:
+        raise UserError(f"--timeout {timeout_s} must be > 0 seconds")
     runs = sorted(p for p in root.rglob("offline-run-*") if p.is_dir() and p.parent.name == "wandb")
     if not runs:
         raise UserError(f"no offline W&B runs (*/wandb/offline-run-*) found under {root}")
     if not has_api_key():
         raise UserError("no W&B API key is configured; run `wandb login` or set WANDB_API_KEY, then sync again")
-    cmd = [sys.executable, "-m", "wandb", "sync", *map(str, runs)]
-    result = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"wandb sync failed for runs under {root}: {tail[0]} (is an API key configured?)")
+    say = progress or (lambda _line: None)
+    for i, run in enumerate(runs):
+        say(f"[{i + 1}/{len(runs)}] wandb sync {run}")
+        cmd = [sys.executable, "-m", "wandb", "sync", str(run)]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise UserError(
+                f"wandb sync of {run} did not finish in {timeout_s:g} s (is W&B reachable? check the network and "
+                f"WANDB_BASE_URL); {i} of {len(runs)} runs were uploaded, run `asyncpipe sync` again to retry"
+            ) from None
+        if result.returncode != 0:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise UserError(f"wandb sync failed for {run}: {tail[0]} (is an API key configured?)")
     return len(runs)
