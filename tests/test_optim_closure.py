@@ -17,5 +17,5 @@ def test_closure_runs_with_grad_and_returns_its_loss() -> None:
     with torch.no_grad():
         loss = evaluate_closure(closure)
         assert evaluate_closure(None) is None
-    assert float(loss) == 4.0
+    assert float(loss.detach()) == 4.0
     assert float(w.grad) == 4.0  # d(w^2)/dw at 2: the closure's backward ran with gradients on
