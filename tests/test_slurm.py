@@ -6,6 +6,7 @@ The tests skip only when SLURM cannot be installed here (not root, no apt); othe
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -25,18 +27,20 @@ SKIP = 77
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A running test cluster for the session; its clients (SLURM_CONF, the sacct shim) are put in os.environ."""
-    root = tmp_path_factory.mktemp("slurm")
-    up = subprocess.run(["bash", str(CLUSTER), "up", str(root)], capture_output=True, text=True, timeout=600)
+@contextlib.contextmanager
+def running_cluster(root: Path, nodes: int = 1, **env: str) -> Iterator[Path]:
+    """`tests/slurm/cluster.sh up ROOT [NODES]` (a skip where no cluster is possible here), its clients'
+    environment (SLURM_CONF, the cluster's bin/ first on PATH, plus `env`) while it runs, then `down`."""
+    what = "SLURM cluster" if nodes == 1 else f"{nodes}-node SLURM cluster"
+    args = [] if nodes == 1 else [str(nodes)]
+    up = subprocess.run(["bash", str(CLUSTER), "up", str(root), *args], capture_output=True, text=True, timeout=600)
     if up.returncode == SKIP:
-        pytest.skip(f"no SLURM cluster: {up.stderr.strip().splitlines()[-1]}")
+        pytest.skip(f"no {what}: {up.stderr.strip().splitlines()[-1]}")
     if up.returncode != 0:
-        pytest.fail(f"tests/slurm/cluster.sh up failed:\n{up.stdout}\n{up.stderr}")
-    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}
-    os.environ["SLURM_CONF"] = str(root / "slurm.conf")
-    os.environ["PATH"] = f"{root / 'bin'}:{os.environ['PATH']}"
+        pytest.fail(f"tests/slurm/cluster.sh up DIR {' '.join(args)} failed:\n{up.stdout}\n{up.stderr}")
+    values = {"SLURM_CONF": str(root / "slurm.conf"), "PATH": f"{root / 'bin'}:{os.environ['PATH']}", **env}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield root
     finally:
@@ -47,6 +51,13 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
                 os.environ[key] = value
         down = subprocess.run(["bash", str(CLUSTER), "down", str(root)], capture_output=True, text=True, timeout=120)
         assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A running test cluster for the session; its clients (SLURM_CONF, the sacct shim) are put in os.environ."""
+    with running_cluster(tmp_path_factory.mktemp("slurm")) as root:
+        yield root
 
 
 def quiet() -> SweepDisplay:

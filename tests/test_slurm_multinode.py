@@ -8,11 +8,11 @@ cannot be made (not root, no apt, no `ip netns`); otherwise they run.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -20,7 +20,7 @@ from asyncpipe.launch import run_sweep, sweep_states
 from asyncpipe.launch.slurm_job import PEERS_WAIT_S
 from asyncpipe.runtime.checkpoint import MARKER
 from helpers import asyncpipe
-from test_slurm import CLUSTER, SKIP, losses, quiet
+from test_slurm import CLUSTER, losses, quiet, running_cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -28,29 +28,11 @@ PG_TIMEOUT_S = 20  # the process-group timeout of the runs here: no rank may wai
 
 
 @pytest.fixture(scope="module")
-def cluster2(tmp_path_factory: pytest.TempPathFactory):
+def cluster2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A running 2-node cluster for the module; its clients' environment is set while it is up."""
-    root = tmp_path_factory.mktemp("slurm2")
-    up = subprocess.run(["bash", str(CLUSTER), "up", str(root), "2"], capture_output=True, text=True, timeout=600)
-    if up.returncode == SKIP:
-        pytest.skip(f"no 2-node SLURM cluster: {up.stderr.strip().splitlines()[-1]}")
-    if up.returncode != 0:
-        pytest.fail(f"tests/slurm/cluster.sh up DIR 2 failed:\n{up.stdout}\n{up.stderr}")
-    keys = ("SLURM_CONF", "PATH", "ASYNCPIPE_PG_TIMEOUT")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ["SLURM_CONF"] = str(root / "slurm.conf")
-    os.environ["PATH"] = f"{root / 'bin'}:{os.environ['PATH']}"
-    os.environ["ASYNCPIPE_PG_TIMEOUT"] = str(PG_TIMEOUT_S)  # reaches the jobs: sbatch exports the environment
-    try:
+    # ASYNCPIPE_PG_TIMEOUT reaches the jobs: sbatch exports the environment
+    with running_cluster(tmp_path_factory.mktemp("slurm2"), 2, ASYNCPIPE_PG_TIMEOUT=str(PG_TIMEOUT_S)) as root:
         yield root
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        down = subprocess.run(["bash", str(CLUSTER), "down", str(root)], capture_output=True, text=True, timeout=120)
-        assert down.returncode == 0, down.stderr
 
 
 def cluster(cmd: str, root: Path, node: str) -> None:
