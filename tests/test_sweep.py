@@ -154,6 +154,10 @@ def test_sweep_file_variants_and_per_settings(tmp_path: Path):
     three = plan_sweep(["seed=0,1,2"], file=REPO / "sweeps" / "smoke.yaml")
     assert len(three.runs) == 18 and three.base == plan.base
     assert [r.name for r in three.runs if r.name in by_name] == [r.name for r in plan.runs]
+    # One optimizer at a time (the command line narrows the file's grid): the other's per: entry is unused, not an error.
+    muon = plan_sweep(["optimizer=muon"], file=REPO / "sweeps" / "smoke.yaml")
+    assert [r.name for r in muon.runs] == [r.name for r in plan.runs if r.name.startswith("optimizer=muon")]
+    assert all(compose(list(r.overrides)).optimizer.lr == 0.01 for r in muon.runs)
     for text, message in (
         ("per: {delay: {'0': [a=1]}}", "not a key of this sweep"),
         ("per: {optimizer: {sgd: [optimizer.lr=1]}}", "not among its values"),

@@ -148,8 +148,12 @@ def expand(
             raise UserError(f"'{o.input_line}': launcher keys configure the whole sweep and cannot be swept")
     # Later duplicates win in Hydra: keep only the last override per key (at its first key's position).
     last: "OrderedDict[str, Any]" = OrderedDict()
+    given: dict[str, list[str]] = {}  # every value a key was given (a file's grid narrowed on the command line too)
     for o, values in _parse(run_overrides):
         last[o.get_key_element()] = (o, values)
+        given.setdefault(o.get_key_element(), []).extend(
+            values if o.is_sweep_override() and values else [o.input_line.split("=", 1)[1]]
+        )
     swept: "OrderedDict[str, bool]" = OrderedDict()
     for key, (o, values) in last.items():
         if o.is_sweep_override() and values is None:
@@ -165,7 +169,7 @@ def expand(
     plan.variants = variants
     plan.per = per
     for key, table in per.items():
-        allowed = plan.grid.get(key) or [o.input_line.split("=", 1)[1] for k, (o, _) in last.items() if k == key]
+        allowed = list(dict.fromkeys(given.get(key, [])))  # per: values of a narrowed grid are simply unused
         if not allowed:
             raise UserError(f"per: {key!r} is not a key of this sweep; per: is keyed by a grid (or fixed) key")
         unknown = [v for v in table if v not in allowed]

@@ -121,13 +121,15 @@ def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Grou
             train = smoothed_train(cell)
             for ax in (top, bottom):
                 if not train.empty:
+                    seeds = "mean of seeds" if len(cell) > 1 else "one seed"
                     ax.plot(train.index, train.values, color=colour, alpha=0.35, linewidth=1,
-                            label=f"{variant} train (EMA, mean of seeds)")  # fmt: skip
+                            label=f"{variant} train (EMA, {seeds})")  # fmt: skip
                 if wide.empty:
                     continue
                 mean = wide.mean(axis=1)
+                n = wide.shape[1]
                 ax.plot(mean.index, mean.values, color=colour, marker=marker, markersize=4, linewidth=1.5,
-                        label=f"{variant} val (mean of n={wide.shape[1]})")  # fmt: skip
+                        label=f"{variant} val (mean of n={n})" if n > 1 else f"{variant} val (one seed)")  # fmt: skip
                 if wide.shape[1] > 1:
                     ax.fill_between(wide.index, wide.min(axis=1), wide.max(axis=1), color=colour, alpha=0.18,
                                     linewidth=0, label=f"{variant} val min–max over seeds")  # fmt: skip
