@@ -472,3 +472,14 @@ def test_report_lists_code_states_and_warns_when_they_differ(tmp_path):
     assert any("2 different code states" in w for w in report.warnings)
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| aaaaaaaaaa; asyncpipe 0.1.0; torch 2.13.0 | 1 |" in md and "bbbbbbbbbb (dirty)" in md
+
+
+def test_a_one_seed_cell_is_paired_with_the_same_seed_of_a_three_seed_reference(tmp_path):
+    """The gap of a 1-seed run (a lambda probe, say) is to the same seed's sync run, not to the mean of three."""
+    sync = {0: 3.00, 1: 3.30, 2: 3.60}
+    for seed, final in sync.items():
+        done = {"status": "completed"}
+        write_run(tmp_path, f"sync-s{seed}", config("adamw", "sync", seed), curve(final, EVAL_TOKENS), done)
+    write_run(tmp_path, "late-s0", config("adamw", "1-step", 0), curve(3.10, EVAL_TOKENS), {"status": "completed"})
+    cells = build_report(tmp_path).cells.set_index("variant")
+    assert close(cells.loc["1-step", "gap_to_sync"], 0.10)  # unpaired it would be 3.10 - 3.30 = -0.20

@@ -136,8 +136,12 @@ def compute_cells(
             present = list(stats)
             for variant, row in stats.items():
                 is_ref = variant == reference
-                row["gap_to_sync"] = row["mean"] - ref.get("mean", math.nan) if not is_ref else math.nan
-                row["gap_std"] = paired(row["_by_seed"], ref.get("_by_seed", {}))[1] if not is_ref else math.nan
+                # Paired by seed over the seeds both cells have (a 1-seed cell against a 3-seed reference is
+                # compared with that seed's run, not with the mean of three); unpaired only when none is shared.
+                gap = paired(row["_by_seed"], ref.get("_by_seed", {})) if not is_ref else (math.nan, math.nan, 0)
+                unpaired = row["mean"] - ref.get("mean", math.nan) if not is_ref else math.nan
+                row["gap_to_sync"] = gap[0] if gap[2] else unpaired
+                row["gap_std"] = gap[1]
                 base = base_variant(variant, present)
                 diff = paired(row["_by_seed"], stats[base]["_by_seed"]) if base else (math.nan, math.nan, 0)
                 row["base_variant"], row["diff_to_base"], row["diff_to_base_std"] = base or "", diff[0], diff[1]
