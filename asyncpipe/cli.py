@@ -99,6 +99,7 @@ def report(
     out: Optional[Path] = typer.Option(None, "--out", help="Where report files go (default DIR/NAME/report)."),
     log_wandb: bool = typer.Option(True, "--wandb-log/--no-wandb-log", help="Also log table and plots to a W&B "
                                    "report run of the group (when the runs' W&B mode is not disabled)."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Also draw the loss and gap plots (the slow part)."),
 ) -> None:
     """Loss-gap tables (sync / 1-step / 1-step+EF per optimizer, or a sweep file's variants) and plots."""
     from asyncpipe.report import build_report, build_report_from_wandb, log_report_to_wandb, print_report
@@ -110,7 +111,7 @@ def report(
             raise UserError("--wandb needs --group (the sweep name the runs were grouped under)")
         rep = build_report_from_wandb(wandb_project, group, out or Path("reports") / group)
     elif sweep_dirs:
-        rep = build_report(sweep_dirs, out, baseline=baseline, reference=reference)
+        rep = build_report(sweep_dirs, out, baseline=baseline, reference=reference, plots=plots)
     else:
         raise UserError("give a sweep directory (asyncpipe report DIR/NAME) or --wandb ENTITY/PROJECT --group G")
     print_report(rep)

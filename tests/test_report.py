@@ -169,6 +169,15 @@ def test_files_written(sweep):
     pd.testing.assert_frame_equal(again.cells, report.cells)
 
 
+def test_no_plots_writes_the_same_tables_without_images(sweep, tmp_path):
+    full = build_report(sweep)
+    tables = build_report(sweep, out_dir=tmp_path / "t", plots=False)
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["gaps.csv", "report.md"]
+    pd.testing.assert_frame_equal(tables.cells, full.cells)
+    md = (tmp_path / "t" / "report.md").read_text()
+    assert "Not drawn" in md and ".png" not in md
+
+
 def test_matched_tokens_follow_shortest_completed_run(tmp_path):
     """A group whose shortest completed run stops at 3000 tokens is compared at 3000 for every run."""
     finals_ = {("adamw", "sync", 0): 3.0, ("adamw", "1-step", 0): 3.2}
@@ -387,6 +396,20 @@ def test_named_variants_are_columns_in_file_order(tmp_path):
     assert table.loc["muon", "% gap closed 1-step+EF"] == f"{0.1 / 0.3 * 100:.1f}%"
     diffs = report.cells.set_index(["optimizer", "variant"]).loc[("muon", "1-step+EF")]
     assert diffs["base_variant"] == "1-step" and close(diffs["diff_to_base"], -0.1)
+
+
+def test_a_folder_of_several_sweeps_measures_gaps_against_sync(tmp_path):
+    """Two sweeps in one folder: the reference is sync, not the first variant of whichever sweep sorts first."""
+    for sweep, variants in (("a_depth", {"pipedream": (2, False)}), ("b_main", {"sync": (0, False), "1-step": (1, False)})):
+        (tmp_path / sweep).mkdir()
+        (tmp_path / sweep / "sweep.json").write_text(json.dumps({"name": sweep, "variants": {v: [] for v in variants}}))
+        for name, (delay, ef) in variants.items():
+            cfg = config("adamw", "sync", 0, delay=delay)
+            cfg["run"] = {"variant": name, "dir": f"/x/{sweep}/{name}"}
+            write_run(tmp_path / sweep, name, cfg, curve(3.0 + 0.1 * delay, EVAL_TOKENS), {"status": "completed"})
+    table = build_report(tmp_path).groups[0].table
+    assert list(table.columns[:3]) == ["sync", "pipedream", "1-step"]
+    assert table.loc["adamw", "gap pipedream"] == "+0.2000" and table.loc["adamw", "gap 1-step"] == "+0.1000"
 
 
 def test_cut_off_metrics_line_is_named(tmp_path):

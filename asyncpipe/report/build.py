@@ -45,8 +45,9 @@ class Report:
 def assemble(
     runs: pd.DataFrame, curves: pd.DataFrame, source: str, out_dir: Path | None,
     named: list[str] | None = None, reference: str | None = None, command: str = "", sweeps: list[dict] | None = None,
+    plots: bool = True,
 ) -> Report:
-    """Tables from the frames, then (when out_dir is given) every report file."""
+    """Tables from the frames, then (when out_dir is given) every report file (the plots only with `plots`)."""
     grouping = classify(list(zip(runs["run"], runs["config"], runs["optimizer"], runs["variant"], runs["variant_named"])))
     if reference is not None and reference not in set(runs["variant"]):
         raise UserError(f"--reference {reference!r} is not a column of this report; columns: "
@@ -61,7 +62,7 @@ def assemble(
     report = Report(source, runs, curves, cells, grouping, groups, warnings, out_dir,
                     command=command or f"asyncpipe report {source}", sweeps=sweeps or [])  # fmt: skip
     if out_dir is not None:
-        write_files(report, out_dir)
+        write_files(report, out_dir, plots)
     return report
 
 
@@ -73,14 +74,15 @@ def _source_order(runs: pd.DataFrame, named: list[str]) -> list[str]:
 
 def build_report(
     sweep_dir: Path | Sequence[Path], out_dir: Path | None = None, baseline: Path | None = None,
-    reference: str | None = None,
+    reference: str | None = None, plots: bool = True,
 ) -> Report:
     """The report of every run under `sweep_dir` (default out_dir: sweep_dir/report).
 
     Several sweep dirs (or a `baseline`) make one comparison: each sweep's columns are labelled `NAME:variant`
     (NAME from its sweep.json) and every gap is measured against the baseline's (else the first sweep's)
     reference column (its first named variant, else sync), paired by seed. `reference` names another column to
-    measure the gaps against (e.g. `cpu_study:1-step`: PipeDream vs 2BW, same seed)."""
+    measure the gaps against (e.g. `cpu_study:1-step`: PipeDream vs 2BW, same seed). `plots=False` writes the
+    tables only (seconds instead of tens of seconds for a large sweep)."""
     dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
     if not dirs:
         raise UserError("give at least one sweep directory")
@@ -94,7 +96,8 @@ def build_report(
     manifests = [m for m in map(read_manifest, sources) if m]
     if len(sources) == 1:
         runs, curves = load_sweep(dirs[0], exclude=out_dir)
-        return assemble(runs, curves, str(dirs[0]), out_dir, named_variants(dirs[0]), reference, command, manifests)
+        return assemble(runs, curves, str(dirs[0]), out_dir, named_variants(dirs[0]), reference, command, manifests,
+                        plots)
     labels: list[str] = []
     for d in sources:
         label = sweep_label(d)
@@ -109,10 +112,10 @@ def build_report(
     runs = pd.concat([p[0] for p in parts], ignore_index=True)
     curves = pd.concat([p[1] for p in parts], ignore_index=True)
     reference = reference or order[0]
-    return assemble(runs, curves, " + ".join(map(str, sources)), out_dir, order, reference, command, manifests)
+    return assemble(runs, curves, " + ".join(map(str, sources)), out_dir, order, reference, command, manifests, plots)
 
 
-def write_files(report: Report, out_dir: Path) -> None:
+def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
     from asyncpipe.report.plots import plot_gap_vs_tokens, plot_loss_curves  # matplotlib only when writing
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -120,10 +123,10 @@ def write_files(report: Report, out_dir: Path) -> None:
     atomic_write_text(files["gaps.csv"], report.cells.to_csv(index=False))
     order = list(dict.fromkeys(report.cells["variant"])) if len(report.cells) else []
     for plot, name in ((plot_loss_curves, "loss_curves.png"), (plot_gap_vs_tokens, "gap_vs_tokens.png")):
-        for path in plot(report.runs, report.curves, report.groups, order, out_dir / name):
+        for path in plot(report.runs, report.curves, report.groups, order, out_dir / name) if plots else []:
             files[path.name] = path
-    atomic_write_text(files["report.md"], to_markdown(report))
     report.files = files
+    atomic_write_text(files["report.md"], to_markdown(report))
 
 
 def _md_table(frame: pd.DataFrame) -> str:
@@ -197,14 +200,19 @@ def to_markdown(report: Report) -> str:
     if not paired.empty:
         parts += ["## Paired differences\n", "A `X+...` variant's run minus the same seed's `X` run (e.g. EF's own "
                   "effect), mean and sample std over seeds.\n", _md_table(paired) + "\n"]
+    parts.append("## Plots\n")
+    if "loss_curves.png" in report.files:
+        parts += [
+            "Val loss (line with markers at the evaluations: mean over seeds; band: min–max over seeds) and train loss "
+            "(light line: mean over seeds, EMA); the lower row zooms into the end of training. "
+            "PDF versions beside the PNGs.\n",
+            "![val and train loss vs tokens](loss_curves.png)\n",
+            "Gap to the reference column, paired by seed: mean of the per-seed differences, error bars ±1 sample std.\n",
+            "![loss gap to the reference vs tokens](gap_vs_tokens.png)\n",
+        ]
+    else:
+        parts.append("Not drawn (`asyncpipe report --no-plots`).\n")
     parts += [
-        "## Plots\n",
-        "Val loss (line with markers at the evaluations: mean over seeds; band: min–max over seeds) and train loss "
-        "(light line: mean over seeds, EMA); the lower row zooms into the end of training. "
-        "PDF versions beside the PNGs.\n",
-        "![val and train loss vs tokens](loss_curves.png)\n",
-        "Gap to the reference column, paired by seed: mean of the per-seed differences, error bars ±1 sample std.\n",
-        "![loss gap to the reference vs tokens](gap_vs_tokens.png)\n",
         "## Runs\n",
         _md_table(run_table(report)) + "\n",
         "## Provenance\n",

@@ -183,14 +183,20 @@ def code_of(run: Path) -> str:
 
 
 def named_variants(root: Path) -> list[str]:
-    """The variant names of the sweep manifests under `root` (itself included), in file order."""
+    """The variant names of the sweep manifests under `root` (itself included), in file order. The first is the
+    gaps' reference: a folder holding several sweeps puts `sync` first when one names it (else the reference
+    would be whichever sweep's first variant sorts first)."""
     names: list[str] = []
-    for path in sorted(root.rglob(MANIFEST)):
+    manifests = sorted(root.rglob(MANIFEST))
+    for path in manifests:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         names.extend(v for v in (data.get("variants") or {}) if v not in names)
+    if len(manifests) > 1 and "sync" in names:
+        names.remove("sync")
+        names.insert(0, "sync")
     return names
 
 

@@ -96,7 +96,7 @@ def _decorate(ax: plt.Axes, title: str, ylabel: str, zoom: bool, matched: int | 
     ax.xaxis.set_major_formatter(TOKENS)
     ax.set_xlabel("tokens")
     ax.set_ylabel(ylabel)
-    ax.set_title(title if not zoom else f"{title}: last {ZOOM_FRAC:.0%} of training, zoomed (same lines)", fontsize=9)
+    ax.set_title(title if not zoom else f"last {ZOOM_FRAC:.0%} of training, zoomed (the lines above)", fontsize=9)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         if not zoom:
