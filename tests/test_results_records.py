@@ -54,10 +54,11 @@ def test_each_committed_table_is_regenerated_by_report(args: list[str], tmp_path
     records, reports = _paths()
     swap = {"$R": str(records), "$O": str(reports)}
     args = [re.sub(r"\$[RO]", lambda m: swap[m.group(0)], a) for a in args]
-    out = Path(args[args.index("--out") + 1])
-    baseline = Path(args[args.index("--baseline") + 1]) if "--baseline" in args else None
-    skip = {i for flag in ("--out", "--baseline") if flag in args for i in (args.index(flag), args.index(flag) + 1)}
+    flags = {flag: args[args.index(flag) + 1] for flag in ("--out", "--baseline", "--reference") if flag in args}
+    skip = {i for flag in flags for i in (args.index(flag), args.index(flag) + 1)}
     dirs = [Path(a) for i, a in enumerate(args) if i not in skip]
-    committed = pd.read_csv(out / "gaps.csv")
-    again = pd.read_csv(io.StringIO(build_report(dirs, out_dir=tmp_path, baseline=baseline, plots=False).cells.to_csv(index=False)))
+    baseline = Path(flags["--baseline"]) if "--baseline" in flags else None
+    committed = pd.read_csv(Path(flags["--out"]) / "gaps.csv")
+    report = build_report(dirs, out_dir=tmp_path, baseline=baseline, reference=flags.get("--reference"), plots=False)
+    again = pd.read_csv(io.StringIO(report.cells.to_csv(index=False)))
     pd.testing.assert_frame_equal(again, committed, check_exact=False, rtol=1e-9)
