@@ -3,7 +3,6 @@ the write-up's commands say, regenerates the numbers of every committed table (g
 
 from __future__ import annotations
 
-import io
 import re
 import shlex
 import subprocess
@@ -11,8 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
-from asyncpipe.report import build_report
+from asyncpipe.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "results" / "cpu_study.md"
@@ -49,16 +49,19 @@ def test_every_run_record_is_complete_and_tracked_by_git():
     assert not [p for p in tracked if "checkpoint" in p], "checkpoints are not part of a compact record"
 
 
+def test_the_write_up_names_its_report_commands():
+    assert len(_report_commands()) >= 10, f"{DOC.name} lists one `asyncpipe report` line per table"
+
+
 @pytest.mark.parametrize("args", _report_commands(), ids=lambda a: a[-1].rsplit("/", 1)[-1])
 def test_each_committed_table_is_regenerated_by_report(args: list[str], tmp_path: Path):
+    """The write-up's command itself, through the CLI, with its --out swapped for a scratch folder."""
     records, reports = _paths()
     swap = {"$R": str(records), "$O": str(reports)}
     args = [re.sub(r"\$[RO]", lambda m: swap[m.group(0)], a) for a in args]
-    flags = {flag: args[args.index(flag) + 1] for flag in ("--out", "--baseline", "--reference") if flag in args}
-    skip = {i for flag in flags for i in (args.index(flag), args.index(flag) + 1)}
-    dirs = [Path(a) for i, a in enumerate(args) if i not in skip]
-    baseline = Path(flags["--baseline"]) if "--baseline" in flags else None
-    committed = pd.read_csv(Path(flags["--out"]) / "gaps.csv")
-    report = build_report(dirs, out_dir=tmp_path, baseline=baseline, reference=flags.get("--reference"), plots=False)
-    again = pd.read_csv(io.StringIO(report.cells.to_csv(index=False)))
-    pd.testing.assert_frame_equal(again, committed, check_exact=False, rtol=1e-9)
+    committed = Path(args[args.index("--out") + 1]) / "gaps.csv"
+    args[args.index("--out") + 1] = str(tmp_path)
+    res = CliRunner().invoke(app, ["report", *args, "--no-plots", "--no-wandb-log"])
+    assert res.exit_code == 0, res.output
+    again = pd.read_csv(tmp_path / "gaps.csv")
+    pd.testing.assert_frame_equal(again, pd.read_csv(committed), check_exact=False, rtol=1e-9)

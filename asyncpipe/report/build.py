@@ -82,7 +82,7 @@ def build_report(
     (NAME from its sweep.json) and every gap is measured against the baseline's (else the first sweep's)
     reference column (its first named variant, else sync), paired by seed. `reference` names another column to
     measure the gaps against (e.g. `cpu_study:1-step`: PipeDream vs 2BW, same seed). `plots=False` writes the
-    tables only (seconds instead of tens of seconds for a large sweep)."""
+    tables only (the plots take most of a report's time)."""
     dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
     if not dirs:
         raise UserError("give at least one sweep directory")
@@ -122,9 +122,10 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
     files = {name: out_dir / name for name in ("report.md", "gaps.csv")}
     atomic_write_text(files["gaps.csv"], report.cells.to_csv(index=False))
     order = list(dict.fromkeys(report.cells["variant"])) if len(report.cells) else []
-    for plot, name in ((plot_loss_curves, "loss_curves.png"), (plot_gap_vs_tokens, "gap_vs_tokens.png")):
-        for path in plot(report.runs, report.curves, report.groups, order, out_dir / name) if plots else []:
-            files[path.name] = path
+    if plots:
+        for plot, name in ((plot_loss_curves, "loss_curves.png"), (plot_gap_vs_tokens, "gap_vs_tokens.png")):
+            for path in plot(report.runs, report.curves, report.groups, order, out_dir / name):
+                files[path.name] = path
     report.files = files
     atomic_write_text(files["report.md"], to_markdown(report))
 
