@@ -12,6 +12,7 @@ One colour per variant, in the table's column order. Token axes in k/M. Figures 
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -32,6 +33,7 @@ SMOOTH_FRAC = 0.05  # train loss: EMA over ~5% of the steps
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
 MARKERS = "osD^vP*Xh"
 FORMATS = ("png", "pdf")
+TITLE_CHARS = 80  # a 6-inch panel holds about 80 characters at font size 9
 
 
 def fmt_tokens(value: float, _pos: object = None) -> str:
@@ -96,7 +98,8 @@ def _decorate(ax: plt.Axes, title: str, ylabel: str, zoom: bool, matched: int | 
     ax.xaxis.set_major_formatter(TOKENS)
     ax.set_xlabel("tokens")
     ax.set_ylabel(ylabel)
-    ax.set_title(title if not zoom else f"last {ZOOM_FRAC:.0%} of training, zoomed (the lines above)", fontsize=9)
+    full = "\n".join(textwrap.wrap(title, TITLE_CHARS))  # a long settings title would run into the next panel's
+    ax.set_title(full if not zoom else f"last {ZOOM_FRAC:.0%} of training, zoomed (the lines above)", fontsize=9)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         if not zoom:
