@@ -3,6 +3,10 @@
 Layout: ``RUN/checkpoints/step_00000042/rank0.pt … rank{W-1}.pt`` plus ``COMPLETE`` (JSON), written by rank 0
 only after every rank's part is on disk. A directory without the marker (a crash mid-save) is never resumed from:
 `latest_complete` names it and falls back to the previous complete one.
+
+A checkpoint is untrusted input (shared scratch, a collaborator's tarball): the marker's fingerprint (plain JSON,
+size-capped) is checked before any part is deserialised, and parts are read with ``torch.load(weights_only=True)``,
+which builds tensors and plain containers only and never runs code from the file.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from asyncpipe.errors import UserError
 
 FORMAT = "asyncpipe-checkpoint-v1"
 MARKER = "COMPLETE"
+MAX_MARKER_BYTES = 1 << 20  # a marker is a few hundred bytes of JSON
 
 
 def checkpoints_root(run_dir: Path) -> Path:
@@ -96,7 +101,7 @@ def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = 
             what = f"missing {', '.join(missing)}" if missing else "no completion marker"
             log(f"checkpoint {d.name} is incomplete ({what}); falling back to an earlier one")
             continue
-        marker = json.loads((d / MARKER).read_text())
+        marker = read_marker(d)
         if marker.get("world") != world:
             raise UserError(
                 f"checkpoint {d} was written by {marker.get('world')} processes, this run has {world}; "
@@ -106,20 +111,51 @@ def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = 
     return None
 
 
-def load(path: Path, fingerprint: dict, rank: int = 0) -> dict:
-    """This rank's state from a complete checkpoint; refuses a corrupt file or one written for another setup."""
-    part = Path(path) / f"rank{rank}.pt"
+def read_marker(step_path: Path) -> dict:
+    """A checkpoint's completion marker: a small JSON object, or one-line refusal (never a traceback, never a hang)."""
+    path = Path(step_path) / MARKER
     try:
-        blob = torch.load(part, map_location="cpu", weights_only=False)
+        if not path.is_file():
+            raise ValueError("not a regular file")
+        if path.stat().st_size > MAX_MARKER_BYTES:
+            raise ValueError(f"larger than {MAX_MARKER_BYTES} bytes")
+        marker = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(marker, dict) or marker.get("format") != FORMAT:
+            raise ValueError(f"not an {FORMAT} marker")
+    except (OSError, ValueError) as exc:
+        raise UserError(f"checkpoint marker {path} cannot be read ({exc}); delete {Path(step_path).name} to resume "
+                        "from an earlier one") from None
+    return marker
+
+
+def _check_fingerprint(where: Path, theirs: Any, ours: dict) -> None:
+    if not isinstance(theirs, dict):
+        raise UserError(f"checkpoint {where} has no fingerprint; it was not written by asyncpipe")
+    diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: {theirs.get(k)!r} != {ours.get(k)!r}" for k in diff)
+        raise UserError(f"checkpoint {where} belongs to a different run ({detail})")
+
+
+def load(path: Path, fingerprint: dict, rank: int = 0) -> dict:
+    """This rank's state from a complete checkpoint; refuses a corrupt file or one written for another setup.
+
+    The marker's fingerprint is compared before the part is opened, and the part is read with weights_only=True:
+    a hostile file can fail to load, never execute."""
+    path = Path(path)
+    _check_fingerprint(path / MARKER, read_marker(path).get("fingerprint"), fingerprint)
+    part = path / f"rank{rank}.pt"
+    if not part.is_file():
+        raise UserError(f"checkpoint part {part} is missing or not a regular file")
+    try:
+        blob = torch.load(part, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UserError(f"checkpoint {part} cannot be read ({type(exc).__name__}); delete it to resume from an earlier one") from None
+        raise UserError(f"checkpoint {part} cannot be read safely ({type(exc).__name__}: "
+                        f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}); "
+                        "delete it to resume from an earlier one") from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise UserError(f"{part} is not an asyncpipe checkpoint")
-    theirs = blob.get("fingerprint", {})
-    diff = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
-    if diff:
-        detail = ", ".join(f"{k}: {theirs.get(k)!r} != {fingerprint.get(k)!r}" for k in diff)
-        raise UserError(f"checkpoint {part} belongs to a different run ({detail})")
+    _check_fingerprint(part, blob.get("fingerprint"), fingerprint)
     return blob["state"]
 
 
