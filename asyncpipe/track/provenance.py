@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shlex
 import socket
 import subprocess
@@ -45,6 +46,12 @@ def git_state(path: Path) -> Optional[dict]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+def torch_threads() -> Optional[int]:
+    """Intra-op threads of this process (a different count changes summation order, hence the last bits)."""
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else None
+
+
 def versions() -> dict[str, Optional[str]]:
     out: dict[str, Optional[str]] = {}
     for name in PACKAGES:
@@ -55,6 +62,18 @@ def versions() -> dict[str, Optional[str]]:
     return out
 
 
+def cpu_model() -> Optional[str]:
+    """The CPU model name: runs are bit-reproducible on one CPU kind only (another differs at ~1e-7 after step 1)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
 def provenance(overrides: Sequence[str]) -> dict[str, Any]:
     argv = getattr(sys, "orig_argv", sys.argv)
     return {
@@ -63,6 +82,8 @@ def provenance(overrides: Sequence[str]) -> dict[str, Any]:
         "command": redact_secrets(shlex.join(argv)),
         "cwd": os.getcwd(),
         "host": socket.gethostname(),
+        "cpu": cpu_model(),
+        "threads": torch_threads(),
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "python": sys.version.split()[0],
