@@ -152,7 +152,7 @@ def _optimizer_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
 # Parameter-sized buffers each `compensation.name` keeps (+1: the snapshot `Compensated.inner_updates` takes at the
 # step); basis_rotation keeps Kronecker factors instead (below); weight_prediction: W(t-k-1), the velocity and
 # the predicted weights (simulator only).
-COMPENSATION_BUFFERS = {"none": 0, "stage_lr": 0, "ef": 2, "nag_lookahead": 2, "dc": 2, "ef_adaptive": 3,
+COMPENSATION_BUFFERS = {"none": 0, "stage_lr": 0, "ef": 2, "update_averaging": 2, "dc": 2, "ef_adaptive": 3,
                         "weight_prediction": 3, "basis_rotation": 0}  # fmt: skip
 
 
@@ -161,11 +161,13 @@ def _compensation_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
     name = comp.name if comp is not None else "none"
     params = sum(s.params for s in shapes)
     extra = 0.0
-    if name == "basis_rotation":  # L, R, Q_L, Q_R per 2-D matrix no side of which exceeds max_dim, Muon's excepted
-        muon, max_dim = cfg.optimizer.name == "muon", comp.rotation.max_dim
+    if name == "basis_rotation":  # L, R, Q_L, Q_R per rotated matrix (per expert), the rule in rotation.py
+        from asyncpipe.optim.compensation.rotation import rotates, rotation_numbers
+
+        muon, r = cfg.optimizer.name == "muon", comp.rotation
         extra = sum(
-            2 * c * sum(n * n for n in shape) for s in shapes for c, shape, hidden in s.tensors
-            if len(shape) == 2 and max(shape) <= max_dim and not (muon and hidden)
+            c * rotation_numbers(shape) for s in shapes for c, shape, hidden in s.tensors
+            if rotates(tuple(shape), hidden, muon and hidden, r.max_dim, r.all_matrices)
         )  # fmt: skip
     return 4.0 * (COMPENSATION_BUFFERS.get(name, 0) * params + extra)
 

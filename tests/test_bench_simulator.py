@@ -13,10 +13,10 @@ def test_every_method_gets_a_column_with_its_extra_memory() -> None:
     assert list(res["median_step_s"]) == ["delay0", "delay1", "delay1_ef", *(f"delay1_{m}" for m in methods)]
     extra, params = res["extra_bytes"], res["param_bytes"]
     # delay 1 keeps one stale copy of every weight; EF adds u(t-1), adaptive EF u(t-1) and d(t-1),
-    # the look-ahead its momentum, prediction W(t-k-1) (velocity EMA off by default); dc, stage_lr: no buffer.
+    # update averaging its EMA m, prediction W(t-k-1) (velocity EMA off by default); dc, stage_lr: no buffer.
     assert extra["delay0"] == 0 and extra["delay1"] == params
     assert extra["delay1_ef"] == 2 * params and extra["delay1_ef_adaptive"] == 3 * params
-    assert extra["delay1_nag_lookahead"] == 2 * params and extra["delay1_weight_prediction"] == 2 * params
+    assert extra["delay1_update_averaging"] == 2 * params and extra["delay1_weight_prediction"] == 2 * params
     assert extra["delay1_stage_lr"] == params
     assert params < extra["delay1_dc"] <= 2 * params  # DC-ASGD-a: EMA of g*g
     assert extra["delay1_basis_rotation"] > params  # Kronecker factors and eigenbases of the matrices

@@ -21,7 +21,7 @@ BASE = [
 ]  # fmt: skip
 OPTIMIZERS = ["adamw", "muon", "muon_ef"]
 # Staleness mitigations that fit the 2BW budget (EF itself is muon_ef above); weight_prediction does not.
-COMPENSATIONS = ["ef_adaptive", "nag_lookahead", "dc", "basis_rotation", "stage_lr"]
+COMPENSATIONS = ["ef_adaptive", "update_averaging", "dc", "basis_rotation", "stage_lr"]
 
 
 def _cfg(stages: int, replicas: int, delay: int, optimizer: str, micro_batches: int, compensation: str = "none"):

@@ -79,8 +79,8 @@ class AdaptiveEFCompensation:
 
 
 @dataclass
-class NAGCompensation:
-    gamma: float = 0.9  # look-ahead momentum over applied updates (0 = the plain optimizer)
+class AveragingCompensation:
+    gamma: float = 0.9  # update_averaging: EMA decay over applied updates (0 = the plain optimizer)
 
 
 @dataclass
@@ -92,7 +92,7 @@ class PredictionCompensation:
 @dataclass
 class DCCompensation:
     lam: float = 2.0  # DC-ASGD lambda: g + lam(t) * g*g*(W(t) - W(t-k))
-    adaptive: bool = True  # DC-ASGD-a: lam(t) = lam / sqrt(EMA(g*g) + eps), elementwise
+    adaptive: bool = True  # DC-ASGD-a: lam(t) = lam / sqrt(EMA(g*g) + eps), elementwise, the EMA starting at 0
     rho: float = 0.95  # EMA decay of g*g (adaptive)
     eps: float = 1e-7
 
@@ -102,20 +102,23 @@ class RotationCompensation:
     beta: float = 0.95  # EMA decay of the Kronecker factors G G^T and G^T G
     every: int = 10  # steps between eigenbasis refreshes
     max_dim: int = 4096  # matrices with a side above this are left unrotated
+    all_matrices: bool = False  # also rotate the embedding, head and MoE routers (default: block/expert matrices)
 
 
 @dataclass
 class StageLRCompensation:
-    power: float = 1.0  # lr of a parameter with delay k scaled by (1 + k) ** -power
-    anneal_steps: int = 0  # > 0: the exponent decays linearly to 0 over these steps (PipeMare); 0 = constant
+    power: float = 1.0  # p(0): lr of a parameter with delay k >= 1 divided by k ** p(t) (PipeMare)
+    anneal_steps: int = 0  # > 0: p(t) reaches 0 after these steps (overrides anneal_frac)
+    anneal_frac: float = 0.14  # p(t) reaches 0 after this share of run_steps (0 with anneal_steps 0: p constant)
+    run_steps: int = 0  # the run's train.steps (the YAML interpolates it; 0 = unknown)
 
 
 @dataclass
 class CompensationConfig:
-    name: str = "none"  # none, ef, ef_adaptive, nag_lookahead, weight_prediction, dc, basis_rotation, stage_lr
+    name: str = "none"  # none, ef, ef_adaptive, update_averaging, weight_prediction, dc, basis_rotation, stage_lr
     ef: EFCompensation = field(default_factory=EFCompensation)
     adaptive: AdaptiveEFCompensation = field(default_factory=AdaptiveEFCompensation)
-    nag: NAGCompensation = field(default_factory=NAGCompensation)
+    averaging: AveragingCompensation = field(default_factory=AveragingCompensation)
     prediction: PredictionCompensation = field(default_factory=PredictionCompensation)
     dc: DCCompensation = field(default_factory=DCCompensation)
     rotation: RotationCompensation = field(default_factory=RotationCompensation)

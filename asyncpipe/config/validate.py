@@ -216,7 +216,7 @@ def _validate_compensation(cfg: DictConfig) -> None:
     _choice("compensation.adaptive.scope", a.scope, ADAPTIVE_SCOPES)
     if c.name == "ef_adaptive" and cfg.engine == "pipeline":
         _need(a.scope == "tensor", "engine=pipeline computes lambda per stage: use compensation.adaptive.scope=tensor")
-    _need(0 <= c.nag.gamma < 1, f"compensation.nag.gamma={c.nag.gamma} must be in [0, 1)")
+    _need(0 <= c.averaging.gamma < 1, f"compensation.averaging.gamma={c.averaging.gamma} must be in [0, 1)")
     _need(0 <= c.prediction.beta < 1, f"compensation.prediction.beta={c.prediction.beta} must be in [0, 1)")
     _need(c.prediction.horizon >= 0, f"compensation.prediction.horizon={c.prediction.horizon} must be >= 0")
     _need(c.dc.lam >= 0, f"compensation.dc.lam={c.dc.lam} must be >= 0")
@@ -226,5 +226,8 @@ def _validate_compensation(cfg: DictConfig) -> None:
     _need(r.every >= 1 and r.max_dim >= 1, "compensation.rotation.every and max_dim must be >= 1")
     if c.name == "basis_rotation":
         _need(o.name != "soap", "optimizer=soap already runs Adam in a rotated eigenbasis; use basis_rotation with adamw, nadam or muon")
+        _need(o.name != "muon" or r.all_matrices, "compensation=basis_rotation under optimizer=muon rotates nothing (Muon's "
+              "matrices commute with rotation; embedding and head are skipped): set compensation.rotation.all_matrices=true")
     _need(c.stage_lr.power >= 0, f"compensation.stage_lr.power={c.stage_lr.power} must be >= 0")
     _need(c.stage_lr.anneal_steps >= 0, f"compensation.stage_lr.anneal_steps={c.stage_lr.anneal_steps} must be >= 0")
+    _need(0 <= c.stage_lr.anneal_frac <= 1, f"compensation.stage_lr.anneal_frac={c.stage_lr.anneal_frac} must be in [0, 1]")

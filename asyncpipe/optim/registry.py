@@ -100,4 +100,6 @@ def build_optimizer(
         comp.method("none")
         return optimizer
     by_param = {p: (delays if isinstance(delays, int) else delays.get(n, 0)) for n, p in module.named_parameters()}
+    is_hidden = hidden or block_matrices(module)  # what basis_rotation rotates unless rotation.all_matrices
+    optimizer.hidden_params = {p for n, p in trainable(module) if is_hidden(n, p)}  # type: ignore[attr-defined]
     return comp.build(optimizer, compensation, by_param, pipeline=pipeline)

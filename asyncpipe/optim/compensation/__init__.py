@@ -27,9 +27,9 @@ from asyncpipe.optim.compensation.registry import (
 
 from asyncpipe.optim.compensation import (  # noqa: F401  (each registers its builder)
     adaptive,
+    averaging,
     dc,
     ef,
-    nag,
     prediction,
     rotation,
     stage_lr,

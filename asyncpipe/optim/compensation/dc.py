@@ -1,17 +1,27 @@
 """Delay-compensated gradient (Zheng et al., ICML 2017, "Asynchronous Stochastic Gradient Descent with Delay
-Compensation", DC-ASGD and its adaptive form DC-ASGD-a).
+Compensation": DC-ASGD and its adaptive form DC-ASGD-a).
 
 The gradient at the current weights is approximated from the stale one by a first-order Taylor step whose
-Hessian is replaced by the cheap outer-product approximation g g^T, kept diagonal:
+Hessian is replaced by the cheap outer-product approximation g g^T, kept diagonal (the paper's delay-compensated
+gradient, with W(t-k) the weights the worker's gradient was computed at, w_bak in the paper):
 
     g~ = g + lam(t) * g * g * (W(t) - W(t-k))          (elementwise; g = the clipped stale gradient g(W(t-k)))
 
 then the wrapped optimizer steps with g~. ``adaptive=false``: lam(t) = lam (DC-ASGD). ``adaptive=true``
-(DC-ASGD-a): lam(t) = lam / sqrt(v(t) + eps), elementwise, v(t) = rho v(t-1) + (1 - rho) g * g, which makes the
-correction invariant to the scale of the gradient (a mean mini-batch gradient is far smaller than the curvature
-g g^T is meant to stand for). It needs W(t) and W(t-k) at step time: the simulator's delay ring and the 2BW stash
-both still hold W(t-k) there, so DC-ASGD costs no buffer and DC-ASGD-a one (v); both run in the 2BW engine.
-``lam = 0`` is the plain optimizer. Diagnostic ``dc_rel``: |correction| / |g| of the last step.
+(DC-ASGD-a, the paper's adaptive lambda):
+
+    MeanSquare(t) = rho MeanSquare(t-1) + (1 - rho) g * g,   MeanSquare(0) = 0
+    lam(t)        = lam / sqrt(MeanSquare(t) + eps)                                  (elementwise)
+
+eps inside the square root and the average starting at 0, as in the paper (its lam0 is ``lam``, its m is ``rho``).
+This makes the correction invariant to the gradient's scale (a mean mini-batch gradient is far smaller than the
+curvature g g^T is meant to stand for).
+
+Departures: the paper's server applies plain SGD with g~; here any optimizer steps with it. Parameters with
+k = 0 are left alone (their W(t) - W(t-k) is 0) and do not update the average. It needs W(t) and W(t-k) at step
+time: the simulator's delay ring and the 2BW stash both still hold W(t-k) there, so DC-ASGD costs no buffer and
+DC-ASGD-a one (MeanSquare); both run in the 2BW engine. ``lam = 0`` is the plain optimizer. Diagnostic
+``dc_rel``: |correction| / |g| of the last step.
 """
 
 from __future__ import annotations
@@ -55,9 +65,9 @@ class DelayCompensated(Compensated):
             gg = g * g
             if self.adaptive:
                 v = self.buffers["v"].get(p)
-                v = gg.clone() if v is None else v.mul_(self.rho).add_(gg, alpha=1 - self.rho)
+                v = gg.mul(1 - self.rho) if v is None else v.mul_(self.rho).add_(gg, alpha=1 - self.rho)  # from 0
                 self.buffers["v"][p] = v
-                corr = gg.mul_(p.detach() - old).div_(v.sqrt().add_(self.eps)).mul_(self.lam)
+                corr = gg.mul_(p.detach() - old).div_(v.add(self.eps).sqrt_()).mul_(self.lam)
             else:
                 corr = gg.mul_(p.detach() - old).mul_(self.lam)
             corr_sq += float(corr.double().square().sum())

@@ -1,16 +1,26 @@
-"""Stage-wise learning rate: the lr of a parameter scaled down by its delay (PipeMare's learning-rate
-rescheduling, Yang et al., MLSys 2021; the PipeDream-LR baseline of Jung et al. 2026).
+"""Stage-wise learning rate: PipeMare's learning-rate rescheduling (Yang et al., MLSys 2021, "PipeMare:
+Asynchronous Pipeline Parallel DNN Training", technique 1), as both reference codebases run it: the PipeDream-LR
+baseline of Jung, Shin & Lee (ICML 2026, LOG-postech/basis-rotation) and of Ajanthan et al. (ICML 2025,
+PluralisResearch/AsyncPP), each in ``main_with_runtime.py``'s ``adjust_learning_rate`` under ``--lr_correction``.
 
-With delay_profile=pipedream, stage s of P is k = P-1-s steps stale; the early stages, the most stale, get the
-smallest steps. With u(t) the wrapped optimizer's update (lr and decoupled weight decay included, so scaling it
-is scaling that parameter's lr):
+A parameter whose stage is k steps stale (k = num_versions - 1 there; with delay_profile=pipedream, stage s of P
+has k = P-1-s) takes its lr divided by k to a power that anneals linearly from ``power`` (1 in the sources) to 0:
 
-    x(t+1) = x(t) - s_k(t) u(t),   s_k(t) = (1 + k) ** (-power * a(t))
-    a(t)   = max(0, 1 - t / anneal_steps) if anneal_steps > 0 else 1
+    lr_k(t) = lr(t) / k ** p(t),   p(t) = power * (1 - min((t + 1) / T, 1))      (k >= 1; t = 0-based step)
 
-(PipeMare anneals the delay-dependent reduction away over training; ``anneal_steps=0`` keeps it.) A fresh
-parameter (k = 0) keeps the full lr. Under a uniform delay every parameter gets the same factor, i.e. a plain lr
-change. Memory: no buffer (one transient snapshot per step); runs in the 2BW engine, where the delay is uniform.
+so the most stale stages start with the smallest steps and every stage is back at the scheduled lr after T steps.
+k = 0 and k = 1 keep the lr (k ** p = 1; the sources skip stages with one weight version). With u(t) the wrapped
+optimizer's update (lr and decoupled weight decay included), the applied step is u(t) / k ** p(t).
+
+T, the annealing length: the sources use ``--lr_correction_epoch`` (default 7) epochs, a fixed length rather than
+the whole run; AsyncPP's training script runs 50 epochs, so T is 14% of that run, which is asyncpipe's default
+``anneal_frac = 0.14`` of ``run_steps`` (= train.steps, interpolated by the YAML). ``anneal_steps > 0`` sets T in
+steps instead; T = 0 (both 0) keeps p = power for the whole run.
+
+Departures: none in the rule. The sources rescale the whole stage's lr; here it is per parameter, which is the
+same thing because a stage's parameters share k. Under a uniform delay (the 2BW engine, delay=1) k = 1 for every
+parameter and the method does nothing; it is meant for delay_profile=pipedream. Memory: no buffer (one transient
+snapshot of the rescaled parameters per step).
 """
 
 from __future__ import annotations
@@ -25,20 +35,38 @@ from asyncpipe.optim.compensation.registry import register
 from asyncpipe.optim.compensation.base import Compensated
 
 
+def anneal_length(anneal_steps: int, anneal_frac: float, run_steps: int) -> int:
+    """T, the step at which p(t) reaches 0: ``anneal_steps`` if > 0, else ``anneal_frac`` of ``run_steps``
+    (at least 1 step when the fraction is > 0); 0 = no annealing."""
+    if anneal_steps < 0 or not 0 <= anneal_frac <= 1:
+        raise UserError(f"compensation.stage_lr needs anneal_steps >= 0 and 0 <= anneal_frac <= 1, got {anneal_steps}, {anneal_frac}")
+    if anneal_steps > 0 or anneal_frac == 0:
+        return int(anneal_steps)
+    if run_steps < 1:
+        raise UserError("compensation.stage_lr.anneal_frac needs run_steps (the YAML sets it to train.steps) or anneal_steps > 0")
+    return max(1, round(anneal_frac * run_steps))
+
+
 class StageLR(Compensated):
     name = "stage_lr"
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, delays: Mapping[torch.Tensor, int], power: float, anneal_steps: int
+        self, optimizer: torch.optim.Optimizer, delays: Mapping[torch.Tensor, int], power: float, anneal: int
     ) -> None:
-        if power < 0 or anneal_steps < 0:
-            raise UserError("compensation.stage_lr.power and anneal_steps must be >= 0")
+        if power < 0 or anneal < 0:
+            raise UserError("compensation.stage_lr.power and the annealing length must be >= 0")
         super().__init__(optimizer, delays)
-        self.power, self.anneal_steps = float(power), int(anneal_steps)
+        self.power, self.anneal = float(power), int(anneal)
+
+    def exponent(self, t: int) -> float:
+        """p(t) at 0-based optimizer step t."""
+        if self.anneal == 0:
+            return self.power
+        return self.power * (1 - min((t + 1) / self.anneal, 1.0))
 
     def scale(self, k: int, t: int) -> float:
-        a = max(0.0, 1 - t / self.anneal_steps) if self.anneal_steps > 0 else 1.0
-        return float((1 + k) ** (-self.power * a))
+        """The lr multiplier 1 / k ** p(t) of a parameter k steps stale at step t."""
+        return 1.0 if k <= 1 else float(k ** -self.exponent(t))
 
     def _step(self) -> None:
         params = self._with_grad()
@@ -51,7 +79,7 @@ class StageLR(Compensated):
         self.diagnostics = {"lr_scale_min": min(scales)} if scales else {}
 
 
-@register("stage_lr", fits_2bw=True, note="no buffer; under 2BW's uniform delay it is a plain lr change")
+@register("stage_lr", fits_2bw=True, note="no buffer; under 2BW's uniform delay of 1 it changes nothing")
 def build_stage_lr(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
     c = cfg.stage_lr
-    return StageLR(optimizer, delays, c.power, c.anneal_steps)
+    return StageLR(optimizer, delays, c.power, anneal_length(c.anneal_steps, c.anneal_frac, c.run_steps))
