@@ -2,13 +2,12 @@
 `schedule` (a schedule's timeline, idealised from the engine's own schedule classes or measured from a trace).
 
 The lead registers them in `asyncpipe/cli.py`; only typer and asyncpipe.errors are imported at module level so
-`asyncpipe --help` stays fast. The timeline helpers (`ideal_timeline`, `trace_timeline`, `render_text`,
-`render_png`, `steady_gaps`) are plain functions the tests call directly.
+`asyncpipe --help` stays fast. The timeline helpers (`ideal_timeline`, `trace_timeline`, `steady_gaps`) are plain
+functions the tests call directly; `asyncpipe.pipe.draw` draws them (text and PNG).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, List, Optional
@@ -19,8 +18,6 @@ from asyncpipe.errors import UserError
 
 SCHEDULES = ("gpipe", "1f1b", "2bw")
 SYNC = ("zb-h1", "interleaved-1f1b", "dualpipev")  # drawn from `asyncpipe.pipe.orders`, next to 1F1B and 2BW
-_LETTER = {"forward": "F", "backward": "B", "weight": "W", "step": "U", "eval": "E"}
-_COLOR = {"forward": "#4c72b0", "backward": "#55a868", "weight": "#8172b3", "step": "#c44e52", "eval": "#999999"}
 
 
 # -- timelines ---------------------------------------------------------------------------------------------
@@ -83,21 +80,17 @@ def trace_timeline(run_dir: Path) -> Any:
     files = sorted(Path(run_dir).glob("trace-rank*.json"))
     if not files:
         raise UserError(f"no trace-rank*.json in {run_dir}; run with pipeline.trace=true to record one")
-    config: dict = {}
-    cfg_path = Path(run_dir) / "config.yaml"
-    if cfg_path.exists():
-        import yaml
+    from asyncpipe.pipe.trace_load import read_trace_dir
 
-        config = yaml.safe_load(cfg_path.read_text()) or {}
-    per_stage: dict[int, list[dict]] = {}
-    for f in files:
-        ops = json.loads(f.read_text())
-        if ops and ops[0].get("replica", 0) == 0:
-            per_stage[int(ops[0]["stage"])] = ops
+    config, per_stage = read_trace_dir(Path(run_dir), files)  # untrusted files: checked, one line if not a trace
     t0 = min(o["start"] for ops in per_stage.values() for o in ops)
     events, busy = [], [0.0] * (max(per_stage) + 1)
+    try:
+        labelled = {s: _label_ops(ops, config) for s, ops in per_stage.items()}
+    except (TypeError, ValueError, AttributeError) as exc:  # config.yaml settings of the wrong type
+        raise UserError(f"{run_dir}/config.yaml cannot label the trace ({exc})") from None
     for s, ops in sorted(per_stage.items()):
-        for kind, k, a, e in _label_ops(ops, config):
+        for kind, k, a, e in labelled[s]:
             events.append(Event(s, kind, k, a - t0, e - t0))
             busy[s] += e - a
     makespan = max(ev.end for ev in events) if events else 0.0
@@ -126,93 +119,6 @@ def sync_timeline(kind: str, stages: int, micro_batches: int, forward: float = 1
     return replay(plan(kind, stages, micro_batches), forward, backward)
 
 
-def _local_chunk(timeline: Any) -> dict[tuple[int, int], int]:
-    """(stage, chunk) -> the chunk's index among its stage's chunks (a, b, ... in labels)."""
-    chunks: dict[int, set] = {}
-    for e in timeline.events:
-        if e.chunk is not None:
-            chunks.setdefault(e.stage, set()).add(e.chunk)
-    return {(s, c): i for s, cs in chunks.items() for i, c in enumerate(sorted(cs))}
-
-
-def _label(e: Any, local: Optional[dict] = None) -> str:
-    if e.kind == "step":
-        return f"U{e.batch}" if e.batch is not None else "U"
-    label = _LETTER[e.kind] + ("" if e.micro_batch is None else str(e.micro_batch))
-    if e.chunk is not None and local is not None and len({c for (s, c) in local if s == e.stage}) > 1:
-        label += "abcdefgh"[local[(e.stage, e.chunk)] % 8]
-    return label
-
-
-def render_text(timeline: Any, cell: Optional[float] = None, width: Optional[int] = None) -> str:
-    """Stages as rows, time as cells: ``S0 |F0  F1  B0------...|``; a block's label fills its first cell and
-    ``-`` its remaining cells, ``.`` is idle. ``cell`` is the time per cell (default: the shortest block,
-    so unit-cost schedules are exact); ``width`` the characters per cell (default: the longest label + 1)."""
-    evs = [e for e in timeline.events if e.end > e.start]
-    if not evs:
-        return ""
-    local = _local_chunk(timeline)
-    cell = cell or min(e.end - e.start for e in evs)
-    width = width or max(len(_label(e, local)) for e in evs) + 1
-    n = int(round(timeline.makespan / cell + 0.4999))
-    rows = []
-    for s in range(len(timeline.busy)):
-        cells = ["." * width] * n
-        for e in (e for e in evs if e.stage == s):
-            a, b = int(round(e.start / cell)), max(int(round(e.end / cell)), int(round(e.start / cell)) + 1)
-            for i in range(a, min(b, n)):
-                cells[i] = (_label(e, local)[:width].ljust(width) if i == a else "-" * width) if width > 1 else (
-                    _LETTER[e.kind] if i == a else _LETTER[e.kind].lower())  # fmt: skip
-        rows.append(f"S{s} |" + "".join(cells) + "|")
-    idle = "  ".join(f"S{s} {f:.3f}" for s, f in enumerate(timeline.idle_fraction))
-    return "\n".join(rows) + f"\nidle fraction: {idle}\n"
-
-
-def render_png(timeline: Any, path: Path, title: str) -> None:
-    """Stages x time bar chart: forward, backward, optimizer step (and evaluation) blocks; gaps are bubbles."""
-    render_pngs([(title, timeline)], path)
-
-
-def render_pngs(panels: list[tuple[str, Any]], path: Path) -> None:
-    """One stages x time bar chart per (title, timeline), stacked on a shared time axis; a rank's second (third,
-    ...) model chunk is drawn lighter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    span = max(tl.makespan for _, tl in panels) or 1.0
-    n_ev = max(len(tl.events) / max(1, len(tl.busy)) for _, tl in panels)
-    heights = [0.6 * len(tl.busy) + 0.9 for _, tl in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(min(40, max(8, n_ev * 0.35)), sum(heights) + 0.9),
-                             gridspec_kw={"height_ratios": heights}, squeeze=False)  # fmt: skip
-    kinds: set = set()
-    for ax, (title, timeline) in zip(axes[:, 0], panels):
-        P, local = len(timeline.busy), _local_chunk(timeline)
-        for e in timeline.events:
-            if e.end <= e.start:
-                continue
-            light = e.chunk is not None and local.get((e.stage, e.chunk), 0) % 2 == 1
-            ax.broken_barh([(e.start, e.end - e.start)], (e.stage - 0.4, 0.8), facecolors=_COLOR[e.kind],
-                           alpha=0.55 if light else 1.0, edgecolor="white", linewidth=0.5)  # fmt: skip
-            if (e.end - e.start) / span > 0.006 and e.kind in ("forward", "backward", "weight"):
-                ax.text((e.start + e.end) / 2, e.stage, str(e.micro_batch), ha="center", va="center", fontsize=7,
-                        color="white")  # fmt: skip
-        kinds |= {e.kind for e in timeline.events}
-        ax.set_yticks(range(P), [f"stage {s}  (idle {f:.0%})" for s, f in enumerate(timeline.idle_fraction)])
-        ax.set_ylim(P - 0.5, -0.5)
-        ax.set_xlim(0, span)
-        ax.set_title(title, fontsize=10)
-    axes[-1, 0].set_xlabel("time")
-    ordered = sorted(kinds, key=list(_COLOR).index)
-    axes[-1, 0].legend(handles=[Patch(color=_COLOR[k], label=k) for k in ordered], loc="upper center",
-                       bbox_to_anchor=(0.5, -0.45), ncol=len(ordered), frameon=False)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # -- commands ----------------------------------------------------------------------------------------------
 def schedule(
     stages: int = typer.Option(4, "--stages", "-p", help="Pipeline stages P."),
@@ -231,6 +137,7 @@ def schedule(
     """Draw a pipeline schedule as a stages x time timeline (PNG + text), from the engine's schedule classes,
     from a synchronous schedule's own rules, or from a traced run."""
     from asyncpipe.paths import writable_dir
+    from asyncpipe.pipe.draw import label, local_chunks, render_png, render_text, text_legend
 
     if trace is None:
         check_schedule_size(stages, micro_batches, batches, forward, backward, step)
@@ -239,7 +146,6 @@ def schedule(
         tl = trace_timeline(trace)
         stem = f"trace-{Path(trace).resolve().name}"
         panels = [(f"measured timeline of {trace} (idle = waiting on communication)", tl)]
-        text = render_text(tl, cell=tl.makespan / 160, width=1)
     elif schedule in SYNC:
         costs = f"F={forward:g}, B={backward:g}, optimizer step free"
         panels = [(f"{schedule}: P={stages}, m={micro_batches}, one batch ({costs})",
@@ -249,24 +155,27 @@ def schedule(
             panels.append((f"2bw: {batches} batches (no flush)",
                            ideal_timeline("2bw", stages, micro_batches, batches, forward, backward, 0.0)))  # fmt: skip
         stem = f"{schedule}-P{stages}-m{micro_batches}"
-        cell = min(e.end - e.start for _, tl in panels for e in tl.events if e.end > e.start)
-        width = max(len(_label(e, _local_chunk(tl))) for _, tl in panels for e in tl.events) + 1
-        text = "".join(f"# {t}\n{render_text(tl, cell=cell, width=width)}" for t, tl in panels)
         tl = panels[0][1]
     else:
         tl = ideal_timeline(schedule, stages, micro_batches, batches, forward, backward, step)
         stem = f"{schedule}-P{stages}-m{micro_batches}"
         costs = f"F={forward:g}, B={backward:g}, U={step:g}"
         panels = [(f"{schedule}: P={stages}, m={micro_batches}, {batches} batches ({costs})", tl)]
-        text = render_text(tl)
+    if trace is not None:  # measured times: a fixed resolution, one letter per cell
+        cell, width = (tl.makespan or 1.0) / 300, 1
+    else:  # unit costs: one cell per shortest block, every label whole
+        cell = min(e.end - e.start for _, t in panels for e in t.events if e.end > e.start)
+        width = max(len(label(e, local_chunks(t))) for _, t in panels for e in t.events) + 1
+    text = "".join(f"# {title}\n{render_text(t, cell=cell, width=width)}" for title, t in panels)
+    text = text_legend([t for _, t in panels], cell, width) + text
     out.mkdir(parents=True, exist_ok=True)
     png, txt = out / f"{stem}.png", out / f"{stem}.txt"
-    render_pngs(panels, png)
+    render_png(panels, png)
     if trace is None and schedule in SYNC:
         from asyncpipe.pipe.orders import bubble_table
 
         text += format_bubbles(bubble_table(stages, micro_batches, forward, backward, batches), batches)
-    txt.write_text(f"# {panels[0][0]}\n{text}")
+    txt.write_text(text)
     typer.echo(text, nl=False)
     gaps = steady_gaps(tl) if trace is not None or schedule not in SYNC else []
     if gaps:
@@ -319,6 +228,7 @@ def bench_pipeline(
     simulator: bool = typer.Option(True, "--simulator/--no-simulator", help="Also bench the simulator "
                                    "(delay=1 vs delay=0 step time)."),  # fmt: skip
     out: Optional[Path] = typer.Option(None, help="JSON result (default runs/bench/pipeline-{model}-P{P}-m{m}.json)."),
+    compile_: str = typer.Option("eager", "--compile", help="eager, compiled or both (train.compile rows)."),
 ) -> None:
     """Throughput of DeepSpeed's 1F1B and DualPipeV against our 2BW (and 2BW + EF) on the same model, stages and
     micro-batches, alternating in one launch: tokens/s, ratio to 1F1B against the schedule model's ideal, idle
@@ -333,7 +243,8 @@ def bench_pipeline(
 
     res = run_bench(overrides or [], rounds=rounds, steps=steps, warmup_steps=warmup_steps, simulator=simulator,
                     log=lambda msg: typer.echo(msg, err=True),
-                    variants=[v.strip() for v in variants.split(",") if v.strip()])  # fmt: skip
+                    variants=[v.strip() for v in variants.split(",") if v.strip()],
+                    modes=("eager", "compiled") if compile_ == "both" else (compile_,))  # fmt: skip
     typer.echo(format_result(res))
     path = out or Path("runs/bench") / f"pipeline-{res['model']}-P{res['stages']}-m{res['micro_batches']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from asyncpipe import cli_perf
 from asyncpipe.errors import UserError
+from asyncpipe.pipe import draw
 
 
 def _app() -> typer.Typer:
@@ -21,6 +22,16 @@ def _app() -> typer.Typer:
     return app
 
 
+def _rows(text: str) -> dict[str, str]:
+    """Each stage's whole row: the wrapped windows of a text timeline joined, frame marks dropped."""
+    rows: dict[str, str] = {}
+    for line in text.splitlines():
+        if re.match(r"S\d+ +\|", line):
+            name, cells = line.split("|", 1)
+            rows[name.strip()] = rows.get(name.strip(), "") + cells.rstrip("|")
+    return rows
+
+
 @pytest.mark.parametrize("kind", ["2bw", "1f1b", "gpipe"])
 def test_schedule_command_writes_png_and_text(tmp_path: Path, kind: str) -> None:
     res = CliRunner().invoke(_app(), ["schedule", "--stages", "4", "--micro-batches", "8", "--schedule", kind,
@@ -28,12 +39,12 @@ def test_schedule_command_writes_png_and_text(tmp_path: Path, kind: str) -> None
     assert res.exit_code == 0, res.output
     png, txt = tmp_path / f"{kind}-P4-m8.png", tmp_path / f"{kind}-P4-m8.txt"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    rows = [line for line in txt.read_text().splitlines() if line.startswith("S")]
-    assert [r[:4] for r in rows] == ["S0 |", "S1 |", "S2 |", "S3 |"]
-    assert rows[0].startswith("S0 |F0  F1  ")  # stage 0 starts at once with its first forwards
-    assert rows[3].startswith("S3 |" + "." * 12 + "F0 ")  # the last stage waits three forward slots
+    rows = _rows(txt.read_text())
+    assert list(rows) == ["S0", "S1", "S2", "S3"]
+    assert rows["S0"].startswith("F0  F1  ")  # stage 0 starts at once with its first forwards
+    assert rows["S3"].startswith("." * 12 + "F0 ")  # the last stage waits three forward slots
     # Every forward and backward of every micro-batch is drawn exactly once per stage.
-    for row in rows:
+    for row in rows.values():
         assert sorted(int(k) for k in re.findall(r"F(\d+)", row)) == list(range(24))
         assert sorted(int(k) for k in re.findall(r"B(\d+)", row)) == list(range(24))
 
@@ -98,8 +109,8 @@ def test_trace_of_a_2bw_run_keeps_its_micro_batches(tmp_path: Path) -> None:
     assert [(e.stage, e.kind, e.micro_batch) for e in tl.events] == [
         (0, "eval", None), (0, "forward", 0), (0, "backward", 0), (1, "forward", 0)]  # fmt: skip
     assert tl.idle_fraction[0] == pytest.approx(1 - 1.5 / 2.5)  # the commit's wait counts as idle
-    text = cli_perf.render_text(tl, cell=0.5, width=1)
-    assert text.splitlines()[0] == "S0 |E.F.B|"  # 0.5 s blocks with 0.5 s gaps
+    text = draw.render_text(tl, cell=0.5, width=1)
+    assert text.splitlines()[:2] == ["t  |0", "S0 |E.F.B|"]  # 0.5 s blocks with 0.5 s gaps
 
 
 def test_trace_missing_is_a_user_error(tmp_path: Path) -> None:
@@ -124,3 +135,71 @@ def test_a_traced_pipeline_run_draws_its_measured_timeline(tmp_path: Path) -> No
     for s in (0, 1):
         assert sorted(e.micro_batch for e in tl.events if e.stage == s and e.kind == "forward") == list(range(6))
         assert sum(e.kind == "step" for e in tl.events if e.stage == s) == 3
+
+
+def test_text_timelines_wrap_to_a_readable_width_and_explain_themselves(tmp_path: Path) -> None:
+    # (schedule, P, m, micro-batches drawn, forwards of each per stage: dualpipev's two chunks)
+    cases = [("2bw", 4, 16, 4 * 16, 1), ("dualpipev", 8, 16, 16, 2), ("1f1b", 12, 12, 3 * 12, 1)]
+    for kind, p, m, n_forwards, chunks in cases:
+        res = CliRunner().invoke(_app(), ["schedule", "-p", str(p), "-m", str(m), "--schedule", kind,
+                                          "--batches", "4" if kind == "2bw" else "3", "--out", str(tmp_path)])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        text = (tmp_path / f"{kind}-P{p}-m{m}.txt").read_text()
+        assert max(len(line) for line in text.splitlines()) <= draw.LINE_WIDTH
+        legend = text.split("#", 1)[0].replace("\n", " ")
+        assert legend.startswith("legend: ") and "F3 forward of micro-batch 3" in legend and "'.' idle" in legend
+        # The wrapped windows hold every cell (each stage's joined row as long as the others) and every forward of
+        # the first panel; row names line up past 10 stages.
+        assert len({len(r) for r in _rows(text).values()}) == 1
+        for row in _rows(text.split("#", 2)[1]).values():
+            assert sorted(int(k) for k in re.findall(r"F(\d+)", row)) == sorted(list(range(n_forwards)) * chunks)
+    assert "a / b after the number" in (tmp_path / "dualpipev-P8-m16.txt").read_text().replace("\n", " ")
+    assert "W(b-1)" in (tmp_path / "2bw-P4-m16.txt").read_text()  # the 2BW rule, read off the events
+    assert "S11 |" in (tmp_path / "1f1b-P12-m12.txt").read_text() and "S0  |" in (tmp_path / "1f1b-P12-m12.txt").read_text()
+
+
+def test_2bw_batches_and_weight_versions_are_read_off_the_engine_streams() -> None:
+    tl = cli_perf.ideal_timeline("2bw", 4, 8, 3)
+    assert draw.batch_size(tl) == 8
+    starts = draw.batch_starts(tl)
+    assert [(s, b) for s, b, _ in starts] == [(s, b) for s in range(4) for b in (1, 2)]
+    # Batch b+1 enters stage 0 before batch b's last backward there (no flush), and under 1F1B only after it.
+    for kind, before in (("2bw", True), ("1f1b", False)):
+        tl = cli_perf.ideal_timeline(kind, 4, 8, 2)
+        enter = draw.batch_starts(tl)[0][2]
+        last_b0 = max(e.end for e in tl.events if e.stage == 0 and e.kind == "backward" and e.micro_batch < 8)
+        assert (enter < last_b0) is before
+    assert "W(b-1)" in draw.version_rule(cli_perf.ideal_timeline("2bw", 4, 8, 3))
+    assert "W(b)" in draw.version_rule(cli_perf.ideal_timeline("1f1b", 4, 8, 3))
+    assert draw.version_rule(cli_perf.sync_timeline("dualpipev", 4, 8)) is None  # one batch, no versions
+
+
+@pytest.mark.parametrize("kind,stages,m", [("2bw", 4, 8), ("dualpipev", 4, 8), ("dualpipev", 8, 16)])
+def test_schedule_pictures_number_every_block_and_keep_the_legend_inside(kind: str, stages: int, m: int) -> None:
+    from matplotlib.text import Text
+
+    if kind == "2bw":
+        panels = [("2bw", cli_perf.ideal_timeline("2bw", stages, m, 3))]
+    else:
+        panels = [(kind, cli_perf.sync_timeline(kind, stages, m)), ("1f1b", cli_perf.sync_timeline("1f1b", stages, m)),
+                  ("2bw", cli_perf.ideal_timeline("2bw", stages, m, 3, step=0.0))]  # fmt: skip
+    fig = draw.figure(panels)
+    fig.canvas.draw()
+    for ax, (_, tl) in zip(fig.axes, panels):
+        shown = sorted(t.get_text() for t in ax.texts if isinstance(t, Text) and t.get_text()[:1].isdigit())
+        local = draw.local_chunks(tl)
+        want = sorted(draw.label(e, local)[1:] for e in tl.events if e.kind in ("forward", "backward") and e.end > e.start)
+        assert shown == want  # every forward and backward carries its micro-batch (and chunk) label
+    fig_box = fig.bbox
+    legend = fig.legends[0].get_window_extent()
+    assert legend.y0 >= fig_box.y0 and legend.y1 <= fig_box.y1 and legend.x0 >= fig_box.x0 and legend.x1 <= fig_box.x1
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    if kind == "dualpipev":
+        assert any("2nd model chunk" in x for x in labels)  # the lighter shade is explained
+    assert any("W0" in x for x in labels) and any("next batch" in x for x in labels)  # versions, batch boundaries
+    # No large blank band: the panels fill the height the legend leaves.
+    axes_height = sum(ax.get_position().height for ax in fig.axes)
+    assert axes_height > 0.6, axes_height
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
