@@ -21,6 +21,25 @@ try:
 except ImportError:  # older typer raises click's own
     from click import ClickException as CliError
 
+
+def _untag_flags() -> None:
+    """Rich help (typer >= 0.2x) types every option, flags too: `--help <bool>`, `--plots/--no-plots <bool>`. A flag
+    takes no value, so it shows no type; options that take one keep theirs (`<int>`, `<path>`)."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "untagged_flags", False):
+        return
+
+    def display_type_rich(self, ctx):  # noqa: ANN001, ANN202 (typer's signature)
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    display_type_rich.untagged_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_untag_flags()
+
 app = typer.Typer(
     help="Asynchronous (PipeDream-2BW) pipeline-parallel pretraining: train, sweep, report.",
     no_args_is_help=True,

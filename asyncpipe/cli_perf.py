@@ -227,7 +227,8 @@ def bench_pipeline(
     variants: str = typer.Option("1f1b,dualpipev,2bw,2bw_ef", help="Schedules to run (1f1b is the reference)."),
     simulator: bool = typer.Option(True, "--simulator/--no-simulator", help="Also bench the simulator "
                                    "(delay=1 vs delay=0 step time)."),  # fmt: skip
-    out: Optional[Path] = typer.Option(None, help="JSON result (default runs/bench/pipeline-{model}-P{P}-m{m}.json)."),
+    out: Optional[Path] = typer.Option(None, help="JSON result. Default: a file in runs/bench/ named after the model, "
+                                       "P and m, e.g. pipeline-small-P2-m4.json."),  # fmt: skip
     compile_: str = typer.Option("eager", "--compile", help="eager, compiled or both (train.compile rows)."),
 ) -> None:
     """Throughput of DeepSpeed's 1F1B and DualPipeV against our 2BW (and 2BW + EF) on the same model, stages and

@@ -33,3 +33,29 @@ def test_train_and_config_show_help_list_groups_and_main_keys():
         assert "optimizer=  " + ", ".join(group_options("optimizer")) in out
         assert "optimizer.ef.enabled=False  (bool)" in out and "error feedback" in out
         assert "train.steps=100  (int)" in out and "optimizer steps" in out
+
+
+def _commands(group, path=()):  # noqa: ANN001, ANN202 (click objects)
+    """Every command path of the CLI, groups included: ("",), ("bench",), ("bench", "pipeline"), ..."""
+    yield path
+    for name, sub in getattr(group, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_help_fits_80_columns_without_cut_text_or_flag_types():
+    """A flag takes no value, so its help shows no `<bool>`; a default or path is never cut to `…` at 80 columns."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from asyncpipe.cli import app
+
+    paths = list(_commands(typer.main.get_command(app)))
+    assert ("bench", "pipeline") in paths and ("sweep", "status") in paths and ("report",) in paths
+    for path in paths:
+        res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+        assert res.exit_code == 0, (path, res.output)
+        assert "--help" in res.output and max(len(line) for line in res.output.splitlines()) <= 80, path
+        assert "<bool>" not in res.output, (path, res.output)
+        assert "\u2026" not in res.output, (path, res.output)
+        if path == ("report",):
+            assert "<path>" in res.output  # options that take a value keep their type
