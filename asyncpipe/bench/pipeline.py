@@ -1,6 +1,8 @@
 """Pipeline throughput: DeepSpeed's flushed 1F1B, DeepSpeed's DualPipeV, our 2BW and 2BW + EF on the same model,
 data, stages and micro-batches, alternating job by job in one set of local processes after a warm-up.
 
+Each schedule runs eager, compiled (`train.compile`; rows named `<schedule>+compiled`) or both; a compiled row's
+ratios are to compiled 1F1B, and `compile_speedup` is its tokens/s over the eager row's, paired round by round.
 Per schedule: tokens/s and their ratio to 1F1B against the schedule model's ideal (`asyncpipe.pipe.orders`
 bubbles; (m+P-1)/m for 2BW), the idle fraction and norm all-reduce wait per stage, and per stage the peak
 weight (versions), optimizer (+ EF) and activation memory; optionally the simulator bench beside it.
@@ -158,6 +160,7 @@ def bench_pipeline(
     log: Callable[[str], None] = print,
     compose: Optional[Callable[[list[str]], DictConfig]] = None,
     variants: Sequence[str] = tuple(VARIANTS),
+    modes: Sequence[str] = ("eager",),
 ) -> dict:
     """Run warm-up, then ``rounds`` x ``variants`` jobs of ``steps`` steps each in one launch; medians.
     A variant that cannot run this configuration (DualPipeV with m < 2P) is reported with the reason."""
@@ -174,6 +177,8 @@ def bench_pipeline(
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or "1f1b" not in variants:
         raise UserError(f"variants must include 1f1b and come from {', '.join(VARIANTS)}; got {', '.join(variants)}")
+    if not modes or set(modes) - {"eager", "compiled"}:
+        raise UserError(f"--compile {','.join(modes)}: give eager, compiled or both")
     base = [*BENCH_DEFAULTS, *overrides, "engine=pipeline", f"train.steps={steps}", f"train.eval_every={steps}"]
     probe = compose([*base, "delay=1"])
     t, p = probe.train, probe.pipeline
@@ -183,11 +188,12 @@ def bench_pipeline(
         skipped["dualpipev"] = (f"not run: DeepSpeed's DualPipeV needs m >= 2P = {2 * P} micro-batches per batch "
                                 f"(got m={m}); it also needs its V-shaped module (2 chunks per rank)")  # fmt: skip
     eval_v = [f"train.eval_batches={max(t.eval_batches, 2 * P * D)}"]  # DualPipeV evaluates >= 2P micro-batches too
-    cfgs = {n: compose([*base, *VARIANTS[n], *(eval_v if n == "dualpipev" else [])])
-            for n in variants if n not in skipped}  # fmt: skip
+    cfgs = {n + ("" if mode == "eager" else "+compiled"):
+            compose([*base, *VARIANTS[n], *(eval_v if n == "dualpipev" else []), f"train.compile={mode == 'compiled'}"])
+            for mode in modes for n in variants if n not in skipped}  # fmt: skip
     names = list(cfgs)
     warm = compose([*BENCH_DEFAULTS, *overrides, "engine=pipeline", "delay=1", f"train.steps={max(1, warmup_steps)}"])
-    cfg = cfgs["1f1b"]
+    cfg = next(iter(cfgs.values()))
     tokens_per_step = t.micro_batch_size * m * D * t.seq_len
     order = [name for _ in range(rounds) for name in names]
     log(f"bench pipeline: model {cfg.model.name}, P={P}, m={m}, {p.threads} thread(s)/process, "
@@ -220,7 +226,7 @@ def bench_pipeline(
     }  # fmt: skip
     jobs = {n: [st for name, st in per_job if name == n] for n in names}
     # The schedule model's bubbles at this run's measured backward/forward cost ratio (2BW's stages, whole jobs).
-    last_2bw = (jobs.get("2bw") or jobs["1f1b"])[-1]["stages"]
+    last_2bw = (jobs.get("2bw") or jobs[names[0]])[-1]["stages"]
     fwd = sum(x.get("seconds_by_op", {}).get("ForwardPass", 0.0) for x in last_2bw)
     bwd = sum(x.get("seconds_by_op", {}).get("BackwardPass", 0.0) for x in last_2bw)
     b_over_f = bwd / fwd if fwd > 0 and bwd > 0 else 2.0
@@ -235,7 +241,8 @@ def bench_pipeline(
         if key not in mem_cache:
             mem_cache[key] = optimizer_state_bytes(cfgs[name])
         summaries = js[-1]["stages"]
-        bub = analytic["2bw"] if name.startswith("2bw") else analytic[SYNC_MODEL[name]]
+        base_name = name.split("+")[0]
+        bub = analytic["2bw"] if base_name.startswith("2bw") else analytic[SYNC_MODEL[base_name]]
         variants_out[name] = {
             "tokens_per_s": statistics.median(j["tokens_per_s"] for j in js),
             "tokens_per_s_per_round": [j["tokens_per_s"] for j in js],
@@ -254,9 +261,10 @@ def bench_pipeline(
             "seconds_by_op_per_stage": [x.get("seconds_by_op", {}) for x in summaries if x.get("replica", 0) == 0],
             "seconds_blocked_in_per_stage": [x.get("seconds_blocked_in", {}) for x in summaries
                                              if x.get("replica", 0) == 0],
+            "compile_s_per_stage": [x.get("compile_s") for x in summaries if x.get("replica", 0) == 0],
         }  # fmt: skip
-    ref = variants_out["1f1b"]
     for name, v in variants_out.items():
+        ref = variants_out["1f1b" + name[len(name.split("+")[0]):]]  # the same mode's 1F1B
         # Same work per batch: the ideal speed-up is the ratio of busy fractions, (1 - bubble) / (1 - 1F1B's bubble).
         ideal = (1 - v["analytic_bubble"]) / (1 - analytic["1f1b"]) if v["analytic_bubble"] is not None else None
         v["ratio_to_1f1b"] = v["tokens_per_s"] / ref["tokens_per_s"]
@@ -265,6 +273,12 @@ def bench_pipeline(
         v["ratio_to_1f1b_best_step"] = v["tokens_per_s_best_step"] / ref["tokens_per_s_best_step"]
         v["ideal_ratio_to_1f1b"] = ideal
         v["fraction_of_ideal"] = v["ratio_to_1f1b"] / ideal if ideal else None
+        eager = variants_out.get(name.split("+")[0])
+        if name.endswith("+compiled") and eager is not None:
+            per_round = [a / b for a, b in zip(v["tokens_per_s_per_round"], eager["tokens_per_s_per_round"])]
+            v["compile_speedup"] = v["tokens_per_s"] / eager["tokens_per_s"]
+            v["compile_speedup_per_round"] = per_round
+            v["compile_speedup_within_spread"] = min(per_round) <= 1.0 <= max(per_round)
     out["variants"] = variants_out
     if "2bw" in jobs:
         out["stage_cost_model"] = stage_cost_model(jobs["2bw"][-1]["stages"], P, m, steps)
@@ -297,7 +311,8 @@ def simulator_result(
     from asyncpipe.bench.simulator import BASIC, bench_simulator
 
     torch.set_num_threads(threads)  # the pipeline's processes run this many each: compare like with like
-    keep = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(("engine", "delay", "pipeline."))]
+    keep = [o for o in overrides
+            if not o.split("=", 1)[0].lstrip("+~").startswith(("engine", "delay", "pipeline.", "train.compile"))]
     return bench_simulator([*BENCH_DEFAULTS, *keep], rounds=rounds, steps_per_round=2, warmup=2, compose=compose,
                            log=log, variants=BASIC)
 
@@ -322,6 +337,11 @@ def format_result(res: dict) -> str:
                      f"{rounds}")  # fmt: skip
     for name, why in res.get("skipped", {}).items():
         lines.append(f"{name:10s} {why}")
+    for name, x in v.items():
+        if "compile_speedup" in x:
+            rounds = ", ".join(f"{y:.3f}" for y in x["compile_speedup_per_round"])
+            note = " (within the rounds' spread: not a difference)" if x["compile_speedup_within_spread"] else ""
+            lines.append(f"{name}: {x['compile_speedup']:.3f}x the eager tokens/s, per round {rounds}{note}")
     if "fraction_of_ideal" in res:
         lines.append(f"2bw/1f1b {res['ratio_2bw_over_1f1b']:.3f}  ideal (m+P-1)/m {res['ideal_ratio']:.3f}  "
                      f"fraction of ideal {res['fraction_of_ideal']:.3f}  (fastest steps: {res['ratio_best_step']:.3f}"

@@ -153,6 +153,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
     diverge_loss: float = 20.0  # a train loss above this (or NaN/inf) ends the run as diverged
     log_every: int = 10  # progress line every N steps when not on a terminal
+    compile: str = "auto"  # torch.compile the model / stage layers: auto (per device, asyncpipe.model.compile), true, false
 
 
 @dataclass

@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -21,6 +22,8 @@ from omegaconf import DictConfig
 
 from asyncpipe.dist import Comm, backend_for, rank_env
 from asyncpipe.errors import UserError
+from asyncpipe.model.compile import CompileClock, eager, wanted
+from asyncpipe.registry import describe
 from asyncpipe.runtime.device import pick_device, use_bf16, vocab_size_for
 from asyncpipe.session.lifecycle import Agreement
 
@@ -65,7 +68,7 @@ def setup_rank(cfg: DictConfig) -> tuple[int, int, Any]:
     return rank, world, device
 
 
-def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[Any, int, int]:
+def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, compiled: bool = False) -> tuple[Any, int, int]:
     """This rank's `TwoBWPipelineEngine` over its stage of the model; returns (engine, stage, replica)."""
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
@@ -84,6 +87,10 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int) -> tuple[A
     baseline = memory.mark(device)  # the stage's peak memory is measured from here (stage_summary)
     # Only this stage's layers are built, each from (seed, layer index): the simulator's initial weights.
     layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=mine)
+    if compiled:  # train.compile: each of this stage's layers in place (state dict unchanged)
+        from asyncpipe.model.compile import compile_modules
+
+        compile_modules(layers)
     engine_cls: Any = TwoBWPipelineEngine
     module_cls: Any = StagedModule
     if v_shape:
@@ -127,7 +134,8 @@ class PipelineStage:
         if self.rank != 0:
             data_path = dataset_dir(cfg.data, cfg.tokenizer)
         vocab = vocab_size_for(cfg.model, load_manifest(data_path))
-        self.engine, self.stage, self.replica = build_engine(cfg, self.rank, device, vocab)
+        self.clock = CompileClock(wanted(t.compile, device, t.steps))
+        self.engine, self.stage, self.replica = build_engine(cfg, self.rank, device, vocab, self.clock.compiled)
         # Agreement at cuts and checkpoint barriers on a CPU group of their own, whatever the device.
         group = tdist.new_group(list(range(self.world)), backend="gloo")
         self.comm = Comm(self.world, group)
@@ -146,8 +154,8 @@ class PipelineStage:
         cfg, p = self.cfg, self.cfg.pipeline
         return (
             f"pipeline: {p.stages} stages x {p.data_parallel} replicas, delay {cfg.delay} "
-            f"({'2BW' if cfg.delay else '1F1B'}), {cfg.optimizer.name}, model {cfg.model.name}, "
-            f"{cfg.train.steps} steps x {self.tokens_per_step} tokens"
+            f"({'2BW' if cfg.delay else '1F1B'}), {describe(cfg)}, model {cfg.model.name}, "
+            f"{cfg.train.steps} steps x {self.tokens_per_step} tokens{', compiled' if self.clock.compiled else ''}"
         )
 
     def train_step(self, sync: bool) -> None:
@@ -157,7 +165,9 @@ class PipelineStage:
                                    t.steps, self.step)  # fmt: skip
             self.engine.set_dataiterator(stream)
             self._streaming, self._ran = True, self.step
+        began = time.perf_counter()
         self.engine.train_batch(sync=sync)  # a deferred step lands before weights are read
+        self.clock.record(time.perf_counter() - began)  # the first batch pays the compile (train.compile)
         self._ran += 1  # batches run (their optimizer steps may still be deferred)
 
     def agree(self, stop: bool) -> Agreement:
@@ -174,7 +184,8 @@ class PipelineStage:
 
     def evaluate(self) -> float:
         data = [self.val_data.get(i) for i in self.val_idx]
-        return self.engine.evaluate(iter(data), len(self.val_idx))
+        with eager(self.clock.compiled):  # a no-grad graph would be a second compile for a few batches
+            return self.engine.evaluate(iter(data), len(self.val_idx))
 
     def state_dict(self) -> dict:
         from asyncpipe.pipe.faults import engine_state
@@ -196,5 +207,5 @@ class PipelineStage:
                       for n, k, a, e in self.engine.trace]  # fmt: skip
             (Path(self.run_dir) / f"trace-rank{self.rank}.json").write_text(json.dumps(events))
         summary = self.engine.stage_summary()
-        summary.update(cut_control_wait_s=self.control.wait_s, cuts=self.control.cuts)
+        summary.update(cut_control_wait_s=self.control.wait_s, cuts=self.control.cuts, **self.clock.summary())
         return tail, {"stages": self.comm.gather(summary)}

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from asyncpipe.data import MicroBatches, ensure_prepared, load_manifest
 from asyncpipe.dist import Comm
 from asyncpipe.model import GPT, count_parameters, lm_loss, pop_moe_stats, set_aux_grad_scale
+from asyncpipe.model.compile import CompileClock, compile_modules, eager, wanted
 from asyncpipe.optim import (
     DelayedWeights,
     build_optimizer,
@@ -71,6 +72,10 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer, compensation=cfg.compensation, delays=delays)
         self.params = [p for _, p in named]
         self.delayed = DelayedWeights(self.params, [delays[name] for name, _ in named])
+        # train.compile: the whole model, in place (same state dict); its first step pays the compile.
+        self.clock = CompileClock(wanted(t.compile, self.device, t.steps))
+        if self.clock.compiled:
+            compile_modules([self.model])
         self.step = 0
         self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len * world
         self.comm = Comm(world)  # the default process group (set up by the caller when world > 1)
@@ -119,7 +124,13 @@ class Trainer:
         extras.update(getattr(self.optimizer, "diagnostics", {}))
         self.step += 1
         lr = self.optimizer.param_groups[0]["lr"]
-        result = StepResult(self.step, loss, float(grad_norm), lr, time.perf_counter() - start, extras)
+        took = time.perf_counter() - start
+        if self.clock.compiled and self.clock.first is None:
+            extras["compile_step"] = 1.0  # this step's time includes compiling: not a training-speed figure
+        compile_s = self.clock.record(took)
+        if compile_s is not None:
+            self.log(f"torch.compile: {compile_s:.1f} s of compile in the first step (counted apart)")
+        result = StepResult(self.step, loss, float(grad_norm), lr, took, extras)
         self._last = result
         self._records.append({"step": result.step, "train_loss": loss, "lr": lr, "grad_norm": result.grad_norm,
                               "step_time": result.step_time, **extras})  # fmt: skip
@@ -138,7 +149,7 @@ class Trainer:
         return out if self.rank == 0 else []
 
     def finish(self) -> tuple[Agreement, dict]:
-        return Agreement(), {}
+        return Agreement(), self.clock.summary()
 
     def describe(self) -> str:
         cfg = self.cfg
@@ -149,6 +160,7 @@ class Trainer:
             f"model {cfg.model.name} ({self.n_params / 1e6:.2f}M params, vocab {self.vocab_size}) | "
             f"{cfg.optimizer.name}{ef} lr {cfg.optimizer.lr:g} | delay {cfg.delay} ({cfg.delay_profile}) | "
             f"{cfg.train.steps} steps x {self.tokens_per_step} tokens | {self.device.type}"
+            f"{' compiled' if self.clock.compiled else ''}"
         )
 
     def _average_replicas(self, loss: float) -> float:
@@ -192,10 +204,11 @@ class Trainer:
             return math.nan
         self.model.eval()
         losses = []
-        for i in range(self.cfg.train.eval_batches):
-            x, y = self.val_data.get(i)
-            with autocast_context(self.device, self.cfg.precision):
-                losses.append(lm_loss(self.model(x.to(self.device)), y.to(self.device)).item())
+        with eager(self.clock.compiled):  # a no-grad graph would be a second compile for a few batches
+            for i in range(self.cfg.train.eval_batches):
+                x, y = self.val_data.get(i)
+                with autocast_context(self.device, self.cfg.precision):
+                    losses.append(lm_loss(self.model(x.to(self.device)), y.to(self.device)).item())
         self.model.train()
         return sum(losses) / len(losses)
 
