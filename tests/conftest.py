@@ -1,9 +1,11 @@
-"""Shared fixtures: a per-session data root so every test reuses one prepared Hamlet dataset."""
+"""Shared fixtures: a per-session data root so every test reuses one prepared Hamlet dataset, and one SLURM test
+cluster for every SLURM test module (started on first use)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -17,3 +19,14 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["WANDB_MODE"] = "disabled"
     os.environ["WANDB_SILENT"] = "true"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One running test cluster for the session (2 nodes where possible, else 1; a skip where none is): its
+    clients (SLURM_CONF, the sacct shim) are in os.environ while it runs. Starting one costs tens of seconds
+    (the first time also an apt install), so the SLURM modules share it."""
+    from slurm_cluster import running_cluster
+
+    with running_cluster(tmp_path_factory.mktemp("slurm"), 2, fallback=True) as root:
+        yield root

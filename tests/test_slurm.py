@@ -1,63 +1,24 @@
-"""`launcher=slurm` against a real single-node SLURM cluster (tests/slurm/cluster.sh installs, starts, stops it;
-with slurmdbd accounting where it can be installed).
+"""`launcher=slurm` against a real SLURM cluster, single-node jobs (tests/slurm/cluster.sh installs, starts, stops
+it, with slurmdbd accounting where it can be installed; the session's cluster, `slurm_cluster` in conftest.py).
 
 The tests skip only when SLURM cannot be installed here (not root, no apt); otherwise they run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from asyncpipe.launch import run_sweep, sweep_states
 from asyncpipe.launch.display import SweepDisplay
 
-CLUSTER = Path(__file__).resolve().parent / "slurm" / "cluster.sh"
-SKIP = 77
-
 pytestmark = pytest.mark.slurm
-
-
-@contextlib.contextmanager
-def running_cluster(root: Path, nodes: int = 1, **env: str) -> Iterator[Path]:
-    """`tests/slurm/cluster.sh up ROOT [NODES]` (a skip where no cluster is possible here), its clients'
-    environment (SLURM_CONF, the cluster's bin/ first on PATH, plus `env`) while it runs, then `down`."""
-    what = "SLURM cluster" if nodes == 1 else f"{nodes}-node SLURM cluster"
-    args = [] if nodes == 1 else [str(nodes)]
-    up = subprocess.run(["bash", str(CLUSTER), "up", str(root), *args], capture_output=True, text=True, timeout=600)
-    if up.returncode == SKIP:
-        pytest.skip(f"no {what}: {up.stderr.strip().splitlines()[-1]}")
-    if up.returncode != 0:
-        pytest.fail(f"tests/slurm/cluster.sh up DIR {' '.join(args)} failed:\n{up.stdout}\n{up.stderr}")
-    values = {"SLURM_CONF": str(root / "slurm.conf"), "PATH": f"{root / 'bin'}:{os.environ['PATH']}", **env}
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield root
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        down = subprocess.run(["bash", str(CLUSTER), "down", str(root)], capture_output=True, text=True, timeout=120)
-        assert down.returncode == 0, down.stderr
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A running test cluster for the session; its clients (SLURM_CONF, the sacct shim) are put in os.environ."""
-    with running_cluster(tmp_path_factory.mktemp("slurm")) as root:
-        yield root
 
 
 def quiet() -> SweepDisplay:

@@ -1,8 +1,9 @@
 """`launcher=slurm launcher.nodes=2` on a real 2-node SLURM cluster: each slurmd in a network namespace of its
 own, with its own address (tests/slurm/cluster.sh up DIR 2), so a pipeline's stages talk across hosts.
 
-One cluster serves the module. The tests skip only where SLURM cannot be installed or network namespaces
-cannot be made (not root, no apt, no `ip netns`); otherwise they run.
+The session's cluster (`slurm_cluster` in conftest.py, shared with test_slurm.py) serves the module. The tests
+skip only where SLURM cannot be installed or network namespaces cannot be made (not root, no apt, no `ip netns`);
+otherwise they run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from asyncpipe.launch import run_sweep, sweep_states
 from asyncpipe.launch.slurm_job import PEERS_WAIT_S
 from asyncpipe.runtime.checkpoint import MARKER
 from helpers import asyncpipe
-from test_slurm import CLUSTER, losses, quiet, running_cluster
+from slurm_cluster import CLUSTER, client_env, node_count
+from test_slurm import losses, quiet
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -28,11 +30,12 @@ PG_TIMEOUT_S = 20  # the process-group timeout of the runs here: no rank may wai
 
 
 @pytest.fixture(scope="module")
-def cluster2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A running 2-node cluster for the module; its clients' environment is set while it is up."""
-    # ASYNCPIPE_PG_TIMEOUT reaches the jobs: sbatch exports the environment
-    with running_cluster(tmp_path_factory.mktemp("slurm2"), 2, ASYNCPIPE_PG_TIMEOUT=str(PG_TIMEOUT_S)) as root:
-        yield root
+def cluster2(slurm_cluster: Path) -> Iterator[Path]:
+    """The session's cluster when it has 2 nodes (else a skip), with this module's process-group timeout."""
+    if node_count(slurm_cluster) < 2:
+        pytest.skip("the session's SLURM cluster has one node (network namespaces cannot be made here)")
+    with client_env(ASYNCPIPE_PG_TIMEOUT=str(PG_TIMEOUT_S)):  # reaches the jobs: sbatch exports the environment
+        yield slurm_cluster
 
 
 def cluster(cmd: str, root: Path, node: str) -> None:
