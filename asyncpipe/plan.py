@@ -6,11 +6,12 @@ The model (bytes per parameter, elements saved per token) follows what this code
 - weights are fp32 masters (bf16 is autocast), one copy per live version; gradients are fp32, one buffer, two
   under 2BW when the step is deferred (the next batch accumulates while the last one's step waits), plus a
   transient flat copy for the data-parallel all-reduce when D > 1;
-- optimizer state: AdamW/NAdam 2 fp32 buffers per parameter; Muon 1 (momentum) on the hidden matrices and
-  expert stacks, AdamW's 2 on the rest; SOAP 2 plus G G^T and its eigenbasis (n x n) per dimension n <= 10000
-  of every 2+-D tensor (`tests/test_plan.py` compares each with the bytes the optimizer allocates);
-- EF (`optimizer.ef`): u(t-1) plus the snapshot its step takes (one parameter-sized buffer each); a
-  `compensation` method: its buffers (`COMPENSATION_BUFFERS`), in the same column;
+- optimizer state: the memory model the optimizer's module declares (`asyncpipe.registry`): AdamW/NAdam 2 fp32
+  buffers per parameter; Muon 1 (momentum) on the hidden matrices and expert stacks, AdamW's 2 on the rest; SOAP
+  2 plus G G^T and its eigenbasis (n x n) per dimension n <= 10000 of every 2+-D tensor (`tests/test_plan.py`
+  compares each with the bytes the optimizer allocates); an optimizer the registry does not know is an error;
+- the compensation method (EF included: `optimizer.ef.enabled` is the method ``ef``): the parameter-sized
+  buffers its module declares (the step's snapshot included) plus its own memory model, in one column;
 - activations: the tensors autograd saves per token, counted layer by layer (`_saved_per_token`), for each
   micro-batch in flight on stage s: min(P - s, m) under both 1F1B and 2BW; a stage's output activation is held
   too until its gradient returns, and the last stage keeps its logits.
@@ -131,6 +132,7 @@ class Plan:
     schedule: str  # 1F1B or 2BW
     gpu_mem_gib: float
     notes: list[str]
+    n_layer: int = 0  # transformer blocks (the layer list is [embedding, blocks, head])
 
     @property
     def fits(self) -> bool:
@@ -138,38 +140,36 @@ class Plan:
 
 
 def _optimizer_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
-    name = cfg.optimizer.name
-    params = sum(s.params for s in shapes)
-    if name == "muon":
-        hidden = sum(s.hidden + (s.router if getattr(cfg.optimizer, "muon_router", False) else 0) for s in shapes)
-        return 4.0 * (hidden + 2 * (params - hidden))
-    if name == "soap":  # GG and Q per dimension up to 10000 (pytorch-optimizer's default), per tensor
-        precond = sum(2 * c * sum(n * n for n in shape if n <= 10000) for s in shapes for c, shape, _ in s.tensors)
-        return 4.0 * (2 * params + precond)
-    return 4.0 * 2 * params  # adamw, nadam
+    """The run's optimizer state, by the memory model its module declares (`asyncpipe.registry`)."""
+    from asyncpipe.registry import optimizer_spec, target_of
 
-
-# Parameter-sized buffers each `compensation.name` keeps (+1: the snapshot `Compensated.inner_updates` takes at the
-# step); basis_rotation keeps Kronecker factors instead (below); weight_prediction: W(t-k-1), the velocity and
-# the predicted weights (simulator only).
-COMPENSATION_BUFFERS = {"none": 0, "stage_lr": 0, "ef": 2, "update_averaging": 2, "dc": 2, "ef_adaptive": 3,
-                        "weight_prediction": 3, "basis_rotation": 0}  # fmt: skip
+    return float(optimizer_spec(cfg.optimizer.name, target_of(cfg.optimizer)).memory(cfg, shapes))
 
 
 def _compensation_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
-    comp = getattr(cfg, "compensation", None)
-    name = comp.name if comp is not None else "none"
+    """The compensation method's buffers (`optimizer.ef.enabled` is the method ``ef``), by its declaration:
+    ``buffers`` parameter-sized fp32 buffers plus what its ``memory`` model adds. A method that declares no
+    memory model is an error, never 0 bytes."""
+    from asyncpipe.errors import UserError
+    from asyncpipe.registry import effective_compensation, method_spec, target_of
+
+    comp = effective_compensation(cfg.optimizer, cfg.compensation)
+    spec = method_spec(comp.name, target_of(comp))
+    if spec.buffers is None:
+        raise UserError(f"compensation={spec.name} declares no memory model (buffers=, memory=) in {spec.module}; "
+                        "the plan cannot count it")  # fmt: skip
     params = sum(s.params for s in shapes)
-    extra = 0.0
+    extra = float(spec.memory(cfg, shapes)) if spec.memory is not None else 0.0
+    name = spec.name
     if name == "basis_rotation":  # L, R, Q_L, Q_R per rotated matrix (per expert), the rule in rotation.py
         from asyncpipe.optim.compensation.rotation import rotates, rotation_numbers
 
         muon, r = cfg.optimizer.name == "muon", comp.rotation
-        extra = sum(
+        extra = 4.0 * sum(
             c * rotation_numbers(shape) for s in shapes for c, shape, hidden in s.tensors
             if rotates(tuple(shape), hidden, muon and hidden, r.max_dim, r.all_matrices)
         )  # fmt: skip
-    return 4.0 * (COMPENSATION_BUFFERS.get(name, 0) * params + extra)
+    return 4.0 * spec.buffers * params + extra
 
 
 def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
@@ -198,7 +198,7 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
         w = 4.0 * n
         grads = w * ((2 if deferred else 1) + (1 if p.data_parallel > 1 else 0))
         opt = _optimizer_bytes(cfg, own)
-        ef = (2 * w if cfg.optimizer.ef.enabled else 0.0) + _compensation_bytes(cfg, own)
+        ef = _compensation_bytes(cfg, own)
         per_token = sum(_saved_per_token(m, x.kind, vocab, bf16) for x in own)
         if s < P - 1:
             per_token += m.d_model * (2 if bf16 else 4)  # the output activation, held until its gradient returns
@@ -209,14 +209,39 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
         stages.append(StagePlan(s, (parts[s], parts[s + 1]), n, versions, versions * w, grads, opt, ef, in_flight,
                                 act, act * in_flight, static + act * in_flight, max(0, fit)))  # fmt: skip
     total, active = model_params(m, vocab)
-    notes = []
+    notes = [n for n in (batch_note(cfg),) if n]
     if cfg.delay > 1:
         notes.append(f"delay={cfg.delay} runs only in the simulator; weights counted as {versions} versions")
     if delay == 1 and t.micro_batches < P:
         notes.append(f"engine=pipeline runs 2BW only with train.micro_batches >= pipeline.stages ({t.micro_batches} < {P})")
     if deferred:
         notes.append("2BW defers each step past the next batch's first backward: two gradient buffers")
-    return Plan(m.name, total, active, stages, "2BW" if cfg.delay else "1F1B", gpu_mem_gib, notes)
+    return Plan(m.name, total, active, stages, "2BW" if cfg.delay else "1F1B", gpu_mem_gib, notes, m.n_layer)
+
+
+def layer_label(layers: tuple[int, int], n_layer: int) -> str:
+    """A stage's [first, last) range of the layer list [embedding, blocks, head] as ``emb+b0-b2``, ``b3-b5+head``."""
+    first, last = layers
+    parts = ["emb"] if first == 0 else []
+    lo, hi = max(first, 1) - 1, min(last, n_layer + 1) - 2  # block indices
+    if hi >= lo:
+        parts.append(f"b{lo}" if hi == lo else f"b{lo}-b{hi}")
+    if last == n_layer + 2:
+        parts.append("head")
+    return "+".join(parts)
+
+
+def batch_note(cfg: Any) -> Optional[str]:
+    """A warning when the batch is the embedded default (a toy run's) on a model made for longer sequences: a plan
+    of a large model at 8 x 64 tokens says little about the run that will happen."""
+    from asyncpipe.config.schema import TrainConfig
+
+    t, d = cfg.train, TrainConfig()
+    if (t.micro_batch_size, t.seq_len) == (d.micro_batch_size, d.seq_len) and cfg.model.max_seq_len > 4 * t.seq_len:
+        return (f"batch: the embedded default ({t.micro_batch_size} x {t.seq_len} tokens, a toy run's); model "
+                f"'{cfg.model.name}' takes sequences up to {cfg.model.max_seq_len}: plan the real run with "
+                f"train.micro_batch_size=... train.seq_len=... (the max mb column: the largest that fits)")
+    return None
 
 
 def render(pl: Plan, cfg: Optional[Any] = None) -> str:
@@ -224,24 +249,25 @@ def render(pl: Plan, cfg: Optional[Any] = None) -> str:
     g = lambda b: f"{b / GIB:.3f}" if b < 10 * GIB else f"{b / GIB:.1f}"  # noqa: E731
     lines = [f"model {pl.model}: {pl.total_params / 1e6:,.2f}M parameters, {pl.active_params / 1e6:,.2f}M active per token"]
     if cfg is not None:
-        t, p, o = cfg.train, cfg.pipeline, cfg.optimizer
-        comp = getattr(cfg, "compensation", None)
-        comp_text = f" + {comp.name}" if comp is not None and comp.name != "none" else ""
+        from asyncpipe.registry import describe
+
+        t, p = cfg.train, cfg.pipeline
         lines.append(
             f"{pl.schedule} on {p.stages} stages x {p.data_parallel} replicas | micro-batch {t.micro_batch_size} x "
-            f"{t.seq_len} tokens, {t.micro_batches} per step | {o.name}{' + EF' if o.ef.enabled else ''}{comp_text} | "
-            f"budget {pl.gpu_mem_gib:g} GiB per device"
+            f"{t.seq_len} tokens, {t.micro_batches} per step | {describe(cfg)} | budget {pl.gpu_mem_gib:g} GiB per device"
         )
     head = ("stage", "layers", "params", "ver", "weights", "grads", "optim", "EF/comp", "in-flight", "activ", "total",
             "fits", "max mb")  # fmt: skip
     rows = [head]
     for s in pl.stages:
         ok = s.total <= pl.gpu_mem_gib * GIB
-        rows.append((str(s.stage), f"{s.layers[0]}-{s.layers[1] - 1}", f"{s.params / 1e6:.2f}M", str(s.versions),
+        rows.append((str(s.stage), layer_label(s.layers, pl.n_layer), f"{s.params / 1e6:.2f}M", str(s.versions),
                      g(s.weights), g(s.grads), g(s.optimizer), g(s.ef), str(s.in_flight), g(s.activations),
                      g(s.total), "yes" if ok else "NO", str(s.max_micro_batch)))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.append("layers: transformer blocks b0..b{n}; emb (token embedding) and head (final norm + output layer) "
+                 "are the layer list's first and last entries, partitioned like blocks".format(n=pl.n_layer - 1))
     lines.append("GiB per device; in-flight: micro-batches whose activations a stage holds (min(P - s, m));")
     lines.append("max mb: the largest micro-batch size (sequences) whose total fits the budget.")
     lines += [f"note: {n}" for n in pl.notes]

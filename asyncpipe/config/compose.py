@@ -34,14 +34,45 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
+TARGET_KEYS = ("optimizer._target_", "compensation._target_")
+
+
+def _load_targets(overrides: Sequence[str]) -> dict[str, str]:
+    """Import the modules ``optimizer._target_=`` / ``compensation._target_=`` name (their declarations enter the
+    registry, so the schema has their keys); the group -> target they name."""
+    from asyncpipe.registry import load_target
+
+    found = {}
+    for item in overrides:
+        key, sep, value = item.lstrip("+~").partition("=")
+        if sep and key in TARGET_KEYS and value not in ("", "null"):
+            group = key.split(".")[0]
+            load_target(value, group)
+            found[group] = value
+    return found
+
+
+def name_targets(cfg: DictConfig, targets: dict[str, str]) -> None:
+    """A group given by ``_target_`` takes the name its module declares (run dir names and reports show it)."""
+    from asyncpipe.registry import method_spec, optimizer_spec
+
+    for group, target in targets.items():
+        spec = (optimizer_spec if group == "optimizer" else method_spec)("", target)
+        cfg[group].name = spec.name
+
+
 def _register() -> None:
     from hydra.core.config_store import ConfigStore
 
-    from asyncpipe.config.schema import Config
+    from asyncpipe.config.schema import full_schema
 
-    ConfigStore.instance().store(name="base_config", node=Config)
+    ConfigStore.instance().store(name="base_config", node=full_schema())
     if not OmegaConf.has_resolver("now"):
         OmegaConf.register_new_resolver("now", lambda fmt: datetime.now().strftime(fmt), use_cache=True)
+    if not OmegaConf.has_resolver("run_tag"):
+        from asyncpipe.registry import run_tag
+
+        OmegaConf.register_new_resolver("run_tag", run_tag)
 
 
 def _friendly(exc: Exception, overrides: Sequence[str]) -> str:
@@ -86,11 +117,13 @@ def compose(overrides: Sequence[str] = (), *, validate_values: bool = True) -> D
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    targets = _load_targets(overrides)
     _register()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        name_targets(cfg, targets)
         OmegaConf.resolve(cfg)
     except ConfigError:
         raise

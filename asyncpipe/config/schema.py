@@ -1,13 +1,17 @@
 """Typed config schemas: the one definition of every key a run accepts.
 
 Values live in `conf/` YAML; these dataclasses give Hydra the types and the set of allowed keys,
-so a typo or a wrong type is caught at composition time. This module must never import torch.
+so a typo or a wrong type is caught at composition time. The keys an optimizer or a compensation method adds
+are declared in its own module (`asyncpipe.registry`); `full_schema` adds them. This module imports no torch
+(`full_schema` loads the declaring modules, which do).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -38,6 +42,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     moe: MoEConfig = field(default_factory=MoEConfig)  # mixture-of-experts MLPs (moe.experts > 0)
+    lr: Dict[str, float] = field(default_factory=dict)  # tuned peak lr per optimizer (optimizer YAMLs read it)
 
 
 @dataclass
@@ -47,46 +52,22 @@ class EFConfig:
 
 
 @dataclass
-class OptimizerConfig:
-    name: str = MISSING  # registry key: adamw, muon, nadam, soap
-    lr: float = 1e-3  # peak learning rate of the main parameter group
+class OptimizerBase:
+    """The keys every optimizer has; `OptimizerConfig` (this plus what each declares) is built on access."""
+
+    name: str = MISSING  # a declared optimizer: adamw, muon, nadam, soap, ... (asyncpipe.registry)
+    lr: float = 1e-3  # peak learning rate of the main parameter group (the YAMLs: the model's tuned value)
     weight_decay: float = 0.1
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam-style betas
     eps: float = 1e-8
-    momentum: float = 0.95  # Muon momentum
-    nesterov: bool = True  # Muon Nesterov momentum
-    ns_steps: int = 5  # Muon Newton-Schulz iterations
-    adjust_lr_fn: Optional[str] = None  # Muon: None/original or match_rms_adamw
-    aux_lr: Optional[float] = None  # AdamW lr for non-matrix params under Muon (None = lr)
-    momentum_decay: float = 0.004  # NAdam momentum decay psi
-    muon_router: bool = False  # Muon: also orthogonalise MoE router weights (default: AdamW at aux_lr)
-    ef: EFConfig = field(default_factory=EFConfig)
-
-
-@dataclass
-class EFCompensation:
-    lam: float = 1.0  # EF strength lambda (>= 0): x -= u(t-1) + lam * (u(t-1) - u(t-2))
-    schedule: str = "constant"  # constant, or warmup: lam * min(1, (t+1) / warmup_steps)
-    warmup_steps: int = 0  # steps of the linear lambda warm-up (schedule=warmup)
-
-
-@dataclass
-class AdaptiveEFCompensation:
-    lam_init: float = 1.0  # lambda until two update differences exist
-    lam_max: float = 2.0  # upper clamp of the per-step lambda (the rule gives [0, k])
-    beta: float = 0.9  # EMA decay of the update-difference statistics
-    scope: str = "tensor"  # one lambda per tensor, per param group, or for the whole model (engine=pipeline: tensor)
+    ef: EFConfig = field(default_factory=EFConfig)  # the *_ef presets' switch: compensation=ef (one EF)
+    _target_: Optional[str] = None  # import path of your own optimizer module (docs/extending.md)
+    # + the keys each optimizer declares (asyncpipe/optim/<name>.py), added by `full_schema`
 
 
 @dataclass
 class AveragingCompensation:
     gamma: float = 0.9  # update_averaging: EMA decay over applied updates (0 = the plain optimizer)
-
-
-@dataclass
-class PredictionCompensation:
-    beta: float = 0.0  # EMA of the observed weight velocity (0 = the last step's change, SpecTrain-style)
-    horizon: float = 1.0  # extrapolate horizon * k steps ahead (1 = exactly the delay)
 
 
 @dataclass
@@ -114,12 +95,13 @@ class StageLRCompensation:
 
 
 @dataclass
-class CompensationConfig:
-    name: str = "none"  # none, ef, ef_adaptive, update_averaging, weight_prediction, dc, basis_rotation, stage_lr
-    ef: EFCompensation = field(default_factory=EFCompensation)
-    adaptive: AdaptiveEFCompensation = field(default_factory=AdaptiveEFCompensation)
+class CompensationBase:
+    """`CompensationConfig` (this plus each method's node) is built on access."""
+
+    name: str = "none"  # a declared method: none, ef, ef_adaptive, dc, ... (`asyncpipe config show` lists them)
+    _target_: Optional[str] = None  # import path of your own method module (docs/extending.md)
+    # + each method's settings node, declared in its module (asyncpipe/optim/compensation/), added by `full_schema`
     averaging: AveragingCompensation = field(default_factory=AveragingCompensation)
-    prediction: PredictionCompensation = field(default_factory=PredictionCompensation)
     dc: DCCompensation = field(default_factory=DCCompensation)
     rotation: RotationCompensation = field(default_factory=RotationCompensation)
     stage_lr: StageLRCompensation = field(default_factory=StageLRCompensation)
@@ -170,7 +152,7 @@ class PipelineConfig:
 
 @dataclass
 class RunConfig:
-    dir: str = "runs/${now:%Y%m%d-%H%M%S}-${model.name}-${optimizer.name}-d${delay}"  # run directory
+    dir: str = "runs/${now:%Y%m%d-%H%M%S}-${model.name}-${run_tag:${optimizer.name},${optimizer.ef.enabled},${compensation.name}}-d${delay}"  # run directory
     name: Optional[str] = None  # display name (default: the run dir's name)
     variant: Optional[str] = None  # the sweep file variant this run belongs to (set by `asyncpipe sweep`; report columns)
 
@@ -221,8 +203,8 @@ class LauncherConfig:
 @dataclass
 class Config:
     model: ModelConfig = MISSING
-    optimizer: OptimizerConfig = MISSING
-    compensation: CompensationConfig = field(default_factory=CompensationConfig)
+    optimizer: OptimizerBase = MISSING
+    compensation: CompensationBase = field(default_factory=CompensationBase)
     tokenizer: TokenizerConfig = MISSING
     data: DataConfig = MISSING
     launcher: LauncherConfig = MISSING
@@ -239,3 +221,58 @@ class Config:
     device: str = "auto"  # auto, cpu, cuda
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16
     resume: bool = False  # continue from the run dir's latest complete checkpoint
+
+
+def _merged(base: type, extra: list[tuple[str, type]], name: str) -> type:
+    """``base`` with the fields of the ``extra`` dataclasses added: flat (``extra`` as ``("", cls)``) or as a
+    node ``key: cls``. A flat field two declarations share must have one type."""
+    hints = typing.get_type_hints(base)
+    fields: dict[str, tuple] = {f.name: (f.name, hints[f.name], _default(f)) for f in dataclasses.fields(base)}
+    for key, cls in extra:
+        if key:
+            fields.setdefault(key, (key, cls, field(default_factory=cls)))
+            continue
+        for f in dataclasses.fields(cls):
+            kind = typing.get_type_hints(cls)[f.name]
+            if f.name in fields and fields[f.name][1] != kind:
+                raise ValueError(f"{name}.{f.name} is declared as {fields[f.name][1]} and as {kind} ({cls.__name__})")
+            fields.setdefault(f.name, (f.name, kind, _default(f)))
+    return dataclasses.make_dataclass(name, list(fields.values()))
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return field(default_factory=f.default_factory)  # type: ignore[misc]
+    return field(default=f.default)
+
+
+def full_schema() -> type:
+    """`Config` with the keys every declared optimizer adds to ``optimizer.*`` (flat) and every declared method's
+    settings node ``compensation.<key>`` (`asyncpipe.registry`; loading the built-ins imports torch)."""
+    from asyncpipe import registry
+
+    declared = tuple((s.name, s.module) for s in registry.optimizers() + registry.methods())
+    if declared not in _BUILT:  # the same classes while the declarations are the same (OmegaConf merges by class)
+        _BUILT[declared] = _build(registry)
+    return _BUILT[declared]
+
+
+_BUILT: dict[tuple, type] = {}
+
+
+def _build(registry: Any) -> type:
+    opt = _merged(OptimizerBase, [("", s.config) for s in registry.optimizers() if s.config], "OptimizerConfig")
+    comp = _merged(CompensationBase, [(m.key, m.config) for m in registry.methods() if m.key and m.config],
+                   "CompensationConfig")  # fmt: skip
+    hints = {**typing.get_type_hints(Config), "optimizer": opt, "compensation": comp}
+    fields = [(f.name, hints[f.name], field(default_factory=comp) if f.name == "compensation" else _default(f))
+              for f in dataclasses.fields(Config)]  # fmt: skip
+    return dataclasses.make_dataclass("Config", fields)
+
+
+def __getattr__(name: str) -> type:
+    """``OptimizerConfig`` / ``CompensationConfig``: the full dataclasses of the declared components."""
+    if name in ("OptimizerConfig", "CompensationConfig"):
+        key = "optimizer" if name == "OptimizerConfig" else "compensation"
+        return typing.get_type_hints(full_schema())[key]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

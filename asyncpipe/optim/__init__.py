@@ -1,8 +1,7 @@
 """Optimisation for delayed (asynchronous-pipeline) training: the optimizer registry (AdamW, Muon + AdamW,
-NAdam, SOAP), stale weights for a k-step delay, the staleness mitigations (`compensation`: EF and the rest,
+NAdam, SOAP: each module declares itself in `asyncpipe.registry`), stale weights for a k-step delay, the staleness mitigations (`compensation`: EF and the rest,
 wrapping any optimizer), the lr schedule and clipping."""
 
-from asyncpipe.optim import adamw, muon, nadam, soap  # noqa: F401  (each registers its builder)
 from asyncpipe.optim.clip import clip_grads, grad_sq_norm
 from asyncpipe.optim.compensation import compensate_grads, forward_weights
 from asyncpipe.optim.combined import CombinedOptimizer

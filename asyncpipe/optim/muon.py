@@ -8,17 +8,53 @@ what Muon is designed for, so they get AdamW at ``aux_lr`` (``lr`` when unset). 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.nn as nn
 
+from asyncpipe.errors import ConfigError
 from asyncpipe.optim.combined import CombinedOptimizer
 from asyncpipe.optim.expert_muon import ExpertMuon
-from asyncpipe.optim.registry import HiddenFn, block_matrices, decay_groups, register, trainable
+from asyncpipe.optim.registry import HiddenFn, block_matrices, decay_groups, trainable
+from asyncpipe.registry import declare_optimizer
+
+ADJUST_LR_FNS = ("original", "match_rms_adamw")  # torch.optim.Muon; null = original
 
 
-@register("muon")
+@dataclass
+class MuonConfig:
+    momentum: float = 0.95  # Muon momentum
+    nesterov: bool = True  # Muon Nesterov momentum
+    ns_steps: int = 5  # Muon Newton-Schulz iterations
+    adjust_lr_fn: Optional[str] = None  # Muon: None/original or match_rms_adamw
+    aux_lr: Optional[float] = None  # AdamW lr for non-matrix params under Muon (None = lr)
+    muon_router: bool = False  # Muon: also orthogonalise MoE router weights (default: AdamW at aux_lr)
+
+
+def check_muon(o: Any, cfg: Any) -> None:
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    need(o.aux_lr is None or o.aux_lr > 0, f"optimizer.aux_lr={o.aux_lr} must be > 0 (or null = optimizer.lr)")
+    need(0 <= o.momentum < 1, f"optimizer.momentum={o.momentum} must be in [0, 1)")
+    need(o.adjust_lr_fn in (None, "null") + ADJUST_LR_FNS,
+         f"optimizer.adjust_lr_fn={o.adjust_lr_fn} is not allowed; choose one of: null, {', '.join(ADJUST_LR_FNS)}")
+    need(1 <= o.ns_steps <= 100, f"optimizer.ns_steps={o.ns_steps} must be >= 1 (and <= 100: 5 already converges)")
+
+
+def muon_bytes(cfg: Any, shapes: list) -> float:
+    """One momentum buffer on the hidden matrices and expert stacks (routers with muon_router), AdamW's two on
+    the rest."""
+    params = sum(s.params for s in shapes)
+    router = bool(getattr(cfg.optimizer, "muon_router", False))
+    hidden = sum(s.hidden + (s.router if router else 0) for s in shapes)
+    return 4.0 * (hidden + 2 * (params - hidden))
+
+
+@declare_optimizer("muon", memory=muon_bytes, config=MuonConfig, check=check_muon)
 def build_muon(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn]) -> torch.optim.Optimizer:
     adjust = cfg.adjust_lr_fn  # values checked by asyncpipe.config.validate
     is_hidden = hidden if hidden is not None else block_matrices(module, routers=bool(getattr(cfg, "muon_router", False)))

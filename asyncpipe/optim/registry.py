@@ -1,6 +1,7 @@
-"""The optimizer registry: ``@register("name")`` builders and `build_optimizer`, the one entry point.
+"""Building an optimizer: `build_optimizer`, the one entry point, and the helpers optimizer modules share.
 
-A builder receives the module (a whole model or one pipeline stage), the `OptimizerConfig`-shaped node and an
+Optimizers declare themselves with `asyncpipe.registry.declare_optimizer` (builder, config keys, checks, memory
+model) in their own module. A builder receives the module (a whole model or one pipeline stage), the `OptimizerConfig`-shaped node and an
 optional predicate naming the hidden matrices (None = `block_matrices`); it returns a torch optimizer whose
 every group carries ``base_lr``.
 """
@@ -14,28 +15,27 @@ import torch
 import torch.nn as nn
 
 from asyncpipe.errors import UserError
+from asyncpipe.registry import declare_optimizer, effective_compensation, names, optimizer_spec, optimizers, target_of
 
 HiddenFn = Callable[[str, nn.Parameter], bool]
 Builder = Callable[[nn.Module, Any, Optional[HiddenFn]], torch.optim.Optimizer]
 
-_REGISTRY: dict[str, Builder] = {}
-
-
-def register(name: str) -> Callable[[Builder], Builder]:
-    """Decorator: make ``builder`` available as ``optimizer.name=<name>``."""
-
-    def wrap(builder: Builder) -> Builder:
-        if name in _REGISTRY:
-            raise ValueError(f"optimizer {name!r} is registered twice")
-        _REGISTRY[name] = builder
-        return builder
-
-    return wrap
+def register(name: str, memory: Any = None, **declaration: Any) -> Callable[[Builder], Builder]:
+    """Decorator: make ``builder`` available as ``optimizer.name=<name>`` (`asyncpipe.registry.declare_optimizer`;
+    ``memory`` defaults to Adam's two buffers only when said so: pass ``adam_bytes``)."""
+    if memory is None:
+        raise TypeError(f"optimizer {name!r}: declare its memory model (memory=adam_bytes for Adam-like state)")
+    return declare_optimizer(name, memory=memory, **declaration)
 
 
 def available() -> list[str]:
-    """Registered optimizer names, sorted."""
-    return sorted(_REGISTRY)
+    """Declared optimizer names, sorted."""
+    return names(optimizers())
+
+
+def adam_bytes(cfg: Any, shapes: list) -> float:
+    """Memory model of Adam-like state: two fp32 buffers per parameter."""
+    return 4.0 * 2 * sum(s.params for s in shapes)
 
 
 def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -75,29 +75,25 @@ def build_optimizer(
     delays: Union[int, Mapping[str, int]] = 0,
     pipeline: bool = False,
 ) -> torch.optim.Optimizer:
-    """The optimizer ``cfg.name`` over ``module``'s trainable parameters, wrapped by the staleness mitigation
-    ``compensation`` (a `CompensationConfig` node; None = none) or, for the ``*_ef`` presets, by error feedback
-    when ``cfg.ef.enabled``. ``delays``: every parameter's delay k (an int, or by ``named_parameters`` name).
-    ``pipeline``: refuse methods that do not fit the 2BW engine. ``hidden(name, param)`` overrides which
-    matrices count as hidden (Muon's share)."""
+    """The optimizer ``cfg.name`` (or ``cfg._target_``) over ``module``'s trainable parameters, wrapped by the
+    staleness mitigation ``compensation`` (a `CompensationConfig` node; None = none); ``cfg.ef.enabled`` (the
+    ``*_ef`` presets) is the method ``ef`` (`asyncpipe.registry.effective_compensation`). ``delays``: every
+    parameter's delay k (an int, or by ``named_parameters`` name). ``pipeline``: refuse methods that do not fit
+    the 2BW engine. ``hidden(name, param)`` overrides which matrices count as hidden (Muon's share)."""
     from asyncpipe.optim import compensation as comp
-    from asyncpipe.optim.ef import ErrorFeedback
 
-    builder = _REGISTRY.get(cfg.name)
-    if builder is None:
-        raise UserError(f"optimizer.name={cfg.name} is unknown; choose one of: {', '.join(available())}")
+    spec = optimizer_spec(cfg.name, target_of(cfg))
     if not trainable(module):
         raise ValueError("the module has no trainable parameters to optimise")
-    optimizer = builder(module, cfg, hidden)
+    optimizer = spec.build(module, cfg, hidden)
     for group in optimizer.param_groups:
         group.setdefault("base_lr", group["lr"])
-    method = "none" if compensation is None else compensation.name
     if cfg.ef.enabled:
-        if method != "none":
-            raise UserError(f"optimizer.ef.enabled=true and compensation={method}: choose one (the *_ef optimizers are EF)")
-        return ErrorFeedback(optimizer, cfg.ef.lam)
-    if method == "none":
-        comp.method("none")
+        if compensation is not None and compensation.name != "none":
+            raise UserError(f"optimizer.ef.enabled=true and compensation={compensation.name}: choose one (the *_ef "
+                            "optimizers are EF)")  # fmt: skip
+        compensation = effective_compensation(cfg, compensation)
+    if compensation is None or compensation.name == "none":
         return optimizer
     by_param = {p: (delays if isinstance(delays, int) else delays.get(n, 0)) for n, p in module.named_parameters()}
     is_hidden = hidden or block_matrices(module)  # what basis_rotation rotates unless rotation.all_matrices

@@ -2,6 +2,8 @@
 
 Its first step only initialises the preconditioner and leaves the weights unchanged; the eigenbasis is
 refreshed every 10 steps (the package default). Matrices get weight decay, norms and biases do not.
+State: Adam's two buffers, plus G G^T and its eigenbasis (n x n each) per dimension n <= 10000 of every 2+-D
+tensor (the package's max_precond_dim; `tests/test_plan.py` compares this with what it allocates).
 """
 
 from __future__ import annotations
@@ -11,10 +13,19 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
-from asyncpipe.optim.registry import HiddenFn, decay_groups, register, trainable
+from asyncpipe.optim.registry import HiddenFn, decay_groups, trainable
+from asyncpipe.registry import declare_optimizer
+
+MAX_PRECOND_DIM = 10000  # pytorch-optimizer's default
 
 
-@register("soap")
+def soap_bytes(cfg: Any, shapes: list) -> float:
+    params = sum(s.params for s in shapes)
+    precond = sum(2 * c * sum(n * n for n in shape if n <= MAX_PRECOND_DIM) for s in shapes for c, shape, _ in s.tensors)
+    return 4.0 * (2 * params + precond)
+
+
+@declare_optimizer("soap", memory=soap_bytes)
 def build_soap(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn]) -> torch.optim.Optimizer:
     from pytorch_optimizer import SOAP
 

@@ -29,6 +29,7 @@ from asyncpipe.optim import (
     forward_weights,
     lr_factor,
 )
+from asyncpipe.registry import describe
 from asyncpipe.runtime.device import autocast_context, pick_device, vocab_size_for
 from asyncpipe.session.lifecycle import Agreement
 
@@ -153,12 +154,9 @@ class Trainer:
 
     def describe(self) -> str:
         cfg = self.cfg
-        ef = f" + EF(lam={cfg.optimizer.ef.lam})" if cfg.optimizer.ef.enabled else ""
-        if cfg.compensation.name != "none":
-            ef = f" + {cfg.compensation.name}"
         return (
             f"model {cfg.model.name} ({self.n_params / 1e6:.2f}M params, vocab {self.vocab_size}) | "
-            f"{cfg.optimizer.name}{ef} lr {cfg.optimizer.lr:g} | delay {cfg.delay} ({cfg.delay_profile}) | "
+            f"{describe(cfg)} lr {cfg.optimizer.lr:g} | delay {cfg.delay} ({cfg.delay_profile}) | "
             f"{cfg.train.steps} steps x {self.tokens_per_step} tokens | {self.device.type}"
             f"{' compiled' if self.clock.compiled else ''}"
         )

@@ -5,56 +5,38 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, ContextManager
 
 import torch
 
 from asyncpipe.errors import UserError
+from asyncpipe.registry import MethodSpec, declare_method, method_spec, methods, names
 
 Builder = Callable[[torch.optim.Optimizer, Any, Mapping[torch.Tensor, int]], torch.optim.Optimizer]
+Method = MethodSpec
 
 
-@dataclass(frozen=True)
-class Method:
-    name: str
-    build: Builder
-    fits_2bw: bool
-    note: str  # memory / engine remark: why it does not fit 2BW, or what it keeps
-
-
-_METHODS: dict[str, Method] = {}
-
-
-def register(name: str, fits_2bw: bool, note: str) -> Callable[[Builder], Builder]:
-    """Decorator: make ``builder(optimizer, cfg_compensation, delays)`` available as ``compensation=<name>``."""
-
-    def wrap(builder: Builder) -> Builder:
-        if name in _METHODS:
-            raise ValueError(f"compensation {name!r} is registered twice")
-        _METHODS[name] = Method(name, builder, fits_2bw, note)
-        return builder
-
-    return wrap
+def register(name: str, fits_2bw: bool, note: str, **declaration: Any) -> Callable[[Builder], Builder]:
+    """Decorator: make ``builder(optimizer, cfg_compensation, delays)`` available as ``compensation=<name>``;
+    ``declaration``: the rest of its `asyncpipe.registry.declare_method` (buffers, key, config, check, memory)."""
+    declaration.setdefault("buffers", None)
+    return declare_method(name, fits_2bw=fits_2bw, note=note, **declaration)
 
 
 def available() -> list[str]:
     """Registered method names (``none`` included), sorted."""
-    return sorted(_METHODS)
+    return names(methods())
 
 
-def method(name: str) -> Method:
-    found = _METHODS.get(name)
-    if found is None:
-        raise UserError(f"compensation.name={name} is unknown; choose one of: {', '.join(available())}")
-    return found
+def method(name: str) -> MethodSpec:
+    return method_spec(name)
 
 
 def build(
     optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int], pipeline: bool = False
 ) -> torch.optim.Optimizer:
     """``optimizer`` wrapped by the method ``cfg.name``; ``pipeline`` refuses methods that do not fit 2BW."""
-    m = method(cfg.name)
+    m = method_spec(cfg.name, cfg.get("_target_"))
     if pipeline and not m.fits_2bw:
         raise UserError(f"compensation={m.name} does not run in engine=pipeline: {m.note}; use engine=simulate")
     return m.build(optimizer, cfg, delays)
@@ -75,6 +57,6 @@ def extra_bytes(optimizer: torch.optim.Optimizer) -> int:
     return int(getattr(optimizer, "extra_bytes", 0))
 
 
-@register("none", fits_2bw=True, note="no extra memory")
+@register("none", fits_2bw=True, note="no extra memory", buffers=0)
 def _build_none(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
     return optimizer
