@@ -15,7 +15,7 @@ rotated space, with Algorithm 2's bilateral geometry and second-order source, th
 
 When the basis is refreshed, the first moment (Adam's ``exp_avg``, SGD/Muon's ``momentum_buffer``) is carried
 into the new basis; the second moment stays. (Their code keeps the first moment unrotated and projects it every
-step, the same thing; its second moment also stays where it was.)
+step, the same thing; its second moment stays too, reordered with its eigenvalue-sorted basis.)
 
 Which tensors rotate: the hidden matrices, i.e. the 2-D weights of the transformer blocks, and the stacked
 ``[E, rows, cols]`` expert weights, each expert with its own L, R, Q_L, Q_R (a batch of E eigendecompositions).
