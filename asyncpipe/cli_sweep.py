@@ -59,9 +59,7 @@ def sweep(
         typer.echo(dry_run_sweep(list(overrides or []), file=file, name=name, out=out))
         return
     from asyncpipe.launch import run_sweep
-    from asyncpipe.paths import writable_dir
 
-    writable_dir(out, "--out")
     result = run_sweep(list(overrides or []), file=file, name=name, out=out, retry_failed=retry_failed, wait=not detach)
     typer.echo(result.summary())
     if result.failed:

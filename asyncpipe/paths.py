@@ -67,13 +67,65 @@ def own_dir(path: PathLike, what: str = "run.dir") -> Path:
              else "your home directory" if full == Path.home().resolve() else None)  # fmt: skip
     if place:
         raise UserError(f"{what}={path} is {place}; give the run a directory of its own, e.g. {what}=runs/NAME")
+    run_dir_place(path, what)
     return writable_dir(path, what)
 
 
 def data_root(root: PathLike, prepared: bool = False) -> Path:
     """The data root (`data.root`, default $ASYNCPIPE_DATA): a directory, writable unless the dataset a command
     reads is already `prepared` there (reading prepared data from a read-only root is fine)."""
+    if not str(root).strip():  # Path("") is the working directory: token files would land among the user's files
+        raise UserError("the data root is empty (ASYNCPIPE_DATA is set to ''); unset it (default: data_cache) or point "
+                        "it (or data.root) at a directory")  # fmt: skip
     path = Path(os.path.expanduser(str(root)))
     if prepared:
         return path
     return writable_dir(path, "data root", "point ASYNCPIPE_DATA (or data.root) at a directory you can write to")
+
+
+# A directory holds a run's record when it has the run's config.yaml and any of what training writes next to it.
+RUN_RECORD = ("config.yaml",)
+RUN_TRACES = ("metrics.jsonl", "summary.json", "provenance.json", ".writer.lock", "checkpoints", "launch.json")
+SWEEP_MANIFEST = "sweep.json"
+
+
+def is_run_dir(path: PathLike) -> bool:
+    """True when `path` holds a run's record (config.yaml and something training writes beside it)."""
+    path = Path(path)
+    try:
+        return path.is_dir() and all(os.path.lexists(path / f) for f in RUN_RECORD) and \
+            any(os.path.lexists(path / f) for f in RUN_TRACES)  # fmt: skip
+    except OSError:
+        return False
+
+
+def enclosing_run(path: PathLike, strict: bool = False) -> "Path | None":
+    """The run dir that `path` lies in (itself included unless `strict`), or None. The path need not exist yet."""
+    full = Path(os.path.abspath(os.path.expanduser(str(path))))
+    for node in ([] if strict else [full]) + list(full.parents):
+        if is_run_dir(node):
+            return node
+    return None
+
+
+def separate_from_runs(path: PathLike, what: str) -> Path:
+    """A sweep dir or report output: never inside a run dir, never a run dir itself (runs, sweeps and reports do
+    not nest: a report would miss the nested runs, and a run's record would gain files it did not write)."""
+    path = Path(os.path.expanduser(str(path)))
+    holder = enclosing_run(path)
+    if holder is not None:
+        where = "is a run dir" if holder == Path(os.path.abspath(path)) else f"is inside run dir {holder}"
+        raise UserError(f"{what} {path} {where}; runs, sweeps and reports never nest: choose a {what} outside every run dir")
+    return path
+
+
+def run_dir_place(path: PathLike, what: str = "run.dir") -> Path:
+    """A run dir is neither inside another run dir (its checkpoints/ included) nor a sweep dir."""
+    path = Path(os.path.expanduser(str(path)))
+    holder = enclosing_run(path, strict=True)
+    if holder is not None:
+        raise UserError(f"{what}={path} is inside run dir {holder}; a run inside another run's record is hidden from "
+                        f"reports: choose a {what} outside every run dir")  # fmt: skip
+    if os.path.lexists(path / SWEEP_MANIFEST):
+        raise UserError(f"{what}={path} is a sweep directory (it holds {SWEEP_MANIFEST}); choose a run dir of its own")
+    return path

@@ -38,6 +38,10 @@ def dataset_dir(data_cfg, tok_cfg) -> Path:
     name = f"{data_cfg.name}-{tok_cfg.name}"
     if tok_cfg.name == "bpe":
         name += f"-{tok_cfg.vocab_size}"
+    if not str(data_cfg.root).strip():  # Path("") would put token files in the working directory
+        from asyncpipe.paths import data_root
+
+        data_root(data_cfg.root)  # the one-line refusal
     return Path(str(data_cfg.root)).expanduser() / name
 
 

@@ -14,8 +14,22 @@ from asyncpipe.launch.state import COMPLETED, DIVERGED, FAILED, INTERRUPTED, QUE
 _STYLE = {COMPLETED: "green", DIVERGED: "yellow", FAILED: "red", RUNNING: "cyan", QUEUED: "blue", INTERRUPTED: "magenta"}
 
 
+PROGRESS_LINE_S = 30.0  # off a terminal: a running run's step, val loss and ETA at most this often
+
+
 def _fmt_loss(value: Optional[float]) -> str:
     return "" if value is None else f"{value:.4f}"
+
+
+def _fmt_val(state: RunState) -> str:
+    """A finished run's final val loss; a running or interrupted run's latest, with its step when that is not the
+    step shown (a val loss is never paired with a later step silently)."""
+    if state.final_val_loss is not None:
+        return _fmt_loss(state.final_val_loss)
+    if state.val_loss is None:
+        return ""
+    at = f" (step {state.val_step})" if state.val_step is not None and state.val_step != state.step else ""
+    return f"{state.val_loss:.4f}{at}"
 
 
 def _fmt_step(state: RunState) -> str:
@@ -24,8 +38,9 @@ def _fmt_step(state: RunState) -> str:
     return f"{state.step}" + (f"/{state.steps}" if state.steps is not None and state.steps != state.step else "")
 
 
-def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[str, float]] = None):
-    """A rich Table of runs: name, state, step, final val loss, SLURM job and state, note."""
+def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[str, float]] = None,
+                eta: Optional[dict[str, float]] = None):  # fmt: skip
+    """A rich Table of runs: name, state, step, val loss, (time and ETA,) SLURM job and state, note."""
     from rich.table import Table
 
     states = list(states)
@@ -36,6 +51,7 @@ def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[s
     table.add_column("val loss", justify="right")
     if elapsed is not None:
         table.add_column("time", justify="right")
+        table.add_column("ETA", justify="right")
     slurm = any(s.job_id for s in states)
     if slurm:
         table.add_column("job")
@@ -43,14 +59,23 @@ def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[s
     table.add_column("note", overflow="fold")
     for s in states:
         style = _STYLE.get(s.state, "")
-        row = [s.name, f"[{style}]{s.state}[/]" if style else s.state, _fmt_step(s), _fmt_loss(s.final_val_loss)]
+        row = [s.name, f"[{style}]{s.state}[/]" if style else s.state, _fmt_step(s), _fmt_val(s)]
         if elapsed is not None:
             row.append(f"{elapsed[s.name]:.0f}s" if s.name in elapsed else "")
+            row.append(fmt_eta((eta or {}).get(s.name)) if s.state == RUNNING else "")
         if slurm:
             row += [s.job_id or "", s.slurm_state or ""]
         row.append(s.note)
         table.add_row(*row)
     return table
+
+
+def fmt_eta(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return ""
+    from asyncpipe.launch.estimate import fmt_seconds
+
+    return fmt_seconds(max(0.0, seconds))
 
 
 def counts(states: Iterable[RunState]) -> str:
@@ -71,6 +96,9 @@ class SweepDisplay:
         self._last: dict[str, tuple[str, str]] = {}
         self._started: dict[str, float] = {}
         self._ended: dict[str, float] = {}
+        self._first: dict[str, tuple[float, int]] = {}  # (time, step) a running run was first seen at a step
+        self._said: dict[str, float] = {}  # when a progress line was last printed per run
+        self.expected: dict[str, Optional[float]] = {}  # the dry-run's estimated seconds per run (when known)
 
     def __enter__(self) -> "SweepDisplay":
         if self.live_enabled:
@@ -90,6 +118,21 @@ class SweepDisplay:
         now = time.monotonic()
         return {k: self._ended.get(k, now) - t for k, t in self._started.items()}
 
+    def etas(self, states: list[RunState]) -> dict[str, float]:
+        """Seconds left per running run: from its own steps per second since first seen at a step, else from the
+        dry-run's estimate minus the time it has run."""
+        now, out = time.monotonic(), {}
+        elapsed = self._elapsed()
+        for s in states:
+            if s.state != RUNNING:
+                continue
+            first = self._first.get(s.name)
+            if first and s.step is not None and s.steps and s.step > first[1] and now > first[0]:
+                out[s.name] = (s.steps - s.step) * (now - first[0]) / (s.step - first[1])
+            elif self.expected.get(s.name) and s.name in elapsed:
+                out[s.name] = max(0.0, float(self.expected[s.name] or 0.0) - elapsed[s.name])
+        return out
+
     def update(self, states: list[RunState]) -> None:
         now = time.monotonic()
         for s in states:
@@ -97,8 +140,11 @@ class SweepDisplay:
                 self._started[s.name] = now
             if s.state != RUNNING and s.name in self._started and s.name not in self._ended:
                 self._ended[s.name] = now
+            if s.state == RUNNING and s.step is not None and s.name not in self._first:
+                self._first[s.name] = (now, s.step)
+        etas = self.etas(states)
         if self._live is not None:
-            self._live.update(state_table(f"{self.title}  ({counts(states)})", states, self._elapsed()))
+            self._live.update(state_table(f"{self.title}  ({counts(states)})", states, self._elapsed(), etas))
             return
         done = sum(1 for s in states if s.state in (COMPLETED, DIVERGED, FAILED))
         for s in states:
@@ -112,7 +158,23 @@ class SweepDisplay:
             took = self._elapsed().get(s.name)
             if s.state in (COMPLETED, DIVERGED, FAILED) and took is not None:
                 extra += f" in {took:.0f}s"
+            if s.state == COMPLETED and s.final_val_loss is not None:
+                extra += f", val loss {s.final_val_loss:.4f}"
             print(f"[{done}/{len(states)}] {s.name}: {s.state}{extra}", file=self.stream, flush=True)
+        self._progress_lines(states, etas, now)
+
+    def _progress_lines(self, states: list[RunState], etas: dict[str, float], now: float) -> None:
+        """Off a terminal: a running run's step/total, latest val loss and ETA, at most every PROGRESS_LINE_S."""
+        done = sum(1 for s in states if s.state in (COMPLETED, DIVERGED, FAILED))
+        for s in states:
+            last = self._said.get(s.name, self._started.get(s.name, now))
+            if s.state != RUNNING or s.step is None or now - last < PROGRESS_LINE_S:
+                continue
+            self._said[s.name] = now
+            val = _fmt_val(s)
+            text = f"step {_fmt_step(s)}" + (f", val loss {val}" if val else "")
+            text += f", ETA {fmt_eta(etas[s.name])}" if s.name in etas else ""
+            print(f"[{done}/{len(states)}] {s.name}: running, {text}", file=self.stream, flush=True)
 
 
 def print_table(title: str, states: list[RunState], stream: Optional[TextIO] = None) -> None:

@@ -7,13 +7,10 @@ fewer of these. Runs `parallel` at a time are packed longest first. Never import
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
-
-import yaml
 
 MAX_RECORDS = 400  # the most recent completed runs read for rates
 # Features compared, most specific first; each estimate drops features from the end until runs match.
@@ -43,22 +40,39 @@ def tokens_of(cfg: Any) -> int:
     return int(t.steps * t.micro_batch_size * t.micro_batches * t.seq_len * cfg.pipeline.data_parallel)
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def recorded_rates(root: Path) -> list[tuple[dict, float]]:
-    """(features, tokens/s) of the most recent completed runs under `root`."""
+    """(features, tokens/s) of the most recent completed runs under `root` (their files read as untrusted: one
+    that is not a regular file, too large or of the wrong type is passed over)."""
+    from asyncpipe.errors import UserError
+    from asyncpipe.track.files import load_untrusted_yaml, read_json_object, read_untrusted
+
     if not Path(root).is_dir():
         return []
-    summaries = sorted(Path(root).rglob("summary.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    summaries = sorted(Path(root).rglob("summary.json"), key=_mtime, reverse=True)
     out = []
     for path in summaries[:MAX_RECORDS]:
         try:
-            summary = json.loads(path.read_text())
-            if summary.get("status") != "completed" or not summary.get("wall_time") or not summary.get("tokens"):
+            summary = read_json_object(path)
+            tokens, wall = summary.get("tokens"), summary.get("wall_time")
+            if summary.get("status") != "completed" or not _positive(tokens) or not _positive(wall):
                 continue
-            cfg = yaml.safe_load((path.parent / "config.yaml").read_text()) or {}
-        except (OSError, ValueError, yaml.YAMLError):
+            cfg, _ = load_untrusted_yaml(read_untrusted(path.parent / "config.yaml"), str(path.parent / "config.yaml"))
+        except (OSError, UserError):
             continue
-        out.append((features(cfg), float(summary["tokens"]) / float(summary["wall_time"])))
+        if isinstance(cfg, dict):
+            out.append((features(cfg), float(tokens) / float(wall)))
     return out
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
 
 
 def rate_for(cfg: Any, records: list[tuple[dict, float]]) -> tuple[Optional[float], str]:

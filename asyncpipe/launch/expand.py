@@ -8,6 +8,7 @@ Never imports torch.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from asyncpipe.errors import UserError
 RESERVED_KEYS = ("run.dir", "resume")
 VARIANT_KEY = "run.variant"  # set from a sweep file's variants: (the report's column name)
 MAX_NAME = 180
+MAX_RUNS = 2000  # runs one sweep may have: each is composed and validated before any starts (~0.1 s each)
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _VARIANT_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+()=-]*$")
 
@@ -71,6 +73,11 @@ def _parse(overrides: Sequence[str]) -> list:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
             parsed = parser.parse_overrides(list(overrides))
+            for o in parsed:  # a range's size is known before expanding it: range(0,10**12) must not hang
+                n = _range_size(o.value()) if o.is_discrete_sweep() else 0
+                if n > MAX_RUNS:
+                    raise UserError(f"'{o.input_line}' expands to {n:,} values, more than the {MAX_RUNS:,} runs a sweep "
+                                    "may have; split it into several sweeps")  # fmt: skip
             # glob() needs the loader, which lives only inside this context: expand now.
             expanded = [(o, list(o.sweep_string_iterator()) if o.is_discrete_sweep() else None) for o in parsed]
             return expanded
@@ -79,6 +86,28 @@ def _parse(overrides: Sequence[str]) -> list:
         raise UserError(f"cannot expand the sweep: {first} (Hydra's override grammar: key=a,b range() glob())") from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def _range_size(value: Any) -> int:
+    start, stop, step = (getattr(value, k, None) for k in ("start", "stop", "step"))
+    if not all(isinstance(x, (int, float)) for x in (start, stop, step)) or not step:
+        return len(getattr(value, "list", None) or [])
+    return max(0, math.ceil((stop - start) / step))
+
+
+def _check_meaning(where: str, items: Sequence[str], grid: Sequence[str]) -> None:
+    """A variant or per: entry may not contradict the run's name: no grid key, no seed, no launcher key."""
+    for text in items:
+        key = _key_of(text)
+        if is_launcher_key(text):
+            raise UserError(f"{where}: '{text}': launcher keys configure the whole sweep, not some of its runs; "
+                            "set it on the command line or in the file's overrides")  # fmt: skip
+        if key == "seed":
+            raise UserError(f"{where}: '{text}' sets the seed, which the grid chooses: differently named runs would "
+                            "train the same seed; sweep seeds in grid: (or seed=...) instead")  # fmt: skip
+        if key in grid:
+            raise UserError(f"{where}: '{text}' sets {key}, a grid key: the run named {key}=<value> would train "
+                            f"another {key}; drop {key} from the grid or make it a variant of its own")  # fmt: skip
 
 
 def sanitize(text: str) -> str:
@@ -165,6 +194,16 @@ def expand(
             plan.grid[key] = values
         elif key in grid_keys:
             plan.grid[key] = [o.input_line.split("=", 1)[1]]
+    for vname, items in variants.items():
+        _check_meaning(f"variant {vname}", items, list(plan.grid))
+    for key, table in per.items():
+        for value, items in table.items():
+            _check_meaning(f"per {key}={value}", items, list(plan.grid))
+    size = math.prod(len(v) for v in plan.grid.values()) * max(1, len(variants))
+    if size > MAX_RUNS:
+        shape = " x ".join([*(f"{len(v)} {k}" for k, v in plan.grid.items()), *([f"{len(variants)} variants"] if variants else [])])
+        raise UserError(f"the sweep has {size:,} runs ({shape}), more than the {MAX_RUNS:,} one sweep may have; "
+                        "split it into several sweeps (each --name'd)")  # fmt: skip
     plan.base = [o.input_line for key, (o, _) in last.items() if not swept[key]]
     plan.variants = variants
     plan.per = per

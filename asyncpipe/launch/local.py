@@ -143,7 +143,8 @@ class LocalLauncher:
             code = job.proc.poll()
             if code is None:
                 fresh = run_state(job.run_dir, name)
-                self.states[name].step = fresh.step
+                for key in ("step", "steps", "val_loss", "val_step"):
+                    setattr(self.states[name], key, getattr(fresh, key))
                 continue
             del self.active[name]
             job.log.close()
@@ -185,20 +186,31 @@ class LocalLauncher:
             # `kill SWEEP_PID` must clean up like Ctrl-C does.
             previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            with self.display:
-                while queue or self.active:
-                    while queue and len(self.active) < self.parallel:
-                        self._start(queue.popleft())
-                    self._reap()
-                    self.display.update(list(self.states.values()))
-                    if self.active:
-                        time.sleep(POLL_S)
-                self.display.update(list(self.states.values()))
+            return self._loop(queue)
+        except KeyboardInterrupt:
+            stopped = len(self.active)
+            if self.active:
+                self._kill_all()
+            done = sum(1 for s in self.states.values() if s.state in FINAL)
+            print(f"sweep {self.plan.name} interrupted: {stopped} running run(s) stopped (resumable), {done} of "
+                  f"{len(self.states)} finished; re-running the same command resumes it", file=sys.stderr, flush=True)
+            raise
         finally:
             if self.active:
                 self._kill_all()
             if in_main:
                 signal.signal(signal.SIGTERM, previous)
+
+    def _loop(self, queue: "deque[RunSpec]") -> list[RunState]:
+        with self.display:
+            while queue or self.active:
+                while queue and len(self.active) < self.parallel:
+                    self._start(queue.popleft())
+                self._reap()
+                self.display.update(list(self.states.values()))
+                if self.active:
+                    time.sleep(POLL_S)
+            self.display.update(list(self.states.values()))
         return [self.states[s.name] for s in self.plan.runs]
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
+import stat
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any, Optional
 from asyncpipe.errors import UserError
 from asyncpipe.launch.expand import SweepPlan
 from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, PENDING, QUEUED, RUNNING
-from asyncpipe.track.files import atomic_write_json
+from asyncpipe.track.files import atomic_write_json, read_json_object
 
 MANIFEST = "sweep.json"
 LOCK_FILE = ".lock"
@@ -86,11 +88,11 @@ def is_locked(run_dir: Path) -> bool:
 
 
 def read_json(path: Path) -> Optional[dict]:
+    """A JSON object from a run dir, or None when missing or unreadable (never a hang: see read_untrusted)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json_object(path)
+    except (OSError, UserError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 @dataclass
@@ -100,28 +102,69 @@ class RunState:
     step: Optional[int] = None  # last step in metrics.jsonl
     steps: Optional[int] = None  # steps in the summary (finished runs)
     final_val_loss: Optional[float] = None
+    val_loss: Optional[float] = None  # latest val loss in metrics.jsonl
+    val_step: Optional[int] = None  # the step it was measured at
     job_id: Optional[str] = None
     slurm_state: Optional[str] = None
     note: str = ""
 
 
-def _last_step(run_dir: Path) -> Optional[int]:
-    """The step of the last complete line of metrics.jsonl, read from the file's end only."""
+def _tail_records(run_dir: Path, span: int = 65536) -> list[dict]:
+    """The complete metrics.jsonl records in the file's last `span` bytes (a regular file only), oldest first."""
     path = run_dir / "metrics.jsonl"
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 4096))
-            tail = f.read().decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
+        return []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device in its place: nothing to show, never a hang
+            return []
+        os.lseek(fd, max(0, st.st_size - span), os.SEEK_SET)
+        tail = os.read(fd, span).decode("utf-8", "replace")
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    out = []
+    for line in tail.splitlines()[1 if st.st_size > span else 0:]:
         try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
+            rec = json.loads(line)
+        except ValueError:
             continue
-    return None
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _int(value: Any) -> Optional[int]:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _progress(run_dir: Path, state: "RunState") -> None:
+    """The last step, and the latest val loss with the step it was measured at, from metrics.jsonl's tail."""
+    for rec in reversed(_tail_records(run_dir)):
+        step = _int(rec.get("step"))
+        if step is None:
+            continue
+        if state.step is None:
+            state.step = step
+        val = rec.get("val_loss")
+        if isinstance(val, (int, float)) and not isinstance(val, bool) and math.isfinite(val):
+            state.val_loss, state.val_step = float(val), step
+            return
+
+
+def _planned_steps(run_dir: Path) -> Optional[int]:
+    """train.steps from the run's config.yaml (None when unreadable)."""
+    from asyncpipe.track.files import load_untrusted_yaml, read_untrusted
+
+    try:
+        cfg, _ = load_untrusted_yaml(read_untrusted(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
+    except (OSError, UserError):
+        return None
+    train = cfg.get("train") if isinstance(cfg, dict) else None
+    return _int(train.get("steps")) if isinstance(train, dict) else None
 
 
 def file_state(run_dir: Path, locked: Optional[bool] = None) -> str:
@@ -145,9 +188,13 @@ def run_state(run_dir: Path, name: str, slurm_states: Optional[dict[str, str]] =
     """Everything `sweep status` shows for one run; `slurm_states` maps job id -> SLURM state."""
     state = RunState(name=name, state=file_state(run_dir))
     summary = read_json(run_dir / "summary.json") or {}
-    state.final_val_loss = summary.get("final_val_loss")
-    state.steps = summary.get("steps")
-    state.step = _last_step(run_dir)
+    final = summary.get("final_val_loss")
+    state.final_val_loss = float(final) if _int(final) is not None else None
+    state.steps = _int(summary.get("steps"))
+    _progress(run_dir, state)
+    if state.state not in FINAL:  # a running or interrupted run: its latest val loss, never the summary's older one
+        state.final_val_loss = None
+        state.steps = _planned_steps(run_dir) if state.step is not None else None
     record = read_json(run_dir / SLURM_RECORD)
     if record:
         state.job_id = str(record.get("job_id"))
@@ -268,12 +315,13 @@ def _merge_values(old: dict, new: dict) -> dict:
     return out
 
 
-def write_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
-    """Write (or check and extend) `sweep.json`. A second launch of a sweep may add runs (more seeds, values or
-    variants: existing runs are kept as they are) but never change its fixed overrides, its grid keys or the
-    overrides of a run it already has."""
+def merged_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
+    """The `sweep.json` a launch of `plan` into `sweep_dir` would write: new, or the existing one extended. A second
+    launch of a sweep may add runs (more seeds, values or variants: existing runs are kept as they are) but never
+    change its fixed overrides, its grid keys or the overrides of a run it already has. Writes nothing (a dry-run
+    refuses exactly what the launch refuses)."""
     path = sweep_dir / MANIFEST
-    old = read_json(path)
+    old = load_manifest(sweep_dir) if os.path.lexists(path) else None
     new = manifest_dict(plan)
     if old is not None:
         what = f"{sweep_dir} already holds sweep '{old.get('name')}'"
@@ -285,7 +333,7 @@ def write_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
         before = {r["name"]: r for r in old.get("runs", [])}
         for run in new["runs"]:
             prev = before.get(run["name"])
-            if prev is not None and prev["overrides"] != run["overrides"]:
+            if prev is not None and prev.get("overrides") != run["overrides"]:
                 raise UserError(f"{what}, whose run {run['name']} has other overrides; {hint}")
         added = [r for r in new["runs"] if r["name"] not in before]
         new.update(
@@ -295,13 +343,45 @@ def write_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
             per={k: {**old.get("per", {}).get(k, {}), **v} for k, v in {**old.get("per", {}), **new["per"]}.items()},
             runs=old.get("runs", []) + added,
         )
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, new)
     return new
 
 
+def write_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
+    """Write (or check and extend) `sweep.json` (see `merged_manifest`)."""
+    new = merged_manifest(sweep_dir, plan)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(sweep_dir / MANIFEST, new)
+    return new
+
+
+def _manifest_problem(data: dict) -> Optional[str]:
+    """What makes a loaded sweep.json unusable (wrong types, a run dir outside the sweep), or None."""
+    for key, kind in (("name", str), ("base_overrides", list), ("grid", dict), ("variants", dict), ("per", dict),
+                      ("launcher_overrides", list), ("runs", list)):  # fmt: skip
+        if key in data and data[key] is not None and not isinstance(data[key], kind):
+            return f"{key} is a {type(data[key]).__name__}, not a {kind.__name__}"
+    if any(not isinstance(v, list) for v in (data.get("grid") or {}).values()):
+        return "a grid entry is not a list of values"
+    for i, run in enumerate(data.get("runs") or []):
+        if not isinstance(run, dict) or not isinstance(run.get("name"), str) or not isinstance(run.get("dir"), str):
+            return f"runs[{i}] is not a run entry with a name and a dir"
+        d = run["dir"]
+        if not d or d in (".", "..") or "/" in d or "\\" in d or "\0" in d or d.startswith(".") or d == RETIRED:
+            return f"runs[{i}] has dir {d[:60]!r}, which is not a directory name inside the sweep"
+    return None
+
+
 def load_manifest(sweep_dir: Path) -> dict:
-    data = read_json(Path(sweep_dir) / MANIFEST)
-    if data is None:
-        raise UserError(f"{sweep_dir} is not a sweep directory (no readable {MANIFEST}); sweeps live under runs/sweeps/NAME")
+    """A sweep dir's `sweep.json`, checked (it is untrusted input: a run `dir` may not point outside the sweep)."""
+    path = Path(sweep_dir) / MANIFEST
+    if not os.path.lexists(path):
+        raise UserError(f"{sweep_dir} is not a sweep directory (no {MANIFEST}); sweeps live under runs/sweeps/NAME")
+    try:
+        data = read_json_object(path)
+    except UserError as exc:
+        raise UserError(f"{exc}; the sweep's record is damaged: restore it, or move it aside and re-run the sweep "
+                        "command to write a new one") from None  # fmt: skip
+    problem = _manifest_problem(data)
+    if problem:
+        raise UserError(f"{path} is damaged: {problem}; restore it, or move it aside and re-run the sweep command")
     return data

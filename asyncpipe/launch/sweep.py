@@ -6,9 +6,11 @@ leaves failed/diverged ones alone unless `retry_failed`. `sweep_status` reads th
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, TextIO
+from typing import Any, Optional, Sequence, TextIO
 
 from omegaconf import DictConfig
 
@@ -18,11 +20,15 @@ from asyncpipe.launch.expand import SweepPlan, expand, run_overrides
 from asyncpipe.launch.sweepfile import SweepFile, load_sweep_file
 from asyncpipe.launch.local import LocalLauncher, RunCommand, train_command
 from asyncpipe.launch.state import (
-    COMPLETED, DIVERGED, FAILED, MANIFEST, SLURM_RECORD, RunState, load_manifest, read_json, run_state, write_manifest,
+    COMPLETED, DIVERGED, FAILED, MANIFEST, SLURM_RECORD, RunState, load_manifest, merged_manifest, read_json, run_state,
+    write_manifest,
 )
+from asyncpipe.paths import separate_from_runs, writable_dir
 from asyncpipe.track.files import read_summary
 
 DEFAULT_OUT = Path("runs/sweeps")
+PROGRESS_MIN_RUNS = 50  # a sweep this large says how its checks progress
+PROGRESS_EVERY_S = 2.0
 
 
 @dataclass
@@ -54,40 +60,81 @@ def plan_sweep(
     overrides = list(overrides)
     sf = load_sweep_file(Path(file)) if file is not None else SweepFile(None, [])
     plan = expand(sf.overrides + overrides, name or sf.name, grid_keys=sf.grid_keys, variants=sf.variants, per=sf.per)
-    old = read_json(Path(out) / plan.name / MANIFEST) if out is not None else None
+    old = load_manifest(Path(out) / plan.name) if out is not None and (Path(out) / plan.name / MANIFEST).exists() else None
     if old and set(old.get("grid", {})) - set(plan.grid):
         keys = [*sf.grid_keys, *old["grid"]]
         plan = expand(sf.overrides + overrides, plan.name, grid_keys=keys, variants=sf.variants, per=sf.per)
     return plan
 
 
-def compose_runs(plan: SweepPlan, sweep_dir: Path) -> tuple[dict[str, DictConfig], DictConfig]:
-    """Compose and validate every run's config before anything starts; returns (configs by run, launcher)."""
+def compose_runs(
+    plan: SweepPlan, sweep_dir: Path, progress: Optional[TextIO] = None
+) -> tuple[dict[str, DictConfig], DictConfig]:
+    """Compose and validate every run's config before anything starts; returns (configs by run, launcher). A large
+    sweep reports its progress on `progress` (stderr by default) every few seconds."""
     from asyncpipe.config import compose
+    from asyncpipe.session.rundir import check_seed
 
+    stream = progress if progress is not None else sys.stderr
     cfgs: dict[str, DictConfig] = {}
-    for spec in plan.runs:
+    start = last = time.monotonic()
+    for i, spec in enumerate(plan.runs, 1):
         overrides = run_overrides(plan, spec, (sweep_dir / spec.name).resolve(), resume=False)
         try:
             cfgs[spec.name] = compose([*overrides, *plan.launcher])
+            check_seed(cfgs[spec.name])
         except UserError as exc:
             raise UserError(f"run {spec.name}: {exc}") from None
+        now = time.monotonic()
+        if len(plan.runs) >= PROGRESS_MIN_RUNS and (now - last >= PROGRESS_EVERY_S or i == len(plan.runs)):
+            left = (now - start) / i * (len(plan.runs) - i)
+            print(f"checking runs: {i}/{len(plan.runs)} composed and validated, ~{left:.0f} s left", file=stream, flush=True)
+            last = now
     return cfgs, cfgs[plan.runs[0].name].launcher
+
+
+def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -> tuple[Path, dict, DictConfig]:
+    """Everything a launch refuses, checked without writing anything (the launch and --dry-run both call it):
+    the sweep dir's place (writable, never inside or equal to a run dir), every run's config, the existing
+    manifest (a sweep can only gain runs) and run records, and a SLURM layout. Returns (sweep dir, configs,
+    launcher)."""
+    writable_dir(out, "--out")
+    sweep_dir = Path(out) / plan.name
+    separate_from_runs(sweep_dir, "sweep dir (--out/--name)")
+    cfgs, launcher = compose_runs(plan, sweep_dir, progress)
+    merged_manifest(sweep_dir, plan)
+    for spec in plan.runs:  # a re-run must know each run's state: refuse an unreadable record before starting any
+        read_summary(sweep_dir / spec.name)
+    if launcher.name == "slurm":
+        from asyncpipe.launch.slurm import require_slurm, task_layout
+
+        require_slurm()
+        for cfg in cfgs.values():
+            task_layout(cfg)  # refuse an impossible layout before writing anything
+    return sweep_dir, cfgs, launcher
+
+
+def estimates(plan: SweepPlan, cfgs: dict[str, DictConfig], launcher: DictConfig, out: Path) -> Any:
+    """The dry-run's estimate (`asyncpipe.launch.estimate.DryRun`) of every run of the plan."""
+    from asyncpipe.launch.estimate import dry_run
+    from asyncpipe.launch.state import file_state
+
+    sweep_dir = Path(out) / plan.name
+    specs = [(s.name, s.overrides, cfgs[s.name], file_state(sweep_dir / s.name) == COMPLETED) for s in plan.runs]
+    parallel = int(launcher.parallel) if launcher.name == "local" else len(plan.runs)
+    return dry_run(specs, parallel, Path(out))
 
 
 def dry_run_sweep(
     overrides: Sequence[str] = (), *, file: Optional[Path] = None, name: Optional[str] = None, out: Path = DEFAULT_OUT
 ) -> str:
-    """What `run_sweep` would launch (runs, tokens, estimated wall time from recorded runs under `out`), as text."""
-    from asyncpipe.launch.estimate import dry_run, render
-    from asyncpipe.launch.state import file_state
+    """What `run_sweep` would launch (runs, tokens, estimated wall time from recorded runs under `out`), as text;
+    refuses what `run_sweep` refuses."""
+    from asyncpipe.launch.estimate import render
 
     plan = plan_sweep(overrides, file, name, out)
-    sweep_dir = Path(out) / plan.name
-    cfgs, launcher = compose_runs(plan, sweep_dir)
-    specs = [(s.name, s.overrides, cfgs[s.name], file_state(sweep_dir / s.name) == COMPLETED) for s in plan.runs]
-    parallel = int(launcher.parallel) if launcher.name == "local" else len(plan.runs)
-    return render(plan.name, dry_run(specs, parallel, Path(out)))
+    _, cfgs, launcher = check_sweep(plan, Path(out))
+    return render(plan.name, estimates(plan, cfgs, launcher, Path(out)))
 
 
 def run_sweep(
@@ -103,18 +150,16 @@ def run_sweep(
 ) -> SweepResult:
     """Expand, validate and launch a sweep (launcher=local or launcher=slurm); returns every run's state."""
     plan = plan_sweep(overrides, file, name, out)
-    sweep_dir = Path(out) / plan.name
-    cfgs, launcher = compose_runs(plan, sweep_dir)
-    for spec in plan.runs:  # a re-run must know each run's state: refuse an unreadable record before starting any
-        read_summary(sweep_dir / spec.name)
-    if launcher.name == "slurm":
-        from asyncpipe.launch.slurm import SlurmLauncher, require_slurm, task_layout
-
-        require_slurm()
-        for cfg in cfgs.values():
-            task_layout(cfg)  # refuse an impossible layout before writing anything
+    sweep_dir, cfgs, launcher = check_sweep(plan, Path(out))
+    display = display or SweepDisplay(f"sweep {plan.name}")
+    try:
+        display.expected = {r["name"]: r["seconds"] for r in estimates(plan, cfgs, launcher, Path(out)).rows}
+    except (OSError, ValueError):  # an estimate is a nicety: never a reason not to launch
+        pass
     write_manifest(sweep_dir, plan)
     if launcher.name == "slurm":
+        from asyncpipe.launch.slurm import SlurmLauncher
+
         slurm = SlurmLauncher(plan, sweep_dir, cfgs, launcher, retry_failed, command, display)
         states = slurm.run(wait=wait)
     else:

@@ -15,6 +15,20 @@
     overrides: [model=tiny, train.steps=120]   # fixed, for every run
 
 Command-line overrides come after the file's: `seed=0,1,2` replaces the file's seeds.
+
+A sweep file means what it says: a run's name and the report's columns are the record of what ran, so a
+variant or `per:` entry may not set a grid key (the run named `optimizer=adamw` would train another optimizer),
+`seed` (two differently named runs would be the same run) or a `launcher.*` key (it configures the whole sweep);
+variant names YAML types into one key (`1` and `true`) and an empty file are refused, each in one line.
+
+Budgets: a variant MAY set `train.steps` (and with it the run's tokens and lr schedule): a longer-budget
+variant of a study (time to a target loss), e.g.
+
+    variants:
+      1-step+EF: [delay=1, optimizer.ef.enabled=true]
+      1-step+EF(x1.5): [delay=1, optimizer.ef.enabled=true, train.steps=1650]   # 1.5x the fixed train.steps=1100
+
+A variant's settings come last, so they replace the fixed `overrides:` and `per:` values of the same key.
 """
 
 from __future__ import annotations
@@ -26,6 +40,7 @@ from typing import Any, Optional
 from asyncpipe.errors import UserError
 
 KEYS = ("name", "description", "grid", "variants", "per", "overrides")
+MAX_FILE = 1 << 20  # a sweep file is a page of YAML; a megabyte is far beyond any study
 
 
 @dataclass
@@ -50,22 +65,57 @@ def _scalar(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def _collisions(path: Path, root: Any, section: str, data: dict) -> None:
+    """Refuse keys of one mapping of the file that YAML types into the same key (`1` and `true` are both 1; the
+    later would silently replace the earlier): the raw spellings are compared with what was loaded."""
+    import yaml
+
+    if not isinstance(root, yaml.MappingNode):
+        return
+    tables = [(section, n) for k, n in root.value if k.value == section and isinstance(n, yaml.MappingNode)]
+    if section == "per":  # each per: KEY holds a table of values
+        tables = [(f"per: {k.value}", n) for _, per in tables for k, n in per.value if isinstance(n, yaml.MappingNode)]
+    for where, node in tables:
+        loaded: dict[Any, str] = {}
+        for key_node, _ in node.value:
+            typed = yaml.safe_load(key_node.value) if key_node.tag != "tag:yaml.org,2002:str" else key_node.value
+            for other, spelled in loaded.items():
+                if other == typed and spelled != key_node.value:
+                    raise UserError(f"{path}: {where}: {spelled!r} and {key_node.value!r} are the same key once YAML "
+                                    "types them (1 == true == 1.0); quote them or choose other names")  # fmt: skip
+            loaded[typed] = key_node.value
+
+
 def load_sweep_file(path: Path) -> SweepFile:
-    """Read and check a sweep file (see the module docstring)."""
+    """Read and check a sweep file (see the module docstring). The file is untrusted input: its size, its alias
+    expansion (an alias bomb) and keys YAML would merge are refused in one line before anything is composed."""
     from omegaconf import OmegaConf
+    from omegaconf._utils import get_yaml_loader
+
+    from asyncpipe.track.files import load_untrusted_yaml, read_untrusted
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no sweep file at {path} (see sweeps/ for examples)")
     try:
-        data: Any = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        raw, root = load_untrusted_yaml(read_untrusted(path, MAX_FILE), str(path), get_yaml_loader())
+        data: Any = OmegaConf.to_container(OmegaConf.create(raw), resolve=False) if raw is not None else None
+    except UserError:
+        raise
     except Exception as exc:
         raise UserError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None or data == {}:
+        raise UserError(f"{path} is empty; a sweep file defines runs with grid, variants, per and overrides "
+                        "(see sweeps/smoke.yaml)")  # fmt: skip
     if not isinstance(data, dict):
         raise UserError(f"{path}: a sweep file is a mapping with name, grid, variants, per and overrides")
-    unknown = sorted(set(data) - set(KEYS))
+    unknown = sorted(set(map(str, data)) - set(KEYS))
     if unknown:
         raise UserError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
+    if not any(data.get(k) for k in ("grid", "variants", "per", "overrides")):
+        raise UserError(f"{path} defines no runs (no grid, variants or overrides); see sweeps/smoke.yaml")
+    for section in ("variants", "per"):
+        _collisions(path, root, section, data)
     grid = data.get("grid") or {}
     variants = data.get("variants") or {}
     per = data.get("per") or {}
@@ -75,6 +125,8 @@ def load_sweep_file(path: Path) -> SweepFile:
     for key, values in grid.items():
         if isinstance(values, list):
             values = ",".join(_scalar(v) for v in values)
+        elif isinstance(values, dict):
+            raise UserError(f"{path}: grid: {key} must be a value or a list of values")
         overrides.append(f"{key}={_scalar(values)}")
     out = SweepFile(name=str(data["name"]) if data.get("name") is not None else None, overrides=overrides,
                     grid_keys=[str(k) for k in grid])  # fmt: skip

@@ -6,17 +6,23 @@ through `run_record`, so everything after loading is the same code.
 
 from __future__ import annotations
 
-import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
-import yaml
 
 from asyncpipe.errors import UserError
 from asyncpipe.status import COMPLETED
 from asyncpipe.report.groups import flatten
-from asyncpipe.track.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, parse_metrics_lines
+from asyncpipe.paths import enclosing_run, separate_from_runs
+from asyncpipe.track.files import (
+    CONFIG_FILE, MAX_METRICS_FILE, METRICS_FILE, SUMMARY_FILE, load_untrusted_yaml, parse_metrics_lines,
+    read_json_object, read_untrusted,
+)
 from asyncpipe.track.provenance import PROVENANCE_FILE
 
 # Frame column -> dotted key in the composed config.
@@ -133,36 +139,100 @@ def frames(records: list[tuple[dict, list[dict]]]) -> tuple[pd.DataFrame, pd.Dat
     return runs, curves.astype({"tokens": "int64", "val_loss": "float64"})
 
 
-def find_run_dirs(root: Path, exclude: Path | None = None) -> list[Path]:
-    """Directories under `root` holding a config.yaml, outermost only (checkpoint copies inside a run are not runs)."""
+@dataclass
+class Skipped:
+    """A run dir a report found but did not read, and why (one line)."""
+
+    run: str
+    path: str
+    reason: str
+
+    def line(self) -> str:
+        return f"skipped run {self.run}: {self.reason}"
+
+
+class DamagedRun(UserError):
+    """A run dir whose files cannot be trusted as a record (see asyncpipe.track.files.read_untrusted)."""
+
+
+def _is_run_dir(path: Path) -> bool:
+    return os.path.lexists(path / CONFIG_FILE)
+
+
+def _walk_runs(root: Path, exclude: Path | None) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """(outermost run dirs under `root`, (nested run dir, the run holding it) pairs), each sorted. Symlinked
+    directories are not followed (a link loop in a copied tree must not hang a report); wandb/ folders and the
+    sweep's .retired/ attempts are not runs of the sweep."""
     found: list[Path] = []
-    for cfg in sorted(root.rglob(CONFIG_FILE)):
-        run = cfg.parent
-        if "wandb" in run.relative_to(root).parts or RETIRED in run.relative_to(root).parts:
+    nested: list[tuple[Path, Path]] = []
+    for dirpath, dirs, _files in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        dirs[:] = sorted(d for d in dirs if d not in ("wandb", RETIRED))
+        if exclude is not None and (here == exclude or exclude in here.parents):
+            dirs[:] = []
             continue
-        if exclude is not None and (run == exclude or exclude in run.parents):
+        if not _is_run_dir(here):
             continue
-        if any(prev == run or prev in run.parents for prev in found):
-            continue
-        found.append(run)
-    return found
+        holder = next((r for r in found if r in here.parents), None)
+        if holder is None:
+            found.append(here)
+        else:
+            nested.append((here, holder))
+    return sorted(found), sorted(nested)
+
+
+def find_run_dirs(root: Path, exclude: Path | None = None) -> list[Path]:
+    """Directories under `root` holding a config.yaml, outermost only (a run dir inside another is not a run)."""
+    return _walk_runs(Path(root), exclude)[0]
+
+
+def _number(value: Any, what: str, source: str, integer: bool = False) -> Any:
+    """A finite number (bools and strings are not numbers) or None; anything else damages the run."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DamagedRun(f"{source}: {what} is {str(value)[:40]!r}, not a finite number")
+    return int(value) if integer else value
+
+
+def _check_records(metrics: list[dict], source: str) -> None:
+    for i, rec in enumerate(metrics, 1):
+        tokens = rec.get("tokens")
+        if tokens is not None and (_number(tokens, "tokens", f"{source} record {i}") < 0):
+            raise DamagedRun(f"{source} record {i}: tokens is {tokens}, below 0")
+        for key in ("val_loss", "train_loss"):
+            value = rec.get(key)
+            # null is how a non-finite loss is written (a diverged step); text or a nested value is damage
+            if value is not None and (isinstance(value, (bool, str, list, dict))):
+                raise DamagedRun(f"{source} record {i}: {key} is {str(value)[:40]!r}, not a number")
+
+
+def read_config(run: Path) -> dict:
+    """A run's config.yaml as a mapping (untrusted: size, type, encoding and alias expansion checked)."""
+    path = run / CONFIG_FILE
+    config, _ = load_untrusted_yaml(read_untrusted(path), str(path))
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise DamagedRun(f"{path} holds a YAML {type(config).__name__}, not a mapping of settings")
+    return config
 
 
 def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
-    try:
-        config = yaml.safe_load((run / CONFIG_FILE).read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{run / CONFIG_FILE} is not valid YAML ({type(exc).__name__}); fix or remove that run") from None
+    """One run's row and evaluation rows; a file that cannot be trusted is a `UserError` naming it and why."""
+    config = read_config(run)
     summary = None
-    if (run / SUMMARY_FILE).exists():
-        try:
-            summary = json.loads((run / SUMMARY_FILE).read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            summary = None  # a torn summary means the run did not finish cleanly: count it as unfinished
+    if os.path.lexists(run / SUMMARY_FILE):
+        summary = read_json_object(run / SUMMARY_FILE)
+        for key in ("tokens", "final_val_loss", "wall_time", "steps"):
+            _number(summary.get(key), key, str(run / SUMMARY_FILE))
+        if not isinstance(summary.get("status", ""), (str, type(None))):
+            raise DamagedRun(f"{run / SUMMARY_FILE}: status is {summary['status']!r}, not a name")
     metrics, note = [], ""
-    if (run / METRICS_FILE).exists():
-        text = (run / METRICS_FILE).read_text(encoding="utf-8")
+    if os.path.lexists(run / METRICS_FILE):
+        text = read_untrusted(run / METRICS_FILE, MAX_METRICS_FILE)
         metrics = parse_metrics_lines(text, str(run / METRICS_FILE))
+        _check_records(metrics, str(run / METRICS_FILE))
         if text.strip() and not text.endswith("\n") and len(metrics) < len([x for x in text.split("\n") if x.strip()]):
             note = f"last line of {METRICS_FILE} is cut off (a crash mid-write): ignored, the {len(metrics)} lines before it are used"
     row, curve = run_record(name, str(run), config, summary, metrics, note)
@@ -173,13 +243,14 @@ def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
 def code_of(run: Path) -> str:
     """The code a run came from, from its provenance.json: `commit[ (dirty)]; package versions`, or "unrecorded"."""
     try:
-        prov = json.loads((run / PROVENANCE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        prov = read_json_object(run / PROVENANCE_FILE)
+    except (OSError, UserError):
         return "unrecorded"
-    git = prov.get("git") or {}
-    commit = (git.get("commit") or "no git")[:10] + (" (dirty)" if git.get("dirty") else "")
-    versions = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items() if v and k != "asyncpipe")
-    return f"{commit}; asyncpipe {(prov.get('versions') or {}).get('asyncpipe')}; {versions}"
+    git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
+    versions = prov.get("versions") if isinstance(prov.get("versions"), dict) else {}
+    commit = str(git.get("commit") or "no git")[:10] + (" (dirty)" if git.get("dirty") else "")
+    others = ", ".join(f"{k} {v}" for k, v in versions.items() if v and k != "asyncpipe")
+    return f"{commit}; asyncpipe {versions.get('asyncpipe')}; {others}"
 
 
 def named_variants(root: Path) -> list[str]:
@@ -190,10 +261,10 @@ def named_variants(root: Path) -> list[str]:
     manifests = sorted(root.rglob(MANIFEST))
     for path in manifests:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        names.extend(v for v in (data.get("variants") or {}) if v not in names)
+            variants = read_json_object(path).get("variants")
+        except (OSError, UserError):
+            continue  # `sweep status` names a damaged manifest; a report reads the runs themselves
+        names.extend(str(v) for v in (variants if isinstance(variants, dict) else {}) if str(v) not in names)
     if len(manifests) > 1 and "sync" in names:
         names.remove("sync")
         names.insert(0, "sync")
@@ -203,10 +274,9 @@ def named_variants(root: Path) -> list[str]:
 def read_manifest(sweep_dir: Path) -> dict | None:
     """The sweep.json of a sweep dir, or None."""
     try:
-        data = json.loads((Path(sweep_dir) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_object(Path(sweep_dir) / MANIFEST)
+    except (OSError, UserError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 def sweep_label(sweep_dir: Path) -> str:
@@ -215,19 +285,88 @@ def sweep_label(sweep_dir: Path) -> str:
     return str(name) if name else Path(sweep_dir).resolve().name
 
 
-def load_sweep(sweep_dir: Path, exclude: Path | None = None, label: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Frames for every run dir under `sweep_dir` (which may itself be a single run dir). With a `label` (several
-    sweeps in one report) run names and columns are prefixed `label/` and `label:`."""
+@dataclass
+class Loaded:
+    """What a report read from one sweep dir: the frames, how many run dirs it found, and those it skipped."""
+
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    found: int
+    skipped: list[Skipped] = field(default_factory=list)
+
+    @property
+    def read(self) -> int:
+        return self.found - len(self.skipped)
+
+    def summary(self) -> str:
+        """`found N run dirs, read M` (+ `, skipped K: ...`), the line a report states before its tables."""
+        text = f"found {self.found} run dir(s), read {self.read}"
+        return text + (f", skipped {len(self.skipped)} (see below)" if self.skipped else "")
+
+
+def check_out_dir(out: Path, what: str = "--out") -> None:
+    """Report files never go into a run dir (they would mix with the run's record and hide it from reports)."""
+    separate_from_runs(out, what)
+
+
+def load_runs(sweep_dir: Path, exclude: Path | None = None, label: str | None = None) -> Loaded:
+    """Every run dir under `sweep_dir` (which may itself be a single run dir), each read as untrusted input: a run
+    whose files cannot be trusted (not a regular file, too large, not UTF-8, wrong JSON/YAML types, non-finite
+    numbers) is skipped and named with its reason, and the others are read. With a `label` (several sweeps in one
+    report) run names and columns are prefixed `label/` and `label:`. `exclude` is the report's output dir: it may
+    not lie inside a run dir other than `sweep_dir` itself (one line, before anything is written)."""
+    sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise UserError(f"{sweep_dir} is not a directory; pass a sweep directory (DIR/NAME) or a run directory")
-    runs = find_run_dirs(sweep_dir, exclude)
+    if exclude is not None and enclosing_run(exclude) != Path(os.path.abspath(sweep_dir)):
+        check_out_dir(Path(exclude))  # the report of one run may go into that run's dir (report RUN's default)
+    runs, nested = _walk_runs(sweep_dir, exclude)
     if not runs:
         raise UserError(f"no runs found under {sweep_dir} (a run is a directory containing {CONFIG_FILE})")
-    records = [load_run_dir(run, str(run.relative_to(sweep_dir)) if run != sweep_dir else run.name) for run in runs]
+    name_of = lambda run: str(run.relative_to(sweep_dir)) if run != sweep_dir else run.name  # noqa: E731
+    records, skipped = [], []
+    for run in runs:
+        try:
+            records.append(load_run_dir(run, name_of(run)))
+        except UserError as exc:
+            skipped.append(Skipped(name_of(run), str(run), str(exc)))
+        except (ValueError, TypeError) as exc:  # a setting of a type no run writes (e.g. delay: abc)
+            skipped.append(Skipped(name_of(run), str(run), f"{run / CONFIG_FILE}: a setting has the wrong type ({exc})"))
+    for run, holder in nested:
+        skipped.append(Skipped(name_of(run), str(run), f"it lies inside run dir {name_of(holder)}; a run dir inside "
+                               "another run's is not read (move it out to report it)"))  # fmt: skip
     if label:
         for row, curve in records:
             row["run"], row["sweep"], row["variant"] = f"{label}/{row['run']}", label, f"{label}:{row['variant']}"
             row["variant_named"] = True  # columns of several sweeps are named by their sweep
             for point in curve:
                 point["run"] = row["run"]
-    return frames(records)
+        for skip in skipped:
+            skip.run = f"{label}/{skip.run}"
+    if not records:
+        raise UserError(f"none of the {len(runs)} run(s) under {sweep_dir} can be read; first: {skipped[0].reason}")
+    frame, curves = frames(records)
+    return Loaded(frame, curves, len(runs) + len(nested), skipped)
+
+
+def load_sweep(
+    sweep_dir: Path, exclude: Path | None = None, label: str | None = None, *, say: Callable[[str], None] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`load_runs` as (runs, curves) frames; the runs frame carries `attrs["found"]` (run dirs found) and
+    `attrs["skipped"]` (`Skipped` records: run, path, reason) for the report to state. When runs were skipped
+    they are also said, one line each after the counts, through `say` (default: stderr), so that no caller can
+    lose a run silently; a caller that shows them itself passes `say=lambda line: None`."""
+    loaded = load_runs(sweep_dir, exclude, label)
+    if loaded.skipped:
+        tell = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        tell(f"report: {sweep_dir}: {loaded.summary()}")
+        for skip in loaded.skipped:
+            tell(f"  {skip.line()}")
+    loaded.runs.attrs["found"] = loaded.found
+    loaded.runs.attrs["skipped"] = list(loaded.skipped)
+    return loaded.runs, loaded.curves
+
+
+def skipped_of(runs: pd.DataFrame) -> list[Skipped]:
+    """The runs a `load_sweep` frame's loader skipped (empty for frames from elsewhere, e.g. W&B)."""
+    return list(runs.attrs.get("skipped", []))

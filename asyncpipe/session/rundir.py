@@ -15,12 +15,14 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from asyncpipe.errors import UserError
+from asyncpipe.paths import run_dir_place
 from asyncpipe.status import COMPLETED
-from asyncpipe.track.files import CONFIG_FILE, RunDir, atomic_write_bytes, read_summary
+from asyncpipe.track.files import (
+    CONFIG_FILE, RunDir, atomic_write_bytes, load_untrusted_yaml, read_summary, read_untrusted,
+)
 
 LOCK_FILE = ".writer.lock"
 # Settings a resumed run may change: where and how it is watched, not what it trains.
@@ -55,10 +57,7 @@ class WriterLock:
 
 
 def _check_place(path: Path) -> None:
-    from asyncpipe.launch.state import MANIFEST
-
-    if (path / MANIFEST).exists():
-        raise UserError(f"run.dir={path} is a sweep directory (it holds {MANIFEST}); choose a run dir of its own")
+    run_dir_place(path)  # not a sweep dir, not inside another run dir
     if path.exists() and not path.is_dir():
         raise UserError(f"run.dir={path} is a file, not a directory; choose another run.dir")
 
@@ -80,9 +79,23 @@ def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, An
             if old.get(k) != new.get(k) and not k.startswith(RESUME_MAY_CHANGE)]  # fmt: skip
 
 
+MAX_SEED = 2**32 - 1  # numpy's generators take 0..2**32-1; torch's take less once the model mixes in a layer index
+
+
+def check_seed(cfg: DictConfig) -> None:
+    """A seed every generator of a run accepts: checked before the run dir exists, since a seed torch or numpy
+    refuses would otherwise fail the run after its record is half-made (and that record refuse the fixed command)."""
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        text = str(seed) if len(str(seed)) <= 24 else f"{str(seed)[:20]}... ({len(str(seed))} digits)"
+        raise UserError(f"seed={text} must be an integer in [0, {MAX_SEED}] (2**32 - 1)")
+
+
 def check_run_dir(cfg: DictConfig) -> Path:
-    """Refuse what the run dir cannot take: a sweep root or a file, a finished or started run without
-    resume=true, a completed run, a resume with changed settings. Writes nothing."""
+    """Refuse what the run dir cannot take: a sweep root, a dir inside another run or a file, a finished or started
+    run without resume=true, a completed run, a resume with changed settings, a seed no generator takes. Writes
+    nothing."""
+    check_seed(cfg)
     path = Path(cfg.run.dir)
     _check_place(path)
     summary = read_summary(path)  # a corrupt one is a UserError
@@ -94,10 +107,10 @@ def check_run_dir(cfg: DictConfig) -> Path:
     if not cfg.resume and (summary is not None or recorded.exists()):
         raise UserError(f"run dir {path} already holds a run; choose another run.dir or pass resume=true")
     if cfg.resume and recorded.exists():
-        try:
-            old = yaml.safe_load(recorded.read_text())
-        except (OSError, yaml.YAMLError):
-            old = None
+        try:  # untrusted: a FIFO must not hang the resume, an alias bomb must not expand
+            old, _ = load_untrusted_yaml(read_untrusted(recorded), str(recorded))
+        except (OSError, UserError) as exc:
+            raise UserError(f"{exc}; the run cannot be resumed (choose another run.dir)") from None
         if not isinstance(old, dict):
             raise UserError(f"{recorded} is not readable YAML; the run cannot be resumed (choose another run.dir)")
         diff = changed_settings(old, cfg)

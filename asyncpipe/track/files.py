@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,73 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 _SECRET_ENV = "WANDB_API_KEY"
+# The most a reader takes from one run-dir file (a run dir is untrusted input: a results tarball, shared scratch).
+MAX_SMALL_FILE = 4 << 20  # config.yaml, summary.json, provenance.json, sweep.json, launch.json
+MAX_METRICS_FILE = 512 << 20  # metrics.jsonl: one line per logged step (~200 bytes); 2.5M steps fit
+
+
+class UnreadableFile(UserError):
+    """A file of a run or sweep dir that cannot be trusted as what it claims to be (not a regular file, too large,
+    not UTF-8, not the JSON/YAML type it should hold): one line naming the file and why."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):  # fmt: skip
+        if test(mode):
+            return name
+    return "special file"
+
+
+def read_untrusted(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> str:
+    """The UTF-8 text of a file read from a run or sweep dir, which is untrusted input: only a regular file (a FIFO
+    would block the open forever, a device never ends), at most `max_bytes`, strict UTF-8; anything else is an
+    `UnreadableFile`. `FileNotFoundError` passes through (callers decide what a missing file means)."""
+    path = Path(path)
+    try:
+        # O_NONBLOCK: a FIFO put in place of the file opens without waiting for a writer; fstat then refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError:
+        raise UnreadableFile(f"{path} is a directory, not a file") from None
+    except OSError as err:
+        raise UnreadableFile(f"{path} cannot be opened ({err.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnreadableFile(f"{path} is a {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > max_bytes:
+            raise UnreadableFile(f"{path} is {st.st_size / 2**20:.1f} MiB, above the {max_bytes / 2**20:g} MiB a "
+                                 "reader takes from such a file")  # fmt: skip
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            data = f.read(max_bytes + 1)
+    except OSError as err:
+        raise UnreadableFile(f"{path} cannot be read ({err.strerror})") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > max_bytes:  # grew since fstat
+        raise UnreadableFile(f"{path} is above the {max_bytes / 2**20:g} MiB a reader takes from such a file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UnreadableFile(f"{path} is not UTF-8 text (byte {err.start} is 0x{data[err.start]:02x})") from None
+
+
+def read_json_object(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> dict:
+    """A JSON object from an untrusted file (`read_untrusted`); invalid JSON or another type is `UnreadableFile`."""
+    try:
+        data = json.loads(read_untrusted(path, max_bytes))
+    except ValueError as err:
+        raise UnreadableFile(f"{path} is not valid JSON ({str(err).split(':')[0]})") from None
+    except RecursionError:
+        raise UnreadableFile(f"{path} nests too deeply to be a record") from None
+    if not isinstance(data, dict):
+        raise UnreadableFile(f"{path} holds a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -75,19 +143,81 @@ def redact_secrets(text: str) -> str:
     return text.replace(secret, "<redacted>") if len(secret) >= 8 else text
 
 
+MAX_YAML_NODES = 200_000  # a YAML document expanded (aliases counted at every use); an alias bomb is far above
+
+
+def _expanded_size(node: Any, source: str) -> int:
+    """Nodes in `node` with every alias expanded, counted without expanding (each node once, memoised)."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(n: Any) -> int:
+        key = id(n)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise UnreadableFile(f"{source}: an alias refers to the node that holds it (a YAML loop)")
+        open_.add(key)
+        if isinstance(n, yaml.MappingNode):
+            children = [c for pair in n.value for c in pair]
+        else:
+            children = list(n.value) if isinstance(n, yaml.SequenceNode) else []
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > MAX_YAML_NODES:
+                raise UnreadableFile(f"{source}: expands to more than {MAX_YAML_NODES:,} YAML nodes (aliases "
+                                     "counted at every use, e.g. an alias bomb); write it out plainly")  # fmt: skip
+        open_.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(node)
+
+
+def load_untrusted_yaml(text: str, source: str, loader_cls: Any = None) -> tuple[Any, Any]:
+    """(data, composed root node) of YAML `text` that may be hostile: composed first (aliases stay references),
+    its expanded size capped at `MAX_YAML_NODES`, only then built into Python objects (`loader_cls`, default
+    yaml.SafeLoader). Invalid YAML, a nesting too deep and an alias bomb are one-line `UnreadableFile`s."""
+    import yaml
+
+    loader = (loader_cls or yaml.SafeLoader)(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        _expanded_size(node, source)
+        return loader.construct_document(node), node
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        why = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UnreadableFile(f"{source} is not valid YAML{where}: {why}") from None
+    except RecursionError:
+        raise UnreadableFile(f"{source} nests too deeply to be read") from None
+    finally:
+        loader.dispose()
+
+
 def parse_metrics_lines(text: str, source: str) -> list[dict]:
-    """Metric records from metrics.jsonl text; an incomplete last line (a crash mid-write) is ignored."""
+    """Metric records from metrics.jsonl text; an incomplete last line (a crash mid-write) is ignored. A line that
+    is not a JSON object is an `UnreadableFile`."""
     lines = text.split("\n")
     records = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
             if i == len(lines) - 1:  # the unterminated tail of an interrupted append
                 break
-            raise UserError(f"{source}:{i + 1} is not valid JSON; fix or remove that line") from None
+            raise UnreadableFile(f"{source}:{i + 1} is not valid JSON; fix or remove that line") from None
+        if not isinstance(record, dict):
+            raise UnreadableFile(f"{source}:{i + 1} holds a JSON {type(record).__name__}, not an object")
+        records.append(record)
     return records
 
 
@@ -127,16 +257,20 @@ class RunDir:
     def _repair_tail(self) -> None:
         """Drop an unterminated last line left by a crash, so the next append starts on a fresh line."""
         self._tail_checked = True
-        if not self.metrics_path.exists():
+        if not os.path.lexists(self.metrics_path):
             return
+        if not self.metrics_path.is_file():  # a FIFO would block the read below forever
+            raise UnreadableFile(f"{self.metrics_path} is not a regular file; remove it or choose another run.dir")
         data = self.metrics_path.read_bytes()
         if data and not data.endswith(b"\n"):
             atomic_write_bytes(self.metrics_path, data[: data.rfind(b"\n") + 1])
 
     def read_metrics(self) -> list[dict]:
-        if not self.metrics_path.exists():
+        try:
+            text = read_untrusted(self.metrics_path, MAX_METRICS_FILE)
+        except FileNotFoundError:
             return []
-        return parse_metrics_lines(self.metrics_path.read_text(encoding="utf-8"), str(self.metrics_path))
+        return parse_metrics_lines(text, str(self.metrics_path))
 
     def truncate_metrics(self, after_step: int) -> int:
         """Drop records with step > after_step (a resume from that checkpoint); returns how many were dropped."""
@@ -161,16 +295,13 @@ class RunDir:
 def read_summary(run_dir: str | os.PathLike) -> dict | None:
     """A run dir's summary.json (None when it has none); an unreadable one is a `UserError`, never a guess."""
     path = Path(run_dir) / SUMMARY_FILE
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        data = err
-    if not isinstance(data, dict):
-        why = f" ({data})" if isinstance(data, Exception) else ""
-        raise UserError(
-            f"{path} is not a readable run summary{why}, so the run's state is unknown; remove that file to "
+        return read_json_object(path)
+    except (FileNotFoundError, UnreadableFile) as err:
+        why = str(err).removeprefix(str(path)).strip() or "gone while read"
+        raise UnreadableFile(
+            f"{path} is not a readable run summary ({why}), so the run's state is unknown; remove that file to "
             "resume from the latest checkpoint, or remove the run dir to start over"
-        )
-    return data
+        ) from None

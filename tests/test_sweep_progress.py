@@ -1,0 +1,96 @@
+"""Long work is not silent (issue 27): a running run's step/total, latest val loss and ETA; `sweep status` never
+pairs a step with an older val loss; a sweep stopped by SIGTERM says so and how to resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncpipe.launch import display as display_mod
+from asyncpipe.launch.display import SweepDisplay, state_table
+from asyncpipe.launch.expand import expand
+from asyncpipe.launch.local import LocalLauncher
+from asyncpipe.launch.state import INTERRUPTED, RUNNING, RunState, run_state
+
+
+def interrupted_run(path: Path) -> Path:
+    """Stopped at step 20: its summary (written at the stop) holds the step-0 val loss as final_val_loss."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": 120}}))
+    lines = [{"step": 0, "tokens": 0, "val_loss": 5.5}] + [{"step": s, "tokens": s * 64, "train_loss": 4.0}
+                                                            for s in range(1, 21)]  # fmt: skip
+    (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (path / "summary.json").write_text(json.dumps({"status": "interrupted", "final_val_loss": 5.5, "steps": 20}))
+    return path
+
+
+def test_status_never_pairs_a_step_with_an_older_val_loss(tmp_path: Path) -> None:
+    state = run_state(interrupted_run(tmp_path / "r"), "r")
+    assert state.state == INTERRUPTED and state.step == 20 and state.steps == 120
+    assert (state.val_loss, state.val_step) == (5.5, 0)
+    out = io.StringIO()
+    from rich.console import Console
+
+    Console(file=out, width=200).print(state_table("t", [state]))
+    row = next(line for line in out.getvalue().splitlines() if "interrupted" in line)
+    assert "20/120" in row and "5.5000 (step 0)" in row
+
+
+def test_status_shows_a_running_runs_latest_val_loss(tmp_path: Path) -> None:
+    run = interrupted_run(tmp_path / "r")
+    (run / "summary.json").unlink()  # a run still training has no summary yet
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 21, "tokens": 1344, "train_loss": 3.9, "val_loss": 4.25}) + "\n")
+    state = run_state(run, "r")
+    assert state.step == 21 and (state.val_loss, state.val_step) == (4.25, 21) and state.steps == 120
+
+
+def test_progress_lines_show_step_total_and_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(display_mod.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    disp = SweepDisplay("sweep t", stream=out, live=False)
+    with disp:
+        disp.update([RunState("a", RUNNING, step=10, steps=110)])
+        clock[0] += display_mod.PROGRESS_LINE_S + 10  # 40 s for 20 steps: 2 s/step, 80 steps left -> 160 s = 2.7 min
+        disp.update([RunState("a", RUNNING, step=30, steps=110, val_loss=3.25, val_step=30)])
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[0/1] a: running"
+    assert lines[1] == "[0/1] a: running, step 30/110, val loss 3.2500, ETA 2.7 min"
+
+
+def test_eta_falls_back_on_the_dry_run_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(display_mod.time, "monotonic", lambda: clock[0])
+    disp = SweepDisplay("sweep t", stream=io.StringIO(), live=False)
+    disp.expected = {"a": 100.0}
+    disp.update([RunState("a", RUNNING)])
+    clock[0] = 30.0
+    assert disp.etas([RunState("a", RUNNING)]) == {"a": 70.0}
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_sigterm_says_interrupted_and_how_to_resume(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    plan = expand(["seed=0,1"], name="t")
+    sleeper = lambda overrides: [sys.executable, "-c", "import time; time.sleep(60)"]  # noqa: E731
+    launcher = LocalLauncher(plan, tmp_path / "t", parallel=1, command=sleeper,
+                             display=SweepDisplay("sweep t", stream=io.StringIO(), live=False))  # fmt: skip
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launcher.run()
+    finally:
+        timer.cancel()
+    err = capsys.readouterr().err
+    assert "sweep t interrupted: 1 running run(s) stopped (resumable)" in err
+    assert "re-running the same command resumes it" in err
+    assert launcher.states[plan.runs[0].name].state == INTERRUPTED
