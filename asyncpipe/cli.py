@@ -71,6 +71,9 @@ def train(overrides: Optional[List[str]] = OVERRIDES) -> None:
     raise typer.Exit(summary.get("exit_code", 0))
 
 
+MAX_GPU_MEM_GIB = 1e5  # per device; above any accelerator (H200: 141 GiB) by far, below float overflow in the plan
+
+
 @app.command("plan")
 def plan_cmd(
     overrides: Optional[List[str]] = OVERRIDES,
@@ -78,6 +81,8 @@ def plan_cmd(
 ) -> None:
     """Memory per pipeline stage before launching: weights (2 versions under 2BW), gradients, optimizer state,
     EF, activations in flight, in GiB against --gpu-mem, and the largest micro-batch that fits."""
+    if not 0 < gpu_mem <= MAX_GPU_MEM_GIB:  # also refuses nan (every comparison with it is false)
+        raise UserError(f"--gpu-mem {gpu_mem:g} must be a memory budget in GiB, > 0 and at most {MAX_GPU_MEM_GIB:g}")
     from asyncpipe.config import compose
     from asyncpipe.plan import plan, render
 
