@@ -142,7 +142,7 @@ def test_update_averaging_matches_hand_recursion() -> None:
     a, b, x0 = _problem(3)
     w = nn.Parameter(x0.clone())
     g = 0.7
-    opt = _wrap([w], "update_averaging", [1], averaging={"gamma": g})
+    opt = _wrap([w], "update_averaging", [1], nag={"gamma": g})
     got = _run(opt, [w], DelayedWeights([w], [1]), _ls(a, b, w))
     hist, m = [x0.clone()], None
     for t in range(STEPS):
@@ -275,7 +275,7 @@ def test_stage_lr_matches_hand_recursion(anneal: int) -> None:
 NEUTRAL = {
     "ef": {"ef": {"lam": 0.0}},
     "ef_adaptive": {"adaptive": {"lam_init": 0.0, "lam_max": 0.0}},
-    "update_averaging": {"averaging": {"gamma": 0.0}},
+    "update_averaging": {"nag": {"gamma": 0.0}},
     "weight_prediction": {"prediction": {"horizon": 0.0}},
     "dc": {"dc": {"lam": 0.0}},
     "stage_lr": {"stage_lr": {"power": 0.0, "anneal_frac": 0.0}},

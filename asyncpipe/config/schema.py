@@ -101,7 +101,7 @@ class CompensationBase:
     name: str = "none"  # a declared method: none, ef, ef_adaptive, dc, ... (`asyncpipe config show` lists them)
     _target_: Optional[str] = None  # import path of your own method module (docs/extending.md)
     # + each method's settings node, declared in its module (asyncpipe/optim/compensation/), added by `full_schema`
-    averaging: AveragingCompensation = field(default_factory=AveragingCompensation)
+    nag: AveragingCompensation = field(default_factory=AveragingCompensation)  # update_averaging's (the v3 records' key)
     dc: DCCompensation = field(default_factory=DCCompensation)
     rotation: RotationCompensation = field(default_factory=RotationCompensation)
     stage_lr: StageLRCompensation = field(default_factory=StageLRCompensation)

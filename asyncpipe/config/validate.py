@@ -219,7 +219,7 @@ def _validate_compensation(cfg: DictConfig) -> None:
         f"optimizer={o.name} with ef.enabled=true already is EF; use compensation={c.name} with a plain optimizer",
     )
     check_declared(cfg)
-    _need(0 <= c.averaging.gamma < 1, f"compensation.averaging.gamma={c.averaging.gamma} must be in [0, 1)")
+    _need(0 <= c.nag.gamma < 1, f"compensation.nag.gamma={c.nag.gamma} must be in [0, 1)")
     _need(c.dc.lam >= 0, f"compensation.dc.lam={c.dc.lam} must be >= 0")
     _need(0 <= c.dc.rho < 1 and c.dc.eps > 0, "compensation.dc needs 0 <= rho < 1 and eps > 0")
     r = c.rotation

@@ -10,7 +10,9 @@ with u(t) the wrapped optimizer's update from the stale gradient g(W(t-k)),
 
 i.e. the applied step is gamma^2 m(t-1) + (1 - gamma^2) u(t): an average of past updates, which adds lag rather
 than compensating it (docs/results/compensation.md: AdamW's delay-1 gap +0.92, 40% wider than with no
-mitigation). It stays so that the previous results can be reproduced and compared. gamma = 0 is the plain optimizer; a constant u is applied
+mitigation). It stays so that the previous results can be reproduced and compared; its setting keeps the old key, ``compensation.nag.gamma``, so
+that v3 run records and new ones share their config keys (a renamed key would split the report's tables).
+gamma = 0 is the plain optimizer; a constant u is applied
 unchanged. Memory: one parameter-sized buffer m (optimizer state, no weight version): runs in the 2BW engine.
 """
 
@@ -32,7 +34,7 @@ class UpdateAveraging(Compensated):
 
     def __init__(self, optimizer: torch.optim.Optimizer, delays: Mapping[torch.Tensor, int], gamma: float) -> None:
         if not 0 <= gamma < 1:
-            raise UserError(f"compensation.averaging.gamma={gamma} must be in [0, 1)")
+            raise UserError(f"compensation.nag.gamma={gamma} must be in [0, 1)")
         super().__init__(optimizer, delays)
         self.gamma = float(gamma)
 
@@ -52,4 +54,4 @@ class UpdateAveraging(Compensated):
 
 @register("update_averaging", fits_2bw=True, note="one parameter-sized buffer m (optimizer state, no weight version)")
 def build_averaging(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
-    return UpdateAveraging(optimizer, delays, cfg.averaging.gamma)
+    return UpdateAveraging(optimizer, delays, cfg.nag.gamma)
