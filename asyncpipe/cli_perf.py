@@ -167,10 +167,10 @@ def schedule(
         cell = min(e.end - e.start for _, t in panels for e in t.events if e.end > e.start)
         width = max(len(label(e, local_chunks(t))) for _, t in panels for e in t.events) + 1
     text = "".join(f"# {title}\n{render_text(t, cell=cell, width=width)}" for title, t in panels)
-    text = text_legend([t for _, t in panels], cell, width) + text
+    text = text_legend([t for _, t in panels], cell, width, unit="s" if trace is not None else "time unit") + text
     out.mkdir(parents=True, exist_ok=True)
     png, txt = out / f"{stem}.png", out / f"{stem}.txt"
-    render_png(panels, png)
+    render_png(panels, png, time_label="time (s)" if trace is not None else "time")
     if trace is None and schedule in SYNC:
         from asyncpipe.pipe.orders import bubble_table
 

@@ -134,8 +134,10 @@ def render_text(timeline: Timeline, cell: Optional[float] = None, width: Optiona
     return "\n".join(out) + "\n" + textwrap.fill(f"idle fraction: {idle}", line_width) + "\n"
 
 
-def text_legend(timelines: Sequence[Timeline], cell: float, width: int, line_width: int = LINE_WIDTH) -> str:
-    """What the letters, marks and cells of `render_text` mean, for the kinds of block these timelines hold."""
+def text_legend(timelines: Sequence[Timeline], cell: float, width: int, line_width: int = LINE_WIDTH,
+                unit: str = "time unit") -> str:  # fmt: skip
+    """What the letters, marks and cells of `render_text` mean, for the kinds of block these timelines hold; ``unit``
+    names the time (``s`` for a measured trace)."""
     kinds = [k for k in LETTER if any(e.kind == k and e.end > e.start for tl in timelines for e in tl.events)]
     if width > 1:
         say = {"forward": "F3 forward of micro-batch 3", "backward": "B3 its backward",
@@ -151,7 +153,8 @@ def text_legend(timelines: Sequence[Timeline], cell: float, width: int, line_wid
         parts.append(f"batch b is micro-batches {m}b .. {m}b+{m - 1}")
     rules = {r for r in (version_rule(tl) for tl in timelines) if r}
     parts += sorted(rules)
-    parts.append(f"one cell = {cell:.4g} time unit{'' if cell == 1 else 's'}; t = time at the start of a cell")
+    plural = "" if cell == 1 or unit == "s" else "s"
+    parts.append(f"one cell = {cell:.4g} {unit}{plural}; t = time at the start of a cell")
     return textwrap.fill("legend: " + "; ".join(parts) + ".", line_width) + "\n"
 
 
@@ -167,16 +170,16 @@ def _put_label(ax, e: Event, text: str, px_per_unit: float, y: float, height_px:
         ax.text((e.start + e.end) / 2, y, text, ha="center", va="center", fontsize=6.5, color=color, rotation=90)
 
 
-def render_png(panels: list[tuple[str, Timeline]], path: Path, dpi: int = 110) -> None:
+def render_png(panels: list[tuple[str, Timeline]], path: Path, dpi: int = 110, time_label: str = "time") -> None:
     """`figure` written to ``path`` as a PNG."""
-    fig = figure(panels, dpi)
+    fig = figure(panels, dpi, time_label)
     import matplotlib.pyplot as plt
 
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 
-def figure(panels: list[tuple[str, Timeline]], dpi: int = 110):  # noqa: ANN201 (a matplotlib Figure)
+def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str = "time"):  # noqa: ANN201 (a Figure)
     """One stages x time bar chart per (title, timeline), stacked on a shared time axis, the legend above them: each
     forward / backward block numbered by its micro-batch (a rank's second model chunk drawn lighter), optimizer steps
     as U<batch>, the weight version a block reads as a bar under it, and a dashed line where the next batch starts."""
@@ -227,7 +230,7 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110):  # noqa: ANN201 
         ax.set_ylim(P - 0.5, -0.5)
         ax.set_xlim(0, span)
         ax.set_title(title, fontsize=10, pad=14 if batch_starts(tl) else 6)
-    axes[-1, 0].set_xlabel("time")
+    axes[-1, 0].set_xlabel(time_label)
     say = {**MEANING, "forward": "forward (number: micro-batch)", "step": "optimizer step U<b>: writes W(b+1)"}
     handles = [Patch(color=COLOR[k], label=say[k]) for k in LETTER if k in kinds]
     if light_seen:
