@@ -54,11 +54,52 @@ def test_every_group_option_composes() -> None:
         (["optimizer=muon", "optimizer.adjust_lr_fn=sqrt"], "optimizer.adjust_lr_fn=sqrt is not allowed"),
         (["optimizer=muon", "optimizer.ns_steps=0"], "optimizer.ns_steps=0 must be >= 1"),
         (["tracker.wandb.mode=sometimes"], "tracker.wandb.mode=sometimes is not allowed"),
+        # settings that do nothing, or nothing useful (issue 28): each method's own checks, from its declaration
+        (["compensation=weight_prediction", "delay=0"], "compensation=weight_prediction at delay=0 computes exactly the plain optimizer"),
+        (["compensation=ef_adaptive", "delay=0"], "compensation=ef_adaptive at delay=0 computes exactly"),
+        (["compensation=ef_adaptive", "delay=1", "compensation.adaptive.lam_init=3"], "lam_init=3.0 is above lam_max=2.0"),
+        (["compensation=weight_prediction", "delay=1", "compensation.prediction.horizon=1e6"], "horizon=1000000.0 must be in [0, 16]"),
+        (["compensation=weight_prediction", "delay=1", "engine=pipeline"], "compensation=weight_prediction does not run in engine=pipeline"),
+        (["compensation=ef", "delay=1", "compensation.ef.schedule=warmup"], "warmup_steps=0 must be >= 1 with schedule=warmup"),
+        (["model=moe_tiny", "model.moe.capacity_factor=0.001"], "keeps at most 0.39% of each micro-batch's 512 x 2"),
+        (["optimizer.weight_decay=100"], "decoupled decay multiplies every weight by 1 - lr x weight_decay <= 0"),
+        (["optimizer=muon", "optimizer.muon_router=true"], "optimizer.muon_router=true does nothing: model 'tiny' is dense"),
+        (["optimizer=muon", "optimizer.ns_steps=1000"], "optimizer.ns_steps=1000 must be >= 1 (and <= 100"),
+        (["optimizer.name=lion"], "optimizer.name=lion is unknown; choose one of: adamw, muon, nadam, soap"),
+        (["compensation.name=magic", "delay=1"], "compensation.name=magic is unknown; choose one of:"),
     ],
 )
-def test_user_mistakes_are_one_line_errors(overrides: list[str], needle: str) -> None:
+def test_user_mistakes_are_one_line_errors(overrides: list[str], needle: str) -> None:  # noqa: E501
     with pytest.raises(ConfigError) as err:
         compose(overrides)
     message = str(err.value)
     assert "\n" not in message
     assert needle in message
+
+
+def test_capacity_that_keeps_most_tokens_and_ef_at_delay_0_are_accepted() -> None:
+    assert compose(["model=moe_tiny", "model.moe.capacity_factor=0.05"]).model.moe.capacity_factor == 0.05  # 5% kept
+    assert compose(["optimizer=adamw_ef", "delay=0"]).optimizer.ef.enabled  # EF extrapolates even without delay
+
+
+def test_default_lr_is_the_models_tuned_value_and_an_explicit_lr_wins() -> None:
+    from asyncpipe.config import tuned_lr
+
+    for name in ("adamw", "muon", "soap", "nadam"):
+        assert compose([f"optimizer={name}"]).optimizer.lr == tuned_lr("tiny", name)
+    assert (tuned_lr("tiny", "adamw"), tuned_lr("tiny", "muon")) == (0.016, 0.02)  # the v3 grid winners
+    assert compose(["optimizer=muon", "optimizer.lr=0.5"]).optimizer.lr == 0.5
+    assert compose(["model=135m", "train.seq_len=64"]).optimizer.lr == tuned_lr("135m", "adamw") == 6e-4
+    assert tuned_lr("small", "adamw") is None and compose(["model=small"]).optimizer.lr == 1e-3  # no table entry
+
+
+def test_ef_override_and_preset_are_the_one_ef_method() -> None:
+    from asyncpipe.registry import describe, effective_compensation
+
+    preset = compose(["optimizer=muon_ef", "delay=1"])
+    override = compose(["optimizer=muon", "optimizer.ef.enabled=true", "optimizer.ef.lam=0.5", "delay=1"])
+    for cfg, lam in ((preset, 1.0), (override, 0.5)):
+        comp = effective_compensation(cfg.optimizer, cfg.compensation)
+        assert (comp.name, comp.ef.lam, comp.ef.schedule) == ("ef", lam, "constant")
+        assert describe(cfg) == f"muon + EF(lam={lam:g})" and "-muon_ef-d1" in cfg.run.dir
+    assert "-adamw+dc-d1" in compose(["compensation=dc", "delay=1"]).run.dir

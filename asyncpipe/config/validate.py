@@ -6,10 +6,11 @@ import dataclasses
 import difflib
 import math
 import typing
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from asyncpipe.config.keys import leaves
 from asyncpipe.errors import ConfigError
 
 ENGINES = ("simulate", "pipeline")
@@ -48,6 +49,8 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.delay >= 0, f"delay={cfg.delay} must be >= 0 (0 = synchronous, 1 = PipeDream-2BW)")
     _need(o.lr > 0, f"optimizer.lr={o.lr} must be > 0")
     _need(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay} must be >= 0")
+    _need(o.lr * o.weight_decay < 1, f"optimizer.lr={o.lr:g} x optimizer.weight_decay={o.weight_decay:g} >= 1: decoupled "
+          "decay multiplies every weight by 1 - lr x weight_decay <= 0 each step (weights zeroed or sign-flipped)")
     _need(o.ef.lam >= 0, f"optimizer.ef.lam={o.ef.lam} must be >= 0")
     for key in ("steps", "micro_batch_size", "micro_batches", "seq_len", "eval_every", "eval_batches", "log_every"):
         _need(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
@@ -70,6 +73,7 @@ def validate(cfg: DictConfig) -> None:
         _need(moe.aux_loss_coef >= 0 and moe.z_loss_coef >= 0, "model.moe.aux_loss_coef and z_loss_coef must be >= 0")
         _need(moe.capacity_factor is None or moe.capacity_factor > 0,
               f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (or null = dropless)")  # fmt: skip
+        check_capacity(cfg)
     _need(p.stages >= 1 and p.data_parallel >= 1, "pipeline.stages and pipeline.data_parallel must be >= 1")
     _need(p.threads >= 1, f"pipeline.threads={p.threads} must be >= 1")
     _need(cfg.checkpoint.every >= 0 and cfg.checkpoint.keep >= 1, "checkpoint.every must be >= 0, checkpoint.keep >= 1")
@@ -110,20 +114,9 @@ def validate(cfg: DictConfig) -> None:
 INFINITE_OK = ("train.diverge_loss",)  # inf = no loss threshold (NaN/inf losses still end the run)
 
 
-def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every scalar in a config node, lists included (as key.0, key.1, ...)."""
-    items = node.items() if isinstance(node, DictConfig) else enumerate(node)
-    for key, value in items:
-        path = f"{prefix}{key}"
-        if isinstance(value, (DictConfig, ListConfig)):
-            yield from _leaves(value, path + ".")
-        else:
-            yield path, value
-
-
 def check_finite(cfg: DictConfig) -> None:
     """No NaN or infinity anywhere (`optimizer.lr=inf` would train on NaNs), except where inf means "off"."""
-    for key, value in _leaves(cfg):
+    for key, value in leaves(cfg, index_lists=True):
         if isinstance(value, float) and not math.isfinite(value) and not (value == math.inf and key in INFINITE_OK):
             _need(False, f"{key}={value} must be a finite number")
 
@@ -186,6 +179,23 @@ def suggest_key(full_key: str) -> str:
             return ""
     prefix = "".join(f"{p}." for p in parents)
     return did_you_mean(full_key, [prefix + f.name for f in dataclasses.fields(node)])
+
+
+MIN_KEPT = 0.01  # a capacity that keeps fewer token-expert assignments than this trains experts on almost nothing
+
+
+def check_capacity(cfg: DictConfig) -> None:
+    """An MoE capacity so small that > 99% of a micro-batch's token-expert assignments are dropped: each expert
+    takes max(1, ceil(cf x n x k / E)) of the n x k assignments (`asyncpipe.model.moe`), n = tokens per
+    micro-batch; the dropped tokens skip the MLP, so the run trains its experts on almost nothing."""
+    moe, t = cfg.model.moe, cfg.train
+    if moe.capacity_factor is None:
+        return
+    n, k, e = t.micro_batch_size * t.seq_len, moe.top_k, moe.experts
+    kept = min(1.0, e * max(1, math.ceil(moe.capacity_factor * n * k / e)) / (n * k))
+    _need(kept >= MIN_KEPT, f"model.moe.capacity_factor={moe.capacity_factor:g} keeps at most {kept:.2%} of each "
+          f"micro-batch's {n} x {k} token-expert assignments (> 99% dropped); use >= {MIN_KEPT:g} "
+          f"(1 = a balanced load), or null = dropless")  # fmt: skip
 
 
 def check_declared(cfg: DictConfig) -> None:

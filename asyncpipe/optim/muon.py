@@ -43,6 +43,8 @@ def check_muon(o: Any, cfg: Any) -> None:
     need(o.adjust_lr_fn in (None, "null") + ADJUST_LR_FNS,
          f"optimizer.adjust_lr_fn={o.adjust_lr_fn} is not allowed; choose one of: null, {', '.join(ADJUST_LR_FNS)}")
     need(1 <= o.ns_steps <= 100, f"optimizer.ns_steps={o.ns_steps} must be >= 1 (and <= 100: 5 already converges)")
+    need(not o.muon_router or cfg.model.moe.experts > 0,
+         f"optimizer.muon_router=true does nothing: model '{cfg.model.name}' is dense (no MoE router)")
 
 
 def muon_bytes(cfg: Any, shapes: list) -> float:

@@ -1,0 +1,196 @@
+"""docs/extending.md, followed from outside the package: a researcher's own optimizer and own staleness mitigation,
+each one module in their own package (a temporary directory on PYTHONPATH), used by import path without editing
+asyncpipe: it trains 5 steps, `config show` lists its keys, `plan` counts its state, a bad value is one line and
+exit 2. Also: an optimizer or method that declares no memory model is an error in the plan, never 0 bytes."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import asyncpipe, cli_env, read_metrics
+
+# The guide's two examples, as a user would write them (docs/extending.md shows the same code).
+LION = '''
+"""Lion (Chen et al. 2023): sign of an interpolated momentum; one buffer per parameter."""
+from dataclasses import dataclass
+
+import torch
+
+from asyncpipe.errors import ConfigError
+from asyncpipe.optim.registry import decay_groups, trainable
+from asyncpipe.registry import declare_optimizer
+
+
+@dataclass
+class LionConfig:
+    lion_beta1: float = 0.9  # interpolation of momentum and gradient for the sign
+    lion_beta2: float = 0.99  # momentum decay
+
+
+def check(o, cfg):
+    for key in ("lion_beta1", "lion_beta2"):
+        if not 0 <= o[key] < 1:
+            raise ConfigError(f"optimizer.{key}={o[key]} must be in [0, 1)")
+
+
+def memory(cfg, shapes):
+    return 4.0 * sum(s.params for s in shapes)  # the momentum, fp32
+
+
+class Lion(torch.optim.Optimizer):
+    def __init__(self, params, lr, betas, weight_decay):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(torch.sign(m.mul(b1).add(p.grad, alpha=1 - b1)), alpha=-group["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+@declare_optimizer("lion", memory=memory, config=LionConfig, check=check)
+def build(module, cfg, hidden):
+    groups = decay_groups(trainable(module), cfg.lr, cfg.weight_decay)
+    return Lion(groups, cfg.lr, (cfg.lion_beta1, cfg.lion_beta2), cfg.weight_decay)
+'''
+
+DAMPED = '''
+"""Damped EF: EF's correction scaled by damping in (0, 1]; u(t-1) plus the step's snapshot."""
+from dataclasses import dataclass
+
+from asyncpipe.errors import ConfigError
+from asyncpipe.optim.ef import ErrorFeedback
+from asyncpipe.registry import declare_method
+
+
+@dataclass
+class DampedConfig:
+    damping: float = 0.5  # lambda of EF
+
+
+def check(c, cfg):
+    if not 0 < c.damping <= 1:
+        raise ConfigError(f"compensation.damped.damping={c.damping} must be in (0, 1]")
+
+
+@declare_method("damped_ef", buffers=2, fits_2bw=True, note="u(t-1)", key="damped", config=DampedConfig,
+                check=check, needs_delay=True)
+def build(optimizer, cfg, delays):
+    return ErrorFeedback(optimizer, cfg.damped.damping)
+'''
+
+NO_MEMORY = '''
+from asyncpipe.optim.compensation.registry import register
+
+
+@register("forgetful", fits_2bw=True, note="declares no memory model")
+def build(optimizer, cfg, delays):
+    return optimizer
+'''
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("outside")
+    pkg = root / "mylab"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name, text in (("lion", LION), ("damped", DAMPED), ("forgetful", NO_MEMORY)):
+        (pkg / f"{name}.py").write_text(textwrap.dedent(text))
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    return cli_env(PYTHONPATH=path, ASYNCPIPE_DATA=os.environ["ASYNCPIPE_DATA"])
+
+
+def _run(env: dict, *args: str):
+    return asyncpipe(*args, env=env, timeout=600)
+
+
+def _plan_gib(env: dict, column: str, *over: str) -> float:
+    """Stage 0's value of ``column`` in `asyncpipe plan`'s table (one stage)."""
+    out = _run(env, "plan", "pipeline.stages=1", *over)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    head = next(line.split() for line in lines if line.split()[:1] == ["stage"])
+    row = next(line.split() for line in lines if line.split()[:1] == ["0"])
+    return float(row[head.index(column)])
+
+
+def _one_line_error(proc, needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+TRAIN = ["train.steps=5", "train.eval_every=5", "train.eval_batches=2", "train.micro_batches=2",
+         "train.micro_batch_size=4", "train.seq_len=32", "tracker.wandb.mode=disabled"]  # fmt: skip
+
+
+def test_own_optimizer_by_import_path_trains_shows_and_plans(lab, tmp_path):
+    run = tmp_path / "lion"
+    proc = _run(lab, "train", "optimizer._target_=mylab.lion", "optimizer.lr=1e-3", "optimizer.lion_beta1=0.8",
+                f"run.dir={run}", *TRAIN)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    losses = [m["train_loss"] for m in read_metrics(run) if "train_loss" in m]
+    assert len(losses) == 5 and losses[-1] < losses[0]
+    assert "| lion lr 0.001 |" in proc.stdout, proc.stdout
+    recorded = (run / "config.yaml").read_text()
+    assert "name: lion" in recorded and "_target_: mylab.lion" in recorded and "lion_beta1: 0.8" in recorded
+
+    shown = _run(lab, "config", "show", "optimizer._target_=mylab.lion")
+    assert shown.returncode == 0 and "lion_beta2: 0.99" in shown.stdout and "name: lion" in shown.stdout
+
+    # Lion keeps one buffer per parameter: exactly half of AdamW's two
+    lion = _plan_gib(lab, "optim", "model=1b", "optimizer._target_=mylab.lion")
+    assert lion > 0 and lion == pytest.approx(_plan_gib(lab, "optim", "model=1b", "optimizer=adamw") / 2, rel=0.01)
+
+
+def test_own_optimizer_bad_value_is_one_line(lab, tmp_path):
+    _one_line_error(_run(lab, "train", "optimizer._target_=mylab.lion", "optimizer.lion_beta1=1.5",
+                         f"run.dir={tmp_path / 'x'}", *TRAIN), "optimizer.lion_beta1=1.5 must be in [0, 1)")  # fmt: skip
+    assert not (tmp_path / "x").exists()
+    _one_line_error(_run(lab, "config", "show", "optimizer._target_=mylab.lion", "optimizer.lion_beta3=1"),
+                    "lion_beta3")  # fmt: skip
+    _one_line_error(_run(lab, "config", "show", "optimizer._target_=mylab.nowhere"), "cannot import mylab.nowhere")
+
+
+def test_own_mitigation_by_import_path_trains_shows_and_plans(lab, tmp_path):
+    run = tmp_path / "damped"
+    proc = _run(lab, "train", "compensation._target_=mylab.damped", "compensation.damped.damping=0.7", "delay=1",
+                f"run.dir={run}", *TRAIN)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert len([m for m in read_metrics(run) if "train_loss" in m]) == 5
+    assert "adamw + damped_ef" in proc.stdout
+    shown = _run(lab, "config", "show", "compensation._target_=mylab.damped", "delay=1")
+    assert "damping: 0.5" in shown.stdout and "name: damped_ef" in shown.stdout
+    # the same two parameter-sized buffers as EF: u(t-1) and the step's snapshot
+    damped = _plan_gib(lab, "EF/comp", "model=1b", "compensation._target_=mylab.damped", "delay=1")
+    assert damped > 0 and damped == _plan_gib(lab, "EF/comp", "model=1b", "optimizer=adamw_ef", "delay=1")
+
+
+def test_own_mitigation_checks_apply(lab, tmp_path):
+    _one_line_error(_run(lab, "config", "show", "compensation._target_=mylab.damped", "delay=1",
+                         "compensation.damped.damping=3"), "compensation.damped.damping=3.0 must be in (0, 1]")
+    _one_line_error(_run(lab, "config", "show", "compensation._target_=mylab.damped", "delay=0"),
+                    "at delay=0 computes exactly the plain optimizer")
+
+
+def test_a_method_without_a_memory_model_is_an_error_in_the_plan(lab):
+    _one_line_error(_run(lab, "plan", "compensation._target_=mylab.forgetful", "delay=1"),
+                    "compensation=forgetful declares no memory model")
+
+
+def test_an_optimizer_declared_without_a_memory_model_is_refused():
+    from asyncpipe.optim.registry import register
+
+    with pytest.raises(TypeError, match="declare its memory model"):
+        register("nomem")
