@@ -132,6 +132,6 @@ def test_pipeline_matches_the_compiled_simulator() -> None:
     results = launch([Job(c, None, show_progress=False) for c in cfgs], timeout_s=800)
     for case, result in zip(cases, results):
         assert all(st["compiled"] and st.get("compile_s", 0) > 0 for st in result["stages"])
-        sim, sim_val, _ = _train([c for c in case if not c.startswith("pipeline.")], "true")
+        sim, sim_val, _ = _train([*[c for c in case if not c.startswith("pipeline.")], "train.eval_batches=4"], "true")
         assert [h["train_loss"] for h in result["history"]] == pytest.approx(sim, rel=TOL)
         assert result["final_val_loss"] == pytest.approx(sim_val, rel=TOL)
