@@ -124,8 +124,15 @@ def report(
     log_wandb: bool = typer.Option(True, "--wandb-log/--no-wandb-log", help="Also log table and plots to a W&B "
                                    "report run of the group (when the runs' W&B mode is not disabled)."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Also draw the loss and gap plots (the slow part)."),
+    merge: bool = typer.Option(False, "--merge", help="Pool the sweeps' runs that share a column name and every "
+                               "compared setting into one cell (seeds unioned; a seed twice in a cell is refused)."),
+    target: Optional[float] = typer.Option(None, "--target", help="The % of a gap a mitigation should close "
+                                           "(e.g. 85): the takeaways say whether each closure is resolved against it."),
+    bench: Optional[List[Path]] = typer.Option(None, "--bench", help="A `bench pipeline` result file (repeatable): "
+                                               "2BW's measured throughput ratio for the net speed-up (else the ideal)."),
 ) -> None:
-    """Loss-gap tables (sync / 1-step / 1-step+EF per optimizer, or a sweep file's variants) and plots."""
+    """Takeaways, loss-gap tables with 95% intervals (sync / 1-step / 1-step+EF per optimizer, or a sweep file's
+    variants), time to sync's loss and net wall-clock speed-up, plots."""
     from asyncpipe.report import build_report, build_report_from_wandb, log_report_to_wandb, print_report
 
     if out is not None:
@@ -135,14 +142,15 @@ def report(
             raise UserError("--wandb needs --group (the sweep name the runs were grouped under)")
         rep = build_report_from_wandb(wandb_project, group, out or Path("reports") / group)
     elif sweep_dirs:
-        rep = build_report(sweep_dirs, out, baseline=baseline, reference=reference, plots=plots)
+        rep = build_report(sweep_dirs, out, baseline=baseline, reference=reference, plots=plots, merge=merge,
+                           target=None if target is None else target / 100, bench=bench or [])
     else:
         raise UserError("give a sweep directory (asyncpipe report DIR/NAME) or --wandb ENTITY/PROJECT --group G")
     print_report(rep)
     for path in rep.files.values():
         typer.echo(f"wrote {path}")
     if log_wandb and sweep_dirs and log_report_to_wandb(rep):
-        typer.echo("logged the report to W&B")
+        typer.echo(rep.wandb_message)
 
 
 @app.command()

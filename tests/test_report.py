@@ -111,6 +111,9 @@ def expected_stats() -> dict[tuple[str, str], dict]:
     return out
 
 
+T_975 = {1: 12.706204736174705, 2: 4.302652729911275}  # Student t 97.5th percentiles by degrees of freedom (tables)
+
+
 def close(a: float, b: float) -> bool:
     return a == pytest.approx(b, rel=1e-12, abs=1e-12)
 
@@ -141,8 +144,9 @@ def test_table_numbers_match_inputs(sweep):
     m_ef = exp[("muon", "1-step+EF")]
     assert table.loc["muon", "1-step+EF"] == f"{m_ef['mean']:.4f} ± {m_ef['std']:.4f} (n=3; 1 unfinished)"
     m1 = exp[("muon", "1-step")]
-    assert table.loc["muon", "gap 1-step"] == f"{m1['gap']:+.4f} ± {m1['gap_std']:.4f}"
-    assert table.loc["adamw", "% gap closed 1-step+EF"] == f"{exp[('adamw', '1-step+EF')]['closed']:.1f}%"
+    half = T_975[2] * m1["gap_std"] / 3**0.5  # the gap's 95% paired t-interval over 3 seeds
+    assert table.loc["muon", "gap 1-step"] == f"{m1['gap']:+.4f} [{m1['gap'] - half:+.4f}, {m1['gap'] + half:+.4f}]"
+    assert table.loc["adamw", "% gap closed 1-step+EF"].startswith(f"{exp[('adamw', '1-step+EF')]['closed']:.0f}% [")
     statuses = report.runs.set_index("run")["status"]
     assert statuses["adamw-1-step-s3"] == "diverged" and statuses["muon-1-step+EF-s3"] == "unfinished"
 
@@ -152,7 +156,8 @@ def test_files_written(sweep):
     out = sweep / "report"
     assert report.out_dir == out
     assert sorted(p.name for p in out.iterdir()) == [
-        "gap_vs_tokens.pdf", "gap_vs_tokens.png", "gaps.csv", "loss_curves.pdf", "loss_curves.png", "report.md"
+        "gap_vs_tokens.pdf", "gap_vs_tokens.png", "gaps.csv", "intervals.csv", "loss_curves.pdf", "loss_curves.png",
+        "report.md",
     ]  # fmt: skip
     for name in ("loss_curves.png", "gap_vs_tokens.png"):  # one column per optimizer: 2 x 600 px wide
         assert matplotlib.image.imread(out / name).shape[:2] == (800, 1200)
@@ -172,7 +177,7 @@ def test_files_written(sweep):
 def test_no_plots_writes_the_same_tables_without_images(sweep, tmp_path):
     full = build_report(sweep)
     tables = build_report(sweep, out_dir=tmp_path / "t", plots=False)
-    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["gaps.csv", "report.md"]
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["gaps.csv", "intervals.csv", "report.md"]
     pd.testing.assert_frame_equal(tables.cells, full.cells)
     md = (tmp_path / "t" / "report.md").read_text()
     assert "Not drawn" in md and ".png" not in md
@@ -208,12 +213,13 @@ def test_sweep_without_ef_shows_dashes_and_setting_axes(tmp_path):
     for group in report.groups:
         lr = group.key["optimizer.lr"]
         row = group.table.loc["adamw"]
-        assert row["1-step+EF"] == "—" and row["% gap closed 1-step+EF"] == "—" and row["gap 1-step+EF"] == "—"
+        assert not [c for c in row.index if "EF" in c], "a sweep without EF shows no empty EF columns"
         gap = statistics.fmean(vals[(lr, "1-step", s)] for s in (0, 1)) - statistics.fmean(
             vals[(lr, "sync", s)] for s in (0, 1)
         )
         pairs = [vals[(lr, "1-step", s)] - vals[(lr, "sync", s)] for s in (0, 1)]
-        assert row["gap 1-step"] == f"{gap:+.4f} ± {statistics.stdev(pairs):.4f}"
+        half = T_975[1] * statistics.stdev(pairs) / 2**0.5
+        assert row["gap 1-step"] == f"{gap:+.4f} [{gap - half:+.4f}, {gap + half:+.4f}]"
 
 
 def test_pipedream_profile_is_its_own_column(tmp_path):
@@ -222,8 +228,8 @@ def test_pipedream_profile_is_its_own_column(tmp_path):
     write_run(tmp_path, "p", cfg, curve(3.3, EVAL_TOKENS), {"status": "completed"})
     report = build_report(tmp_path)
     table = report.groups[0].table
-    assert list(table.columns[:4]) == ["sync", "1-step", "1-step+EF", "pipedream(P=4)"]
-    assert table.loc["adamw", "gap pipedream(P=4)"] == f"{3.3 - 3.0:+.4f}"
+    assert list(table.columns[:2]) == ["sync", "pipedream(P=4)"]
+    assert table.loc["adamw", "gap pipedream(P=4)"] == f"{3.3 - 3.0:+.4f} (n=1)"  # one seed: no interval
     assert report.group_keys == []
 
 
@@ -312,11 +318,13 @@ def test_log_report_to_wandb(sweep, tmp_path, monkeypatch):
     cfg["tracker"]["wandb"]["mode"] = "offline"
     assert log_report_to_wandb(report, cfg) is True
     init = inits[0]
-    assert (init["job_type"], init["group"], init["dir"]) == ("report", "paper", str(sweep / "report"))
+    assert (init["job_type"], init["group"], init["dir"]) == ("report", "paper", str(sweep / "report.wandb"))
+    assert report.wandb_message.startswith("wrote an offline W&B run of the report to ")  # never "logged" offline
+    assert not (sweep / "report" / "wandb").exists()
     table = logged[0]["loss_gaps"]
     assert len(table.data) == len(report.cells) == 6
     assert {"loss_curves", "gap_vs_tokens"} <= set(logged[1])
-    assert {"report.md", "gaps.csv", "loss_curves.pdf", "gap_vs_tokens.pdf"} == {d["file"] for d in logged[2:]}
+    assert {"report.md", "gaps.csv", "intervals.csv", "loss_curves.pdf", "gap_vs_tokens.pdf"} == {d["file"] for d in logged[2:]}
     assert finished == [0]
 
 
@@ -351,7 +359,7 @@ def test_runs_differing_in_an_unlisted_key_are_never_pooled(tmp_path):
     by_wd = {(g.key["optimizer.weight_decay"], g.key["train.steps"]): g for g in report.groups}
     for wd in (0.0, 0.1):
         row = by_wd[(wd, 100)].table.loc["adamw"]  # the schema default, for configs without the key
-        assert row["gap 1-step"] == f"{finals_[(wd, 100, '1-step')] - finals_[(wd, 100, 'sync')]:+.4f}"
+        assert row["gap 1-step"] == f"{finals_[(wd, 100, '1-step')] - finals_[(wd, 100, 'sync')]:+.4f} (n=1)"
     assert by_wd[(0.1, 50)].table.loc["adamw", "sync"] == "3.7000 (n=1)"
     md = (tmp_path / "report" / "report.md").read_text()
     assert "Tables split by: `optimizer.weight_decay`, `train.steps`" in md
@@ -393,7 +401,8 @@ def test_named_variants_are_columns_in_file_order(tmp_path):
     table = report.groups[0].table
     assert list(table.columns[:4]) == ["settings", "sync", "1-step+EF", "1-step"]
     assert table.loc["adamw", "settings"] == "lr=0.003"
-    assert table.loc["muon", "% gap closed 1-step+EF"] == f"{0.1 / 0.3 * 100:.1f}%"
+    # Both seeds close exactly 1/3: every bootstrap resample gives 33%, so the interval collapses onto it.
+    assert table.loc["muon", "% gap closed 1-step+EF"] == f"{0.1 / 0.3 * 100:.0f}% [33%, 33%]"
     diffs = report.cells.set_index(["optimizer", "variant"]).loc[("muon", "1-step+EF")]
     assert diffs["base_variant"] == "1-step" and close(diffs["diff_to_base"], -0.1)
 
@@ -409,7 +418,7 @@ def test_a_folder_of_several_sweeps_measures_gaps_against_sync(tmp_path):
             write_run(tmp_path / sweep, name, cfg, curve(3.0 + 0.1 * delay, EVAL_TOKENS), {"status": "completed"})
     table = build_report(tmp_path).groups[0].table
     assert list(table.columns[:3]) == ["sync", "pipedream", "1-step"]
-    assert table.loc["adamw", "gap pipedream"] == "+0.2000" and table.loc["adamw", "gap 1-step"] == "+0.1000"
+    assert table.loc["adamw", "gap pipedream"] == "+0.2000 (n=1)" and table.loc["adamw", "gap 1-step"] == "+0.1000 (n=1)"
 
 
 def test_cut_off_metrics_line_is_named(tmp_path):
@@ -439,12 +448,14 @@ def test_two_sweeps_compared_against_a_baseline(tmp_path):
     assert list(table.columns[:3]) == ["base:sync", "depth:pipedream(P=2)", "depth:pipedream(P=4)"]
     assert report.groups[0].reference == "base:sync"
     pairs = [0.2, 0.21]
-    assert table.loc["muon", "gap depth:pipedream(P=4)"] == f"{statistics.fmean(pairs):+.4f} ± {statistics.stdev(pairs):.4f}"
+    mean, half = statistics.fmean(pairs), T_975[1] * statistics.stdev(pairs) / 2**0.5
+    assert table.loc["muon", "gap depth:pipedream(P=4)"] == f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
     assert report.out_dir == tmp_path / "report-base-vs-depth"
     # PipeDream P=4 against P=2, same seed: --reference names the column.
     vs = build_report(other, out_dir=tmp_path / "vs", baseline=base, reference="depth:pipedream(P=2)").groups[0].table
-    assert vs.loc["muon", "gap depth:pipedream(P=4)"] == f"{0.1:+.4f} ± {0.0:.4f}"
-    assert vs.loc["muon", "gap base:sync"] == f"{-0.105:+.4f} ± {statistics.stdev([-0.1, -0.11]):.4f}"
+    assert vs.loc["muon", "gap depth:pipedream(P=4)"] == "+0.1000 [+0.1000, +0.1000]"  # both seeds +0.1 exactly
+    half = T_975[1] * statistics.stdev([-0.1, -0.11]) / 2**0.5
+    assert vs.loc["muon", "gap base:sync"] == f"{-0.105:+.4f} [{-0.105 - half:+.4f}, {-0.105 + half:+.4f}]"
     with pytest.raises(UserError, match="not a column"):
         build_report(other, out_dir=tmp_path / "x", reference="sync")
 
@@ -494,7 +505,10 @@ def test_report_lists_code_states_and_warns_when_they_differ(tmp_path):
     report = build_report(tmp_path)
     assert any("2 different code states" in w for w in report.warnings)
     md = (tmp_path / "report" / "report.md").read_text()
-    assert "| aaaaaaaaaa; asyncpipe 0.1.0; torch 2.13.0 | 1 |" in md and "bbbbbbbbbb (dirty)" in md
+    assert "| aaaaaaaaaa; asyncpipe 0.1.0; torch 2.13.0 | 1 | no |" in md
+    assert "| bbbbbbbbbb (dirty); asyncpipe 0.1.0; torch 2.13.0 | 1 | yes: uncommitted changes |" in md
+    assert "1 of 2 runs came from a working tree with uncommitted changes" in md
+    assert "covers seed-to-seed variation only" in md and "not cover numerical differences between machines" in md
 
 
 def test_a_one_seed_cell_is_paired_with_the_same_seed_of_a_three_seed_reference(tmp_path):

@@ -4,7 +4,8 @@
   seeds) and train loss (mean over seeds, smoothed, light) per variant; the lower row zooms into the last
   ZOOM_FRAC of training with its own y-range, so a final gap of 0.01 is visible.
 - gap_vs_tokens: each variant's val loss minus the reference column's (sync), paired by seed: mean of the per-seed
-  differences with error bars of their sample std; the lower row zooms like above.
+  differences with error bars of their sample std; the lower row zooms like above. Every panel of a row shares
+  one y-range, so a gap 4x another optimizer's looks 4x as large.
 One colour per variant, in the table's column order. Token axes in k/M. Figures are 6 inches wide per column
 (at least 12) and 8 high, at 100 dpi, so a 2-column figure is exactly 1200x800 px.
 """
@@ -195,10 +196,20 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
         title = f"{optimizer} | {group.title}"
         _decorate(top, title, f"val loss − {group.reference} val loss", False, group.matched_tokens, "upper left")
         _decorate(bottom, title, f"val loss − {group.reference}", True, group.matched_tokens)
+    for row in axes:
+        share_y(row)
     fig.suptitle("Loss gap to the reference vs tokens, paired by seed (mean; error bars: sample std of the per-seed "
-                 "differences)", fontsize=10)  # fmt: skip
+                 "differences); one y-axis per row", fontsize=10)  # fmt: skip
     fig.tight_layout()
     return _save(fig, path)
+
+
+def share_y(axes: np.ndarray) -> None:
+    """One y-range for every panel of a row: the union of their own ranges."""
+    limits = [ax.get_ylim() for ax in axes]
+    lo, hi = min(a for a, _ in limits), max(b for _, b in limits)
+    for ax in axes:
+        ax.set_ylim(lo, hi)
 
 
 def _save(fig: plt.Figure, path: Path) -> list[Path]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from asyncpipe.report.claims import Claim, group_claims, meta_of, other_budget
 from asyncpipe.report.groups import Grouping, fmt_value, natural, title_keys
 from asyncpipe.report.load import COMPLETED
 from asyncpipe.status import DIVERGED, FAILED
@@ -32,6 +33,7 @@ class GroupTable:
     table: pd.DataFrame  # index: optimizer; columns: [settings], variants, gaps, % closed
     runs: list[str] = field(default_factory=list)  # the runs of this table
     reference: str | None = None  # the variant every gap is measured against
+    claims: list[Claim] = field(default_factory=list)  # every interval this table's numbers support
 
     @property
     def title(self) -> str:
@@ -98,11 +100,15 @@ def _cell(runs: pd.DataFrame, values: dict[str, float]) -> dict:
 
 
 def compute_cells(
-    runs: pd.DataFrame, curves: pd.DataFrame, grouping: Grouping, named: list[str] | None, reference: str | None = None
+    runs: pd.DataFrame, curves: pd.DataFrame, grouping: Grouping, named: list[str] | None, reference: str | None = None,
+    target: float | None = None,
 ) -> tuple[pd.DataFrame, list[GroupTable], list[str]]:
-    """The long-form table (gaps.csv: one row per table, optimizer and variant), the display tables, and warnings."""
-    order = variant_order(list(runs["variant"].unique()), named)
+    """The long-form table (gaps.csv: one row per table, optimizer and variant), the display tables (with their
+    claims' intervals; `target`: a stated fraction of the gap a mitigation should close), and warnings."""
+    present = list(runs["variant"].unique())
+    order = variant_order(present, named)
     reference = reference or (order[0] if named else "sync")
+    order = [v for v in order if v in present]
     members: dict[tuple, list[str]] = {}
     for run in runs["run"]:
         members.setdefault(grouping.group_of(run), []).append(run)
@@ -113,14 +119,15 @@ def compute_cells(
         first = group["run"].iloc[0]
         key = {k: grouping.value(first, k) for k in CONTEXT_KEYS if k not in grouping.group_keys}
         key.update({k: grouping.value(first, k) for k in title_keys(grouping, list(group["run"]))})
-        group_rows = []
+        group_rows, all_stats, all_meta = [], {}, {}
         for optimizer, opt_runs in sorted(group.groupby("optimizer", dropna=False), key=lambda kv: natural(kv[0])):
             settings = ", ".join(
                 f"{k.removeprefix('optimizer.')}={fmt_value(grouping.value(opt_runs['run'].iloc[0], k))}"
                 for k in grouping.row_keys
             )
-            stats = {}
+            stats, all_meta[optimizer] = {}, {}
             for variant, cell in opt_runs.groupby("variant", sort=False):
+                all_meta[optimizer][variant] = meta_of(cell)
                 stats[variant] = {
                     **{k: grouping.value(cell["run"].iloc[0], k) for k in grouping.group_keys},
                     "optimizer": optimizer, "settings": settings, "variant": variant,
@@ -150,21 +157,27 @@ def compute_cells(
                 gap_base = base.get("gap_to_sync", math.nan) if row["base_variant"] != reference else math.nan
                 row["gap_closed_pct"] = (gap_base - row["gap_to_sync"]) / gap_base * 100 if gap_base else math.nan
             group_rows.extend(stats[v] for v in sorted(stats, key=order.index))
+            all_stats[optimizer] = stats
+        title = ", ".join(f"{k.removesuffix('.name')}={fmt_value(v)}" for k, v in key.items())
+        claims = group_claims(title, all_stats, all_meta, reference, order, target)
         for row in group_rows:
             row.pop("_by_seed")
         rows.extend(group_rows)
         tables.append(
-            GroupTable(key, matched, display_table(group_rows, order, reference, bool(grouping.row_keys)),
-                       list(group["run"]), reference)
+            GroupTable(key, matched, display_table(group_rows, order, reference, bool(grouping.row_keys), claims,
+                                                   {(o, v) for o, m in all_meta.items() for v in m if other_budget(m, v, reference)}),
+                       list(group["run"]), reference, claims)
         )  # fmt: skip
     return pd.DataFrame(rows), tables, warnings
 
 
-def fmt_gap(row: dict | None) -> str:
+def fmt_gap(row: dict | None, claim: Claim | None = None) -> str:
+    """A gap with its 95% paired t-interval (from its claim), else the unpaired difference of means."""
+    if claim is not None:
+        return claim.shown()
     if row is None or not math.isfinite(row["gap_to_sync"]):
         return "—"
-    spread = f" ± {row['gap_std']:.4f}" if math.isfinite(row["gap_std"]) else ""
-    return f"{row['gap_to_sync']:+.4f}{spread}"
+    return f"{row['gap_to_sync']:+.4f} (unpaired)"
 
 
 def fmt_cell(row: dict | None) -> str:
@@ -184,10 +197,13 @@ def fmt_number(value: float, fmt: str) -> str:
     return "—" if value is None or not math.isfinite(value) else format(value, fmt)
 
 
-def display_table(rows: list[dict], order: list[str], reference: str, settings: bool) -> pd.DataFrame:
-    """Rows = optimizers; columns = [settings], each variant, each non-reference variant's gap, % closed per
-    `X+...` variant whose base X is not the reference."""
-    variants = order
+def display_table(rows: list[dict], order: list[str], reference: str, settings: bool,
+                  claims: list[Claim] | None = None, budgets: set | None = None) -> pd.DataFrame:  # fmt: skip
+    """Rows = optimizers; columns = [settings], each variant present, each non-reference variant's gap with its
+    95% interval, and % of a plain delayed column's gap each mitigation closes (ratio of means, bootstrap interval)."""
+    variants = [v for v in order if any(r["variant"] == v for r in rows)]
+    found = {(c.optimizer, c.kind, c.variant): c for c in claims or []}
+    closers = [v for v in variants if any(k == (o, "closed", v) for o in (r["optimizer"] for r in rows) for k in found)]
     table_rows = {}
     for optimizer in dict.fromkeys(r["optimizer"] for r in rows):
         by_variant = {r["variant"]: r for r in rows if r["optimizer"] == optimizer}
@@ -195,13 +211,11 @@ def display_table(rows: list[dict], order: list[str], reference: str, settings: 
         row.update({v: fmt_cell(by_variant.get(v)) for v in variants})
         for v in variants:
             if v != reference:
-                row[f"gap {v}"] = fmt_gap(by_variant.get(v))
-        for v in variants:
-            base = base_variant(v, variants)
-            if base is not None and base != reference:
-                r = by_variant.get(v)
-                pct = fmt_number(r["gap_closed_pct"] if r is not None else math.nan, ".1f")
-                row[f"% gap closed {v}"] = pct if pct == "—" else pct + "%"
+                row[f"gap {v}"] = ("another train.steps: see Time to target" if (optimizer, v) in (budgets or ()) else
+                                   fmt_gap(by_variant.get(v), found.get((optimizer, "gap", v))))  # fmt: skip
+        for v in closers:
+            claim = found.get((optimizer, "closed", v))
+            row[f"% gap closed {v}"] = claim.shown() if claim is not None else "—"
         table_rows[optimizer] = row
     table = pd.DataFrame.from_dict(table_rows, orient="index")
     table.index.name = "optimizer"

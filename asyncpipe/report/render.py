@@ -1,0 +1,191 @@
+"""A report as markdown (report.md) and on the terminal: the takeaways first, then the tables, then the notes (what
+was compared and how), the intervals, time to target, runs and provenance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from asyncpipe.report.groups import fmt_value
+from asyncpipe.report.load import COMPLETED
+from asyncpipe.report.stats import BOOTSTRAP_REPS, BOOTSTRAP_SEED
+from asyncpipe.report.tables import GroupTable, matched_values
+from asyncpipe.report.target import speedup_table, tokens_table
+
+NOISE = ("Every ± and interval covers seed-to-seed variation only: a seed fixes the initialisation and the data "
+         "order. It does not cover numerical differences between machines (another CPU model or thread count "
+         "changes the last bits at step 2 and the runs drift apart after), so a run is deterministic given its seed "
+         "on one machine only.")  # fmt: skip
+CONVENTION = ("Intervals are 95%, paired by seed over the seeds the compared columns share: a difference (a gap, "
+              "an effect, method − EF) is the mean of the per-seed differences with a t-interval; a ratio (% of a gap "
+              "closed, one optimizer's gap over another's) is the ratio of the means with a paired bootstrap interval "
+              f"({BOOTSTRAP_REPS} resamples of the seeds, fixed seed {BOOTSTRAP_SEED}). \"Not resolved\": a "
+              "difference's interval contains 0; a ratio is judged against 0 (or 1x, or the stated target r) by the "
+              "t-interval of the per-seed numerator − r × denominator, because with 3-5 seeds the bootstrap has a "
+              "handful of distinct resamples and its interval is too narrow to decide on. The seeds that would "
+              "resolve a claim: the smallest n with t_{n-1} · sd / √n < |mean − target| at the observed spread.")
+
+
+def md_table(frame: pd.DataFrame) -> str:
+    names = list(frame.index.names) if isinstance(frame.index, pd.MultiIndex) else [frame.index.name or ""]
+    lines = ["| " + " | ".join([*map(str, names), *map(str, frame.columns)]) + " |",
+             "|" + "---|" * (len(names) + len(frame.columns))]  # fmt: skip
+    for idx, row in frame.iterrows():
+        keys = idx if isinstance(idx, tuple) else (idx,)
+        lines.append("| " + " | ".join([*map(str, keys), *(str(v) for v in row)]) + " |")
+    return "\n".join(lines)
+
+
+def matched_note(group: GroupTable) -> str:
+    if group.matched_tokens is None:
+        return "No completed run with a validation loss in this group."
+    return (
+        f"Final val loss compared at **{group.matched_tokens} tokens** (the last token count every completed run "
+        "in this table evaluated at; each run's last val loss at or before it). Cells: mean ± sample std (ddof=1) "
+        f"over seeds. A gap is to the `{group.reference}` column, paired by seed, with its 95% t-interval; % closed "
+        "is a ratio of means with a paired bootstrap interval. Diverged, failed and unfinished runs are counted, "
+        "never averaged."
+    )
+
+
+def compared_values(report: Any) -> dict[str, float]:
+    """Each run's compared val loss (at its table's matched token count)."""
+    compared: dict[str, float] = {}
+    for group in report.groups:
+        compared.update(matched_values(report.runs[report.runs["run"].isin(group.runs)], report.curves)[1])
+    return compared
+
+
+def run_table(report: Any) -> pd.DataFrame:
+    """One row per run with its compared val loss (blank when it was not compared)."""
+    compared = compared_values(report)
+    table = report.runs[["run", "optimizer", "variant", "seed", "status", "final_tokens"]].copy()
+    for key in report.grouping.group_keys:
+        table.insert(1, key, [fmt_value(report.grouping.value(r, key)) for r in table["run"]])
+    table["compared_val_loss"] = [f"{compared[r]:.4f}" if r in compared else "" for r in table["run"]]
+    return table.astype(object).where(table.notna(), "").set_index("run")
+
+
+def provenance_table(report: Any) -> pd.DataFrame:
+    codes = report.runs["code"].astype(object).fillna("unrecorded")
+    table = pd.DataFrame({"code (commit; versions)": codes.values, "runs": 1}).groupby("code (commit; versions)").sum()
+    table["dirty tree"] = ["yes: uncommitted changes" if "(dirty)" in c else ("unknown" if c == "unrecorded" else "no")
+                           for c in table.index]  # fmt: skip
+    return table
+
+
+def claims_table(report: Any) -> pd.DataFrame:
+    rows = [{"table": c.table, "optimizer": c.optimizer, "claim": c.label, "95% interval": c.shown(),
+             "n": c.interval.n, "resolved": c.note or "yes"} for c in report.claims]  # fmt: skip
+    return pd.DataFrame(rows).set_index("table") if rows else pd.DataFrame()
+
+
+def dirty_note(report: Any) -> str:
+    codes = report.runs["code"].astype(object).fillna("unrecorded")
+    dirty = int(codes.str.contains("(dirty)", regex=False).sum())
+    return f"{dirty} of {len(codes)} runs came from a working tree with uncommitted changes (see Provenance)." if dirty else ""
+
+
+def to_markdown(report: Any) -> str:
+    runs = report.runs
+    parts = [f"# Loss-gap report\n\nSource: `{report.source}` — {len(runs)} runs "
+             f"({int((runs['status'] == COMPLETED).sum())} completed).\n"]  # fmt: skip
+    if report.takeaways:
+        parts.append("## Takeaways\n\n" + "\n".join(f"- {t}" for t in report.takeaways) + "\n")
+    for group in report.groups:
+        parts += [f"## {group.title}\n", md_table(group.table) + "\n", matched_note(group) + "\n"]
+    parts.append("## What was compared\n\n" + "\n".join(f"- {line}" for line in report.grouping.describe()) + "\n")
+    parts.append(f"**What the ± covers.** {NOISE} {dirty_note(report)}\n")
+    if report.warnings:
+        parts.append("**Warnings**\n\n" + "\n".join(f"- {w}" for w in report.warnings) + "\n")
+    claims = claims_table(report)
+    if not claims.empty:
+        parts += ["## Intervals\n", CONVENTION + "\n", md_table(claims) + "\n"]
+    if report.ladders:
+        parts += ["## Time to target\n", TARGET_RULE + "\n", md_table(tokens_table(report.ladders)) + "\n",
+                  "Net wall-clock speed-up over synchronous training = throughput ratio ÷ token ratio (the throughput "
+                  "ratio taken as exact; the interval is the token ratio's):\n",
+                  md_table(speedup_table(report.ladders, report.bench)) + "\n"]  # fmt: skip
+        if "wallclock.png" in report.files:
+            parts.append("![val loss vs modelled wall-clock](wallclock.png)\n")
+    parts.append("## Plots\n")
+    if "loss_curves.png" in report.files:
+        parts += [
+            "Val loss (line with markers at the evaluations: mean over seeds; band: min–max over seeds) and train loss "
+            "(light line: mean over seeds, EMA); the lower row zooms into the end of training. "
+            "PDF versions beside the PNGs.\n",
+            "![val and train loss vs tokens](loss_curves.png)\n",
+            "Gap to the reference column, paired by seed: mean of the per-seed differences, error bars ±1 sample std; "
+            "every panel of a row shares one y-axis, so gaps of different optimizers compare by eye.\n",
+            "![loss gap to the reference vs tokens](gap_vs_tokens.png)\n",
+        ]
+    else:
+        parts.append("Not drawn (`asyncpipe report --no-plots`).\n")
+    parts += [
+        "## Runs\n", md_table(run_table(report)) + "\n",
+        "## Provenance\n",
+        "The code each run came from (its `provenance.json`: git commit, dirty flag, library versions).\n",
+        md_table(provenance_table(report)) + "\n",
+        "Long-form numbers (full precision): `gaps.csv` (cells) and `intervals.csv` (every interval). "
+        f"Regenerate: `{report.command}`.\n",
+    ]  # fmt: skip
+    return "\n".join(parts)
+
+
+TARGET_RULE = (
+    "Target: each seed's sync run's final val loss. A variant run at several token budgets (same settings but "
+    "`train.steps`) reaches it at the smallest budget whose final val loss is at or below it, interpolated linearly "
+    "between that budget and the next smaller one; when its smallest budget already gets there, along that run's "
+    "val curve; when no budget gets there, 'not reached within N tokens' (a lower bound). Token ratio: mean tokens "
+    "needed over mean sync tokens, paired bootstrap interval over seeds."
+)
+
+
+def print_report(report: Any, stream: Any = None) -> None:
+    """Print the terminal report; off a terminal (a pipe, a log) wide enough that no header or cell is cut."""
+    import sys
+
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    stream = stream or sys.stdout
+    renderable = render_terminal(report)
+    width = None
+    if not stream.isatty():
+        probe = Console(file=stream, width=10_000)
+        width = max(100, *(Measurement.get(probe, probe.options, r).maximum for r in renderable.renderables
+                           if not hasattr(r, "plain")))  # fmt: skip
+    Console(file=stream, width=width).print(renderable)
+
+
+def _rich_table(frame: pd.DataFrame, title: str = "", caption: str = "") -> Any:
+    from rich.table import Table
+
+    table = Table(title=title or None, caption=caption or None, caption_justify="left")
+    names = list(frame.index.names) if isinstance(frame.index, pd.MultiIndex) else [frame.index.name or ""]
+    for i, name in enumerate(names):
+        table.add_column(str(name), style="bold" if i == 0 else None, no_wrap=True)
+    for column in frame.columns:
+        table.add_column(str(column), justify="right")
+    for idx, row in frame.iterrows():
+        keys = idx if isinstance(idx, tuple) else (idx,)
+        table.add_row(*map(str, keys), *(str(v) for v in row))
+    return table
+
+
+def render_terminal(report: Any) -> Any:
+    """A rich renderable: the takeaways, one table per group, then what was compared, the ± note and warnings."""
+    from rich.console import Group
+    from rich.text import Text
+
+    items: list[Any] = [Text(t, style="bold") for t in report.takeaways]
+    for group in report.groups:
+        items.append(_rich_table(group.table, group.title, matched_note(group).replace("**", "").replace("`", "")))
+    if report.ladders:
+        items.append(_rich_table(tokens_table(report.ladders), "Time to sync's final val loss"))
+        items.append(_rich_table(speedup_table(report.ladders, report.bench), "Net wall-clock speed-up over sync"))
+    items += [Text(line.replace("`", "")) for line in report.grouping.describe()]
+    items += [Text(NOISE), *([Text(dirty_note(report))] if dirty_note(report) else [])]
+    items += [Text(f"warning: {w}", style="yellow") for w in report.warnings]
+    return Group(*items)

@@ -1,0 +1,186 @@
+"""95% intervals for the report's claims, one convention throughout (numpy only: scipy is not a dependency, so the
+Student t quantile is computed here from the regularized incomplete beta function; never torch).
+
+- A difference (a gap to sync, EF's own effect, lambda 2 - lambda 1, method - EF) is paired by seed: the per-seed
+  differences d_s get a t-interval, mean ± t_{n-1, 0.975} · sd / sqrt(n) (sd: sample std, ddof=1).
+- A ratio (% of a gap closed, one optimizer's gap over another's) is the ratio of the means (never the mean of
+  per-seed ratios) with a paired bootstrap interval: seeds resampled with replacement, BOOTSTRAP_REPS times from
+  a fixed BOOTSTRAP_SEED, the 2.5th and 97.5th percentiles of the resampled ratios of means.
+- "Not resolved": a difference's t-interval contains 0 (or the stated target). A ratio mean(num)/mean(den) is judged
+  against a target r by the t-interval of the per-seed num - r·den (the ratio clears r exactly when that mean
+  clears 0): with 3-5 seeds a bootstrap has only a handful of distinct resamples and its percentile interval is
+  too narrow to decide on, so it is shown, never used to resolve. How many seeds would resolve a claim at the
+  observed spread: the smallest n with t_{n-1, 0.975} · sd / sqrt(n) < |mean - target|.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Sequence
+
+import numpy as np
+
+LEVEL = 0.95
+BOOTSTRAP_REPS = 10_000
+BOOTSTRAP_SEED = 0
+MAX_SEEDS = 10_000  # beyond this "seeds to resolve" is reported as not resolvable by seeds alone
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point value with its 95% interval over n seeds; lo/hi are nan when n < 2 (no spread to measure)."""
+
+    value: float
+    lo: float
+    hi: float
+    n: int
+    kind: str  # "t" (paired t-interval of a mean difference) or "bootstrap" (paired bootstrap of a ratio of means)
+
+    @property
+    def known(self) -> bool:
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
+
+    def excludes(self, target: float = 0.0) -> bool:
+        """True when the whole interval lies on one side of `target` (the claim is resolved)."""
+        return self.known and (self.lo > target or self.hi < target)
+
+    def fmt(self, spec: str = "+.4f", scale: float = 1.0, suffix: str = "") -> str:
+        """`+0.4800 [+0.3700, +0.6000]` (scale 100 and suffix % for a fraction shown as a percentage)."""
+        if not math.isfinite(self.value):
+            return "—"
+        point = format(self.value * scale, spec) + suffix
+        if not self.known:
+            return f"{point} (n={self.n})"
+        return f"{point} [{format(self.lo * scale, spec)}{suffix}, {format(self.hi * scale, spec)}{suffix}]"
+
+
+def _clean(values: Sequence[float]) -> np.ndarray:
+    return np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype="float64")
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz evaluation)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(n: int, level: float = LEVEL) -> float:
+    """t_{n-1} quantile of a two-sided `level` interval (bisection on t_cdf to 1e-12)."""
+    p, lo, hi = 0.5 + level / 2, 0.0, 1.0
+    while t_cdf(hi, n - 1) < p:
+        hi *= 2.0
+    while hi - lo > 1e-12 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, n - 1) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_interval(diffs: Sequence[float], level: float = LEVEL) -> Interval:
+    """Paired t-interval of the mean of per-seed differences."""
+    d = _clean(diffs)
+    n = len(d)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, "t")
+    mean = float(d.mean())
+    if n < 2:
+        return Interval(mean, math.nan, math.nan, n, "t")
+    half = t_quantile(n, level) * float(d.std(ddof=1)) / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n, "t")
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float], level: float = LEVEL, reps: int = BOOTSTRAP_REPS,
+                    seed: int = BOOTSTRAP_SEED) -> Interval:  # fmt: skip
+    """mean(num) / mean(den), num[i] and den[i] from the same seed; the interval resamples seeds (pairs kept)."""
+    pairs = [(a, b) for a, b in zip(num, den) if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
+    n = len(pairs)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, "bootstrap")
+    a, b = np.asarray(pairs, dtype="float64").T
+    point = float(a.mean() / b.mean()) if b.mean() != 0 else math.nan
+    if n < 2 or not math.isfinite(point):
+        return Interval(point, math.nan, math.nan, n, "bootstrap")
+    idx = np.random.default_rng(seed).integers(0, n, size=(reps, n))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = a[idx].mean(axis=1) / b[idx].mean(axis=1)
+    ratios = ratios[np.isfinite(ratios)]
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(ratios, [tail, 100 - tail]) if len(ratios) else (math.nan, math.nan)
+    return Interval(point, float(lo), float(hi), n, "bootstrap")
+
+
+def seeds_to_resolve(mean: float, sd: float, target: float = 0.0, level: float = LEVEL) -> int | None:
+    """The smallest n (>= 2) with t_{n-1} · sd / sqrt(n) < |mean - target|: how many seeds would put the interval
+    clear of `target` if the mean and the spread stayed as observed. None when nothing would (mean at the target,
+    or no spread measured)."""
+    gap = abs(mean - target)
+    if not (math.isfinite(gap) and math.isfinite(sd)) or gap == 0:
+        return None
+    if sd == 0:
+        return 2
+    n = max(2, math.ceil((NormalDist().inv_cdf(0.5 + level / 2) * sd / gap) ** 2))  # the normal bound, then walk up
+    while t_quantile(n, level) * sd / math.sqrt(n) >= gap:
+        n += 1
+        if n > MAX_SEEDS:
+            return None
+    while n > 2 and t_quantile(n - 1, level) * sd / math.sqrt(n - 1) < gap:
+        n -= 1
+    return n
+
+
+def diff_seeds_needed(diffs: Sequence[float], target: float = 0.0) -> int | None:
+    d = _clean(diffs)
+    return seeds_to_resolve(float(d.mean()), float(d.std(ddof=1)), target) if len(d) > 1 else None
+
+
+def ratio_resolved(num: Sequence[float], den: Sequence[float], target: float) -> bool:
+    """Whether mean(num)/mean(den) clears `target`: the t-interval of the per-seed num - target·den excludes 0."""
+    return t_interval([a - target * b for a, b in zip(num, den)]).excludes(0.0)
+
+
+def ratio_seeds_needed(num: Sequence[float], den: Sequence[float], target: float) -> int | None:
+    """Seeds that would resolve mean(num)/mean(den) against `target`: the ratio clears the target exactly when the
+    mean of the per-seed num - target·den clears 0 (for a positive denominator), so its t-criterion applies."""
+    return diff_seeds_needed([a - target * b for a, b in zip(num, den)])
+
+
+def verdict(interval: Interval, target: float = 0.0, needed: int | None = None, scale: float = 1.0,
+            unit: str = "", resolved: bool | None = None) -> str:  # fmt: skip
+    """"" when the claim clears `target` (`resolved`, default: the interval excludes it); else "not resolved[ vs
+    TARGET] (~N seeds would resolve it)"."""
+    if interval.excludes(target) if resolved is None else resolved:
+        return ""
+    where = f" vs {target * scale:g}{unit}" if target != 0 else ""
+    if not interval.known:
+        return f"not resolved{where} (n={interval.n}: no spread measured)"
+    more = f"; ~{needed} seeds would resolve it at this spread" if needed else "; more seeds would not resolve it"
+    return f"not resolved{where} ({interval.n} seeds{more})"

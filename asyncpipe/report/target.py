@@ -1,0 +1,201 @@
+"""Time to target: how many tokens a delayed column needs to reach its sync reference's final val loss, and what
+that makes of 2BW's throughput advantage in wall-clock.
+
+A **ladder** is a delayed column and the columns that differ from it only in `train.steps` (the same run at a
+longer token budget, each with its own schedule, e.g. `1-step+EF` and `1-step+EF(x1.5)`). Per seed, the target is
+that seed's sync run's final val loss, and the tokens to reach it are read thus:
+- the smallest budget whose final val loss is at or below the target, interpolated linearly (in tokens, on final
+  val loss) between it and the next smaller budget, whose final loss is above the target;
+- when the smallest budget already reaches it: along that run's val curve (linear between evaluations);
+- when no budget reaches it: not reached within the largest budget's tokens (a lower bound).
+Token ratio = mean tokens needed / mean sync tokens (ratio of means; paired bootstrap interval over seeds; a lower
+bound when any seed did not reach the target). Net wall-clock speed-up = throughput ratio / token ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pandas as pd
+
+from asyncpipe.report.groups import Grouping
+from asyncpipe.report.load import COMPLETED
+from asyncpipe.report.stats import Interval, bootstrap_ratio
+from asyncpipe.report.throughput import GRID, Throughput, throughput
+
+STEPS = "train.steps"
+
+
+def along_curve(points: Sequence[tuple[float, float]], target: float) -> float | None:
+    """First token count at which the val curve (tokens, loss), linear between evaluations, is at or below target."""
+    pts = sorted(points)
+    for i, (t, loss) in enumerate(pts):
+        if loss <= target:
+            if i == 0:
+                return float(t)
+            t0, l0 = pts[i - 1]
+            return t0 + (l0 - target) / (l0 - loss) * (t - t0)
+    return None
+
+
+def seed_tokens(target: float, budgets: Sequence[tuple[float, float]],
+                first_curve: Sequence[tuple[float, float]] = ()) -> tuple[float, bool]:  # fmt: skip
+    """(tokens needed, reached) for one seed; budgets are (final tokens, final val loss) of each budget's run."""
+    budgets = sorted(budgets)
+    for i, (tokens, loss) in enumerate(budgets):
+        if loss <= target:
+            if i == 0:
+                found = along_curve(first_curve, target) if len(first_curve) else None
+                return (found if found is not None else float(tokens)), True
+            t0, l0 = budgets[i - 1]
+            return t0 + (l0 - target) / (l0 - loss) * (tokens - t0), True
+    return float(budgets[-1][0]), False
+
+
+def net_speedup(ratio: Interval | None, bound: float | None, thr: float) -> str:
+    """Throughput ratio / token ratio, with the token ratio's interval (or `≤` when the tokens are a lower bound)."""
+    if bound is not None:
+        return f"≤ {thr / bound:.2f}x"
+    if ratio is None or not math.isfinite(ratio.value):
+        return "—"
+    if not ratio.known:
+        return f"{thr / ratio.value:.2f}x (n={ratio.n})"
+    return f"{thr / ratio.value:.2f}x [{thr / ratio.hi:.2f}, {thr / ratio.lo:.2f}]"
+
+
+@dataclass
+class Ladder:
+    table: str
+    optimizer: str
+    columns: list[str]  # its columns, smallest budget first
+    multiples: list[float]  # each column's tokens over sync's
+    ef: bool
+    stages: int
+    micro_batches: int
+    per_seed: dict[Any, tuple[float, bool, float]] = field(default_factory=dict)  # seed -> (tokens, reached, sync)
+    ratio: Interval | None = None  # token ratio to sync, when every seed reached the target
+    bound: float | None = None  # token ratio lower bound, when some seed did not
+
+    @property
+    def name(self) -> str:
+        return self.columns[0] + (f" ({', '.join(f'{x:.2f}x' for x in self.multiples)} budgets)"
+                                  if len(self.columns) > 1 else "")  # fmt: skip
+
+    @property
+    def reached(self) -> int:
+        return sum(r for _, r, _ in self.per_seed.values())
+
+    def tokens_text(self) -> str:
+        n = len(self.per_seed)
+        if self.bound is not None:
+            most = max(t for t, _, _ in self.per_seed.values())
+            return f"≥ {self.bound:.2f}x (not reached by {n - self.reached} of {n} seeds within {most:,.0f} tokens)"
+        return self.ratio.fmt(".2f", 1, "x") if self.ratio is not None else "—"
+
+    def net(self, thr: Throughput) -> str:
+        return net_speedup(self.ratio, self.bound, thr.vs_1f1b)
+
+
+def _final(curves: pd.DataFrame, run: str) -> tuple[float, float, list[tuple[float, float]]] | None:
+    own = curves[curves["run"] == run].sort_values("tokens")
+    if own.empty:
+        return None
+    return float(own["tokens"].iloc[-1]), float(own["val_loss"].iloc[-1]), list(zip(own["tokens"], own["val_loss"]))
+
+
+def ladders(runs: pd.DataFrame, curves: pd.DataFrame, grouping: Grouping, groups: list) -> list[Ladder]:
+    """Every delayed column's ladder in every table whose reference column is synchronous."""
+    out = []
+    for group in groups:
+        done = runs[(runs["status"] == COMPLETED) & runs["run"].isin(group.runs)]
+        for optimizer, opt_runs in done.groupby("optimizer", sort=False):
+            ref = opt_runs[opt_runs["variant"] == group.reference]
+            if ref.empty or int(ref["delay"].iloc[0]) != 0:
+                continue
+            sync = {s: _final(curves, r) for s, r in zip(ref["seed"], ref["run"])}
+            keyed: dict[str, list[str]] = {}
+            for variant, cell in opt_runs[opt_runs["delay"] > 0].groupby("variant", sort=False):
+                key = repr(sorted((k, repr(v)) for k, v in grouping.values[cell["run"].iloc[0]].items() if k != STEPS))
+                keyed.setdefault(key, []).append(variant)
+            for columns in keyed.values():
+                out.append(_ladder(group, str(optimizer), opt_runs, curves, columns, sync))
+    return [lad for lad in out if lad is not None]
+
+
+def _ladder(group: Any, optimizer: str, opt_runs: pd.DataFrame, curves: pd.DataFrame, columns: list[str],
+            sync: dict) -> Ladder | None:  # fmt: skip
+    finals = {v: {s: _final(curves, r) for s, r in zip(c["seed"], c["run"])}
+              for v, c in opt_runs[opt_runs["variant"].isin(columns)].groupby("variant")}  # fmt: skip
+    ends = {v: max(f[0] for f in fs.values() if f) for v, fs in finals.items() if any(fs.values())}
+    columns = sorted(ends, key=ends.get)
+    sync_end = [f[0] for f in sync.values() if f]
+    if not columns or not sync_end:
+        return None
+    first = opt_runs[opt_runs["variant"] == columns[0]].iloc[0]
+    cfg = first["config"] or {}
+    lad = Ladder(group.title, optimizer, columns, [ends[v] / max(sync_end) for v in columns], bool(first["ef"]),
+                 int(cfg.get("pipeline.stages") or 2), int(cfg.get("train.micro_batches") or 1))  # fmt: skip
+    for seed, ref in sync.items():
+        budgets = [finals[v][seed] for v in columns if finals[v].get(seed)]
+        if ref is None or not budgets:
+            continue
+        tokens, reached = seed_tokens(ref[1], [b[:2] for b in budgets], budgets[0][2])
+        lad.per_seed[seed] = (tokens, reached, ref[0])
+    if not lad.per_seed:
+        return None
+    tokens = [t for t, _, _ in lad.per_seed.values()]
+    base = [s for _, _, s in lad.per_seed.values()]
+    if lad.reached == len(lad.per_seed):
+        lad.ratio = bootstrap_ratio(tokens, base)
+    else:
+        lad.bound = sum(tokens) / sum(base)
+    return lad
+
+
+def speedup_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
+    """Rows: P, m (the grid and each run's own); per ladder its net wall-clock speed-up over 1F1B (and over the
+    strongest measured sync schedule where a bench file measured one)."""
+    rows = []
+    points = list(dict.fromkeys(GRID + [(lad.stages, lad.micro_batches) for lad in ladders_]))
+    for P, m in sorted(points):
+        row: dict[str, Any] = {"P": P, "m": m}
+        plain = throughput(P, m, bench)
+        row["2BW / 1F1B throughput"] = f"{plain.vs_1f1b:.3f} ({plain.source})"
+        for lad in ladders_:
+            thr = throughput(P, m, bench, lad.ef)
+            label = f"{lad.optimizer} {lad.columns[0]}"
+            row[f"{label} vs 1F1B"] = lad.net(thr)
+            if thr.vs_best_sync is not None and thr.best_sync != "1f1b":
+                row[f"{label} vs {thr.best_sync}"] = net_speedup(lad.ratio, lad.bound, thr.vs_best_sync)
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("—").set_index(["P", "m"])
+
+
+def tokens_table(ladders_: list[Ladder]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "table": lad.table, "optimizer": lad.optimizer, "variant (budgets)": lad.name,
+        "seeds reached": f"{lad.reached}/{len(lad.per_seed)}", "tokens to sync's final val loss, / sync's": lad.tokens_text(),
+        f"net speed-up at its P, m": lad.net(throughput(lad.stages, lad.micro_batches, [], lad.ef)) + " (ideal)",
+    } for lad in ladders_]).set_index("table") if ladders_ else pd.DataFrame()  # fmt: skip
+
+
+def phrase(lad: Ladder, bench: list[dict]) -> str:
+    """The takeaway's time-to-target clause, from the net speed-up's interval at the run's own P and m."""
+    thr = throughput(lad.stages, lad.micro_batches, bench, lad.ef)
+    where = f"at P={lad.stages}, m={lad.micro_batches} ({thr.vs_1f1b:.2f}x throughput, {thr.source.split(',')[0]})"
+    if lad.bound is not None:
+        return (f"{lad.columns[0]} does not reach sync's loss within {max(lad.multiples):.2f}x its tokens "
+                f"({len(lad.per_seed) - lad.reached} of {len(lad.per_seed)} seeds), so {where} it is at most "
+                f"{thr.vs_1f1b / lad.bound:.2f}x sync's speed")  # fmt: skip
+    iv = lad.ratio
+    if iv is None or not iv.known:
+        return ""
+    lo, hi = thr.vs_1f1b / iv.hi, thr.vs_1f1b / iv.lo
+    net = f"{thr.vs_1f1b / iv.value:.2f}x [{lo:.2f}, {hi:.2f}]"
+    if lo > 1:
+        return f"{where} {lad.name} reaches sync's loss {net} sooner in wall-clock"
+    if hi < 1:
+        return f"{where} {lad.name} reaches sync's loss later (net speed-up {net})"
+    return f"{where} {lad.name}'s net speed-up {net} is not resolved"

@@ -1,0 +1,69 @@
+"""2BW's throughput over the synchronous schedules at a pipeline depth P and m micro-batches: measured, from
+`asyncpipe bench pipeline` result files (JSON; `stages`, `micro_batches`, `variants.NAME.ratio_to_1f1b`), or the
+analytic ideal (m+P-1)/m (a flushed 1F1B batch lasts m+P-1 slots, a 2BW batch m) when none was measured.
+
+Rule: a file measured at this P and m; else the file at this P with the nearest m (labelled with its m); else the
+ideal. The strongest sync schedule is the fastest of the measured sync variants (1F1B, DualPipeV) in that file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from asyncpipe.errors import UserError
+
+GRID = [(P, k * P) for P in (2, 4, 8) for k in (1, 2, 4)]  # P = 2, 4, 8 and m = P, 2P, 4P
+SYNC_SCHEDULES = ("1f1b", "dualpipev")
+
+
+def ideal_ratio(stages: int, micro_batches: int) -> float:
+    return (micro_batches + stages - 1) / micro_batches
+
+
+@dataclass(frozen=True)
+class Throughput:
+    stages: int
+    micro_batches: int
+    vs_1f1b: float  # 2BW (or 2BW + EF) tokens/s over 1F1B's
+    vs_best_sync: float | None  # over the fastest measured sync schedule; None when not measured
+    best_sync: str  # its name
+    source: str  # "measured (FILE)", "measured at m=M (FILE)", "ideal (m+P-1)/m"
+
+
+def load_bench(paths: Sequence[Path]) -> list[dict]:
+    """The bench pipeline results in `paths`, each checked for the fields the report reads (one-line errors)."""
+    out = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UserError(f"--bench {path}: cannot read it ({exc.strerror or exc})") from None
+        except ValueError:
+            raise UserError(f"--bench {path}: not JSON (give a result file of `asyncpipe bench pipeline`)") from None
+        variants = data.get("variants") if isinstance(data, dict) else None
+        if not isinstance(variants, dict) or "2bw" not in variants or not all(
+            isinstance(data.get(k), int) for k in ("stages", "micro_batches")
+        ):
+            raise UserError(f"--bench {path}: not a `bench pipeline` result (needs stages, micro_batches and a "
+                            "measured 2bw variant)")  # fmt: skip
+        out.append({"path": str(path), "P": data["stages"], "m": data["micro_batches"],
+                    "ratios": {k: float(v["ratio_to_1f1b"]) for k, v in variants.items() if "ratio_to_1f1b" in v}})
+    return out
+
+
+def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = False) -> Throughput:
+    """2BW's (2BW + EF's when `ef` and measured) throughput ratio at (P, m); see the module docstring."""
+    same_p = [b for b in bench if b["P"] == stages]
+    if same_p:
+        b = min(same_p, key=lambda b: (abs(b["m"] - micro_batches), -b["m"]))
+        name = "2bw_ef" if ef and "2bw_ef" in b["ratios"] else "2bw"
+        ratio = b["ratios"][name]
+        syncs = {k: b["ratios"][k] for k in SYNC_SCHEDULES if k in b["ratios"]}
+        best = max(syncs, key=syncs.get) if syncs else "1f1b"
+        at = "" if b["m"] == micro_batches else f" at m={b['m']}"
+        where = f"measured{at}, {name} ({Path(b['path']).name})"
+        return Throughput(stages, micro_batches, ratio, ratio / syncs[best] if syncs else None, best, where)
+    return Throughput(stages, micro_batches, ideal_ratio(stages, micro_batches), None, "1f1b", "ideal (m+P-1)/m")

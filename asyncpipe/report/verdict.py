@@ -1,0 +1,73 @@
+"""One takeaway sentence per optimizer (and table), built only from the claims' 95% intervals: what the plain
+delayed column costs, what each mitigation recovers, and, where a ladder of budgets exists, the net wall-clock
+speed-up. A clause says only what its interval supports: an interval that contains 0 (or the stated target) is
+said to be "not resolved", with the seeds that would resolve it at the observed spread."""
+
+from __future__ import annotations
+
+from asyncpipe.report.claims import Claim
+from asyncpipe.report.target import Ladder, phrase
+
+
+def _gap_clause(c: Claim) -> str:
+    if c.note:
+        return f"{c.variant}'s gap {c.shown()} is {c.note}"
+    verb = "costs" if c.interval.value > 0 else "gains"
+    return f"{c.variant} {verb} {c.shown()}"
+
+
+def _closure_clause(closed: Claim | None, effect: Claim | None, target: float | None) -> str:
+    if closed is None or not closed.clears_zero:
+        if effect is None:
+            return ""
+        return f"{effect.label} {effect.shown()} is {effect.note or 'resolved'}"
+    clause = f"{closed.variant} recovers {closed.shown()} of the gap"
+    if target is not None:
+        if not closed.note:
+            clause += f" ({'above' if closed.interval.value > target else 'short of'} the {target * 100:g}% target)"
+        else:
+            clause += f" ({closed.note})"
+    return clause
+
+
+def takeaways(claims: list[Claim], ladders: list[Ladder], bench: list[dict], target: float | None,
+              several_tables: bool) -> list[str]:  # fmt: skip
+    """The sentences, in table then optimizer order; a cell with nothing measured says nothing."""
+    out = []
+    keys = list(dict.fromkeys((c.table, c.optimizer) for c in claims if c.kind != "gap ratio"))
+    keys += [k for k in dict.fromkeys((lad.table, lad.optimizer) for lad in ladders) if k not in keys]
+    for table, opt in keys:
+        own = [c for c in claims if (c.table, c.optimizer) == (table, opt)]
+        single = {c.variant for c in own if c.interval.n < 2}  # one seed: no spread, nothing to judge
+        own = [c for c in own if c.variant not in single]
+        clauses = []
+        mitigated = {c.variant for c in own if c.kind in ("effect", "closed")}
+        for c in own:
+            if c.kind == "gap" and c.variant not in mitigated:
+                clauses.append(_gap_clause(c))
+        for v in dict.fromkeys(c.variant for c in own if c.kind == "effect"):
+            closed = next((c for c in own if c.kind == "closed" and c.variant == v), None)
+            effect = next((c for c in own if c.kind == "effect" and c.variant == v), None)
+            clause = _closure_clause(closed, effect, target)
+            if clause:
+                clauses.append(clause)
+            versus = next((c for c in own if c.kind == "vs EF" and c.variant == v), None)
+            if versus is not None:  # two closures side by side invite a comparison: say what it supports
+                clauses.append(f"{versus.label} {versus.shown()}" + (f" is {versus.note}" if versus.note else ""))
+        for lad in ladders:
+            if (lad.table, lad.optimizer) == (table, opt) and (len(lad.columns) > 1 or lad.bound is None):
+                clause = phrase(lad, bench)
+                if clause:
+                    clauses.append(clause)
+        if single:
+            clauses.append(f"{len(single)} one-seed column(s) not judged (no spread: {', '.join(sorted(single))})")
+        if clauses:
+            where = f" ({table})" if several_tables else ""
+            out.append(f"{opt}{where}: " + "; ".join(clauses) + ".")
+    mitigated = {c.variant for c in claims if c.kind == "effect"}
+    resolved_gaps = {c.variant for c in claims if c.kind == "gap" and not c.note}
+    for c in claims:
+        if c.kind == "gap ratio" and c.variant in resolved_gaps and c.variant not in mitigated:
+            if not c.note:
+                out.append(f"{c.label} ({c.table}): {c.shown()}." if several_tables else f"{c.label}: {c.shown()}.")
+    return out

@@ -1,0 +1,66 @@
+"""Val loss against modelled wall-clock: a run's tokens divided by its schedule's throughput relative to 1F1B (sync
+= 1, a 2BW column = the measured or ideal ratio at the run's own P and m), one panel per (table, optimizer) that
+has a delayed column, mean over seeds; the dashed line is sync's final val loss (the target)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from asyncpipe.report.load import COMPLETED
+from asyncpipe.report.plots import COLOURS, DPI, MARKERS, TOKENS, _save, seed_matrix
+from asyncpipe.report.target import Ladder
+from asyncpipe.report.throughput import throughput
+
+VIEW_FRAC = 0.4  # the x-axis starts at 40% of the longest run: the approach to the target is what matters
+
+
+def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladders: list[Ladder], bench: list[dict],
+                   path: Path) -> list[Path]:  # fmt: skip
+    panels = list(dict.fromkeys((lad.table, lad.optimizer) for lad in ladders))
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(12, 6 * len(panels)), 5.5), dpi=DPI, squeeze=False)
+    for ax, (table, optimizer) in zip(axes[0], panels):
+        group = next(g for g in groups if g.title == table)
+        done = runs[(runs["status"] == COMPLETED) & runs["run"].isin(group.runs) & (runs["optimizer"] == optimizer)]
+        own = [lad for lad in ladders if (lad.table, lad.optimizer) == (table, optimizer)]
+        lines = [(group.reference, 1.0, "sync (1F1B)")]
+        for lad in own:
+            thr = throughput(lad.stages, lad.micro_batches, bench, lad.ef)
+            note = f"÷{thr.vs_1f1b:.3f}, {thr.source.split(',')[0]} at P={lad.stages}, m={lad.micro_batches}"
+            lines += [(col, thr.vs_1f1b, f"{col} ({note})") for col in lad.columns]
+        ys, xmax = [], 0.0
+        for j, (column, ratio, label) in enumerate(lines):
+            wide = seed_matrix(curves, list(done.loc[done["variant"] == column, "run"]))
+            if wide.empty:
+                continue
+            mean = wide.mean(axis=1)
+            x = mean.index.to_numpy(dtype=float) / ratio
+            ax.plot(x, mean.values, color=COLOURS[j % len(COLOURS)], marker=MARKERS[j % len(MARKERS)], markersize=3,
+                    linewidth=1.4, label=f"{label}, mean of {wide.shape[1]}")  # fmt: skip
+            ys.append((x, mean.to_numpy()))
+            xmax = max(xmax, float(x.max()))
+        ref = done[done["variant"] == group.reference]
+        finals = [curves.loc[curves["run"] == r].sort_values("tokens")["val_loss"].iloc[-1] for r in ref["run"]
+                  if (curves["run"] == r).any()]  # fmt: skip
+        if finals:
+            ax.axhline(float(np.mean(finals)), color="black", linestyle="--", linewidth=0.9,
+                       label=f"target: sync's final val loss (mean {np.mean(finals):.4f})")  # fmt: skip
+        lo_x = xmax * VIEW_FRAC
+        tail = np.concatenate([y[x >= lo_x] for x, y in ys]) if ys else np.array([])
+        if len(tail):
+            pad = max((tail.max() - tail.min()) * 0.08, 1e-3)
+            ax.set_ylim(tail.min() - pad, tail.max() + pad)
+            ax.set_xlim(lo_x, xmax * 1.02)
+        ax.xaxis.set_major_formatter(TOKENS)
+        ax.set_xlabel("modelled wall-clock: tokens ÷ throughput ratio to 1F1B")
+        ax.set_ylabel("val loss")
+        ax.set_title(f"{optimizer} | {table}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle("Val loss vs modelled wall-clock: a curve that crosses the dashed line further left reaches sync's "
+                 "final loss sooner", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,117 @@
+"""The report's interval and time-to-target formulas against hand-computed cases (asyncpipe.report.stats, .target,
+.throughput). Student t quantiles are the printed-table values."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from asyncpipe.report.stats import (Interval, bootstrap_ratio, ratio_resolved, ratio_seeds_needed, seeds_to_resolve,
+                                    t_interval, t_quantile, verdict)
+from asyncpipe.report.target import along_curve, net_speedup, seed_tokens
+from asyncpipe.report.throughput import load_bench, throughput
+from asyncpipe.errors import UserError
+
+T_975 = {1: 12.706204736174705, 2: 4.302652729911275, 5: 2.570581835636314, 16: 2.119905299221011,
+         17: 2.109815577833181, 29: 2.045229642132703}  # df -> t_{df, 0.975}
+
+
+@pytest.mark.parametrize("df", sorted(T_975))
+def test_t_quantile_matches_the_table(df):
+    assert t_quantile(df + 1) == pytest.approx(T_975[df], rel=1e-8)
+
+
+def test_t_interval_by_hand():
+    iv = t_interval([1.0, 2.0, 3.0])  # mean 2, sd 1, n 3
+    half = T_975[2] * 1.0 / math.sqrt(3)
+    assert (iv.value, iv.n, iv.kind) == (2.0, 3, "t")
+    assert iv.lo == pytest.approx(2 - half, rel=1e-9) and iv.hi == pytest.approx(2 + half, rel=1e-9)
+    assert not iv.excludes(0.0)  # [-0.48, 4.48] contains 0
+    one = t_interval([0.5])
+    assert one.value == 0.5 and not one.known and one.fmt() == "+0.5000 (n=1)"
+
+
+def test_bootstrap_ratio_two_seeds_by_hand():
+    """Two seeds: a resample is (0,0), (1,1) or mixed, so the ratio of means is 1/2, 3/2 or 4/4, a quarter of the
+    resamples at each end: the 2.5th and 97.5th percentiles are the extremes."""
+    iv = bootstrap_ratio([1.0, 3.0], [2.0, 2.0])
+    assert (iv.value, iv.lo, iv.hi, iv.kind) == (1.0, 0.5, 1.5, "bootstrap")
+
+
+def test_bootstrap_point_is_the_ratio_of_means_and_the_seed_is_fixed():
+    num, den = [0.30, 0.41, 0.35, 0.28, 0.50], [0.45, 0.52, 0.40, 0.49, 0.58]
+    a, b = bootstrap_ratio(num, den), bootstrap_ratio(num, den)
+    assert a == b  # fixed seed: the same interval every time
+    assert a.value == pytest.approx(sum(num) / sum(den))  # not the mean of per-seed ratios
+    assert a.value != pytest.approx(sum(x / y for x, y in zip(num, den)) / 5)
+    assert a.lo < a.value < a.hi
+    assert bootstrap_ratio(num, den, seed=1) != a
+
+
+def test_seeds_to_resolve_by_hand():
+    # mean 1, sd 1: n=6 gives t_5/sqrt(6) = 1.049 >= 1, n=7 gives t_6/sqrt(7) = 0.925 < 1.
+    assert seeds_to_resolve(1.0, 1.0) == 7
+    # mean 0.5, sd 1: t_16/sqrt(17) = 0.514 >= 0.5, t_17/sqrt(18) = 0.497 < 0.5.
+    assert T_975[16] / math.sqrt(17) >= 0.5 > T_975[17] / math.sqrt(18)
+    assert seeds_to_resolve(0.5, 1.0) == 18
+    assert seeds_to_resolve(0.9, 1.0, target=0.4) == 18  # the distance to the target is what counts
+    assert seeds_to_resolve(0.0, 1.0) is None and seeds_to_resolve(1.0, math.nan) is None
+
+
+def test_a_ratio_is_resolved_by_the_t_interval_of_its_linearisation():
+    """mean(num)/mean(den) > r exactly when mean(num - r·den) > 0: num - 0.5 = [0.5, 0.7, 0.3] has mean 0.5 and
+    half-width t_2 · 0.2 / sqrt(3) = 0.497 (clear of 0); against 0.6 the mean is 0.4 (not clear)."""
+    num, den = [1.0, 1.2, 0.8], [1.0, 1.0, 1.0]
+    assert T_975[2] * 0.2 / math.sqrt(3) == pytest.approx(0.4968, abs=1e-4)
+    assert ratio_resolved(num, den, 0.5) and not ratio_resolved(num, den, 0.6)
+    assert ratio_seeds_needed(num, den, 0.6) == seeds_to_resolve(0.4, 0.2)
+
+
+def test_verdict_text():
+    clear = Interval(0.48, 0.37, 0.60, 3, "t")
+    assert verdict(clear) == ""
+    open_ = Interval(0.13, -0.07, 0.33, 3, "t")
+    assert verdict(open_, needed=4) == "not resolved (3 seeds; ~4 seeds would resolve it at this spread)"
+    assert verdict(clear, 0.5, 9, 100, "%").startswith("not resolved vs 50% (3 seeds; ~9 seeds")
+    assert clear.fmt(".0f", 100, "%") == "48% [37%, 60%]"
+
+
+def test_tokens_to_target_interpolates_along_the_curve():
+    assert along_curve([(0, 5.0), (100, 3.0), (200, 2.0)], 2.5) == pytest.approx(150.0)
+    assert along_curve([(0, 5.0), (100, 3.0)], 2.5) is None
+
+
+def test_tokens_to_target_between_budgets_and_bounds():
+    # 1x budget ends at 2.5, 1.5x at 1.5; target 2.0 lies half-way: 100 + 0.5 * 50 tokens.
+    assert seed_tokens(2.0, [(150, 1.5), (100, 2.5)]) == (pytest.approx(125.0), True)
+    # Never reached: the largest budget is a lower bound.
+    assert seed_tokens(1.0, [(100, 2.5), (150, 1.5)]) == (150.0, False)
+    # The smallest budget already reaches it: along that run's curve, 50 + (3 - 2.5) / (3 - 2) * 50.
+    assert seed_tokens(2.5, [(100, 2.0), (150, 1.5)], [(0, 5.0), (50, 3.0), (100, 2.0)]) == (pytest.approx(75.0), True)
+
+
+def test_net_speedup_is_throughput_over_token_ratio():
+    ratio = Interval(1.25, 1.0, 1.5, 3, "bootstrap")
+    assert net_speedup(ratio, None, 1.25) == "1.00x [0.83, 1.25]"
+    assert net_speedup(None, 1.5, 1.25) == "≤ 0.83x"  # not reached within 1.5x the tokens: at most 1.25 / 1.5
+
+
+def test_throughput_measured_nearest_or_ideal(tmp_path):
+    path = tmp_path / "pipeline-P2-m4.json"
+    path.write_text(json.dumps({"stages": 2, "micro_batches": 4, "variants": {
+        "1f1b": {"ratio_to_1f1b": 1.0}, "dualpipev": {"ratio_to_1f1b": 1.04},
+        "2bw": {"ratio_to_1f1b": 1.24}, "2bw_ef": {"ratio_to_1f1b": 1.19}}}))  # fmt: skip
+    bench = load_bench([path])
+    exact = throughput(2, 4, bench)
+    assert exact.vs_1f1b == 1.24 and exact.best_sync == "dualpipev" and exact.vs_best_sync == pytest.approx(1.24 / 1.04)
+    assert exact.source.startswith("measured, 2bw")
+    assert throughput(2, 4, bench, ef=True).vs_1f1b == 1.19
+    assert "at m=4" in throughput(2, 8, bench).source  # nearest measured m at the same depth
+    ideal = throughput(4, 8, bench)
+    assert (ideal.vs_1f1b, ideal.source, ideal.vs_best_sync) == ((8 + 4 - 1) / 8, "ideal (m+P-1)/m", None)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"stages": 2}')
+    with pytest.raises(UserError, match="not a `bench pipeline` result"):
+        load_bench([bad])
