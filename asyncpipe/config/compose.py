@@ -69,6 +69,10 @@ def _register() -> None:
     ConfigStore.instance().store(name="base_config", node=full_schema())
     if not OmegaConf.has_resolver("now"):
         OmegaConf.register_new_resolver("now", lambda fmt: datetime.now().strftime(fmt), use_cache=True)
+    if not OmegaConf.has_resolver("tuned_lr"):
+        from asyncpipe.config.tuned import default_lr
+
+        OmegaConf.register_new_resolver("tuned_lr", default_lr)
     if not OmegaConf.has_resolver("run_tag"):
         from asyncpipe.registry import run_tag
 

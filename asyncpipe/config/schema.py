@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
@@ -42,7 +42,6 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     moe: MoEConfig = field(default_factory=MoEConfig)  # mixture-of-experts MLPs (moe.experts > 0)
-    lr: Dict[str, float] = field(default_factory=dict)  # tuned peak lr per optimizer (optimizer YAMLs read it)
 
 
 @dataclass
@@ -56,7 +55,7 @@ class OptimizerBase:
     """The keys every optimizer has; `OptimizerConfig` (this plus what each declares) is built on access."""
 
     name: str = MISSING  # a declared optimizer: adamw, muon, nadam, soap, ... (asyncpipe.registry)
-    lr: float = 1e-3  # peak learning rate of the main parameter group (the YAMLs: the model's tuned value)
+    lr: float = 1e-3  # peak learning rate of the main parameter group (YAML default: conf/tuned_lr.yaml)
     weight_decay: float = 0.1
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam-style betas
     eps: float = 1e-8
