@@ -64,7 +64,7 @@ def test_takeaways_come_first_and_say_only_what_intervals_support(tmp_path):
     assert adamw.startswith(f"adamw: 1-step costs {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]")
     closed = (statistics.fmean(gaps) - 0.1) / statistics.fmean(gaps) * 100
     assert f"1-step+EF recovers {closed:.0f}% [" in adamw
-    assert muon.startswith("muon: 1-step costs") and "1-step+EF's own effect" in muon and "not resolved" in muon
+    assert muon.startswith("muon: 1-step costs") and "1-step+EF − 1-step -0.0150 [" in muon and "not resolved" in muon
     assert "recovers" not in muon  # its interval does not support a recovery
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.index("## Takeaways") < md.index("## model=tiny") < md.index("## What was compared")
