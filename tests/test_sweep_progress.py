@@ -94,3 +94,21 @@ def test_sigterm_says_interrupted_and_how_to_resume(tmp_path: Path, capsys: pyte
     assert "sweep t interrupted: 1 running run(s) stopped (resumable)" in err
     assert "re-running the same command resumes it" in err
     assert launcher.states[plan.runs[0].name].state == INTERRUPTED
+
+
+def test_checking_a_large_sweep_reports_progress(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A dry-run (or launch) of many runs says how far its checks are, instead of composing in silence."""
+    from asyncpipe.launch import sweep as sweep_mod
+
+    monkeypatch.setattr(sweep_mod, "PROGRESS_MIN_RUNS", 3)
+    monkeypatch.setattr(sweep_mod, "PROGRESS_EVERY_S", 0.0)
+    plan = expand(["seed=0,1,2"], name="t")
+    out = io.StringIO()
+    cfgs, _ = sweep_mod.compose_runs(plan, tmp_path / "t", progress=out)
+    assert len(cfgs) == 3
+    lines = out.getvalue().splitlines()
+    assert [line.split(" composed")[0] for line in lines] == ["checking runs: 1/3", "checking runs: 2/3", "checking runs: 3/3"]
+    small = io.StringIO()
+    monkeypatch.setattr(sweep_mod, "PROGRESS_MIN_RUNS", 4)
+    sweep_mod.compose_runs(plan, tmp_path / "t", progress=small)
+    assert small.getvalue() == ""  # a small sweep stays quiet

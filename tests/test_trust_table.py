@@ -315,3 +315,15 @@ def test_report_names_a_damaged_run_and_reports_the_others(tmp_path: Path, capsy
     assert "skipped run seed=1: " in captured.err and "metrics.jsonl is a FIFO" in captured.err
     cells = pd.read_csv(tmp_path / "rep" / "gaps.csv")
     assert list(cells["n"]) == [2]  # the two readable runs are reported (one cell: adamw, sync)
+
+
+def test_the_report_of_one_run_may_write_into_that_run(tmp_path: Path) -> None:
+    """`report RUN` (default out RUN/report) is that run's own report; only another run's dir is refused."""
+    from asyncpipe.errors import UserError
+    from asyncpipe.report.load import load_runs
+
+    run = run_dir(tmp_path / "r")
+    other = run_dir(tmp_path / "o")
+    assert list(load_runs(run, exclude=run / "report").runs["run"]) == ["r"]
+    with pytest.raises(UserError, match="is inside run dir"):
+        load_runs(run, exclude=other / "report")
