@@ -112,3 +112,12 @@ def test_checking_a_large_sweep_reports_progress(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(sweep_mod, "PROGRESS_MIN_RUNS", 4)
     sweep_mod.compose_runs(plan, tmp_path / "t", progress=small)
     assert small.getvalue() == ""  # a small sweep stays quiet
+
+
+def test_status_of_a_run_whose_files_are_fifos_does_not_hang(tmp_path: Path) -> None:
+    run = tmp_path / "a"
+    run.mkdir()
+    for name in (".lock", "metrics.jsonl", "summary.json", "config.yaml", "launch.json"):
+        os.mkfifo(run / name)  # each would block an open() for reading until a writer came
+    state = run_state(run, "a")
+    assert state.step is None and state.val_loss is None and state.final_val_loss is None

@@ -77,7 +77,10 @@ def is_locked(run_dir: Path) -> bool:
     path = Path(run_dir) / LOCK_FILE
     if not path.exists():
         return False
-    fd = os.open(path, os.O_RDONLY)
+    try:  # O_NONBLOCK: a FIFO in the lock's place must not hang `sweep status`
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
