@@ -146,7 +146,7 @@ def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Grou
     fig.suptitle("Loss vs tokens: val = line with markers at evaluations (band: min–max over seeds); "
                  "train = light line (EMA)", fontsize=10)  # fmt: skip
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def paired_gap(curves: pd.DataFrame, cell: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
@@ -201,7 +201,7 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
     fig.suptitle("Loss gap to the reference vs tokens, paired by seed (mean; error bars: sample std of the per-seed "
                  "differences); one y-axis per row", fontsize=10)  # fmt: skip
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def share_y(axes: np.ndarray) -> None:
@@ -212,7 +212,7 @@ def share_y(axes: np.ndarray) -> None:
         ax.set_ylim(lo, hi)
 
 
-def _save(fig: plt.Figure, path: Path) -> list[Path]:
+def save_figure(fig: plt.Figure, path: Path) -> list[Path]:
     """PNG at `path` and the same figure beside it in the other FORMATS (no bbox_inches: sizes stay fixed)."""
     written = []
     for fmt in FORMATS:

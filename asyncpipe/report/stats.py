@@ -1,5 +1,4 @@
-"""95% intervals for the report's claims, one convention throughout (numpy only: scipy is not a dependency, so the
-Student t quantile is computed here from the regularized incomplete beta function; never torch).
+"""95% intervals for the report's claims, one convention throughout (numpy and scipy.stats; never torch).
 
 - A difference (a gap to sync, EF's own effect, lambda 2 - lambda 1, method - EF) is paired by seed: the per-seed
   differences d_s get a t-interval, mean ± t_{n-1, 0.975} · sd / sqrt(n) (sd: sample std, ddof=1).
@@ -21,6 +20,7 @@ from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
+from scipy.stats import t as student_t
 
 LEVEL = 0.95
 BOOTSTRAP_REPS = 10_000
@@ -60,49 +60,14 @@ def _clean(values: Sequence[float]) -> np.ndarray:
     return np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype="float64")
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz evaluation)."""
-    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 1000):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
 def t_cdf(t: float, df: int) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom."""
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
+    """P(T <= t) for Student's t with `df` degrees of freedom (scipy.stats)."""
+    return float(student_t.cdf(t, df))
 
 
 def t_quantile(n: int, level: float = LEVEL) -> float:
-    """t_{n-1} quantile of a two-sided `level` interval (bisection on t_cdf to 1e-12)."""
-    p, lo, hi = 0.5 + level / 2, 0.0, 1.0
-    while t_cdf(hi, n - 1) < p:
-        hi *= 2.0
-    while hi - lo > 1e-12 * max(1.0, hi):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, n - 1) < p else (lo, mid)
-    return (lo + hi) / 2
+    """t_{n-1} quantile of a two-sided `level` interval (scipy.stats)."""
+    return float(student_t.ppf(0.5 + level / 2, n - 1))
 
 
 def t_interval(diffs: Sequence[float], level: float = LEVEL) -> Interval:

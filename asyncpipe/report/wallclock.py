@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from asyncpipe.report.load import COMPLETED
-from asyncpipe.report.plots import COLOURS, DPI, MARKERS, TOKENS, _save, seed_matrix
+from asyncpipe.report.plots import COLOURS, DPI, MARKERS, TOKENS, save_figure, seed_matrix
 from asyncpipe.report.target import Ladder
 from asyncpipe.report.throughput import throughput
 
@@ -63,4 +63,4 @@ def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladde
     fig.suptitle("Val loss vs modelled wall-clock: a curve that crosses the dashed line further left reaches sync's "
                  "final loss sooner", fontsize=10)  # fmt: skip
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
