@@ -160,7 +160,7 @@ def format_result(res: dict) -> str:
         cols = []
         for mode in res["modes"]:
             p = "" if mode == "eager" else "compiled_"
-            mark = "~" if res[f"{p}within_spread"][name] else " "
+            mark = "~" if res[f"{p}within_spread"][name] and name != "delay0" else " "  # delay0: the baseline itself
             cols.append(f"{mode} {res[f'{p}median_step_s'][name] * 1e3:8.1f} ms x{res[f'{p}ratio_to_delay0'][name]:.3f}{mark}")
         if "compile_speedup" in res:
             mark = "~" if res["compile_speedup_within_spread"][name] else " "
