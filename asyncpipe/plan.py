@@ -160,15 +160,6 @@ def _compensation_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
                         "the plan cannot count it")  # fmt: skip
     params = sum(s.params for s in shapes)
     extra = float(spec.memory(cfg, shapes)) if spec.memory is not None else 0.0
-    name = spec.name
-    if name == "basis_rotation":  # L, R, Q_L, Q_R per rotated matrix (per expert), the rule in rotation.py
-        from asyncpipe.optim.compensation.rotation import rotates, rotation_numbers
-
-        muon, r = cfg.optimizer.name == "muon", comp.rotation
-        extra = 4.0 * sum(
-            c * rotation_numbers(shape) for s in shapes for c, shape, hidden in s.tensors
-            if rotates(tuple(shape), hidden, muon and hidden, r.max_dim, r.all_matrices)
-        )  # fmt: skip
     return 4.0 * spec.buffers * params + extra
 
 

@@ -57,6 +57,12 @@ def test_every_group_option_composes() -> None:
         # settings that do nothing, or nothing useful (issue 28): each method's own checks, from its declaration
         (["compensation=weight_prediction", "delay=0"], "compensation=weight_prediction at delay=0 computes exactly the plain optimizer"),
         (["compensation=ef_adaptive", "delay=0"], "compensation=ef_adaptive at delay=0 computes exactly"),
+        (["compensation=dc", "delay=0"], "compensation=dc at delay=0 computes exactly the plain optimizer"),
+        (["compensation=stage_lr", "delay=0"], "compensation=stage_lr at delay=0 computes exactly"),
+        (["compensation=stage_lr", "delay=1", "delay_profile=pipedream", "pipeline.stages=4", "compensation.stage_lr.power=1e6"],
+         "compensation.stage_lr.power=1e+06 must be in [0, 4]"),
+        (["compensation=update_averaging", "delay=1", "compensation.nag.gamma=1"], "compensation.nag.gamma=1.0 must be in [0, 1)"),
+        (["compensation=basis_rotation", "delay=1", "optimizer=soap"], "optimizer=soap already runs Adam in a rotated eigenbasis"),
         (["compensation=ef_adaptive", "delay=1", "compensation.adaptive.lam_init=3"], "lam_init=3.0 is above lam_max=2.0"),
         (["compensation=weight_prediction", "delay=1", "compensation.prediction.horizon=1e6"], "horizon=1000000.0 must be in [0, 16]"),
         (["compensation=weight_prediction", "delay=1", "engine=pipeline"], "compensation=weight_prediction does not run in engine=pipeline"),
@@ -103,3 +109,14 @@ def test_ef_override_and_preset_are_the_one_ef_method() -> None:
         assert (comp.name, comp.ef.lam, comp.ef.schedule) == ("ef", lam, "constant")
         assert describe(cfg) == f"muon + EF(lam={lam:g})" and "-muon_ef-d1" in cfg.run.dir
     assert "-adamw+dc-d1" in compose(["compensation=dc", "delay=1"]).run.dir
+
+
+def test_every_method_declares_its_memory_and_every_optimizer_its_state() -> None:
+    from asyncpipe.registry import methods, optimizers
+
+    assert {m.name for m in methods()} >= {"none", "ef", "ef_adaptive", "dc", "stage_lr", "update_averaging",
+                                           "basis_rotation", "weight_prediction"}  # fmt: skip
+    assert all(m.buffers is not None for m in methods()), [m.name for m in methods() if m.buffers is None]
+    assert {o.name for o in optimizers()} >= {"adamw", "muon", "nadam", "soap"} and all(o.memory for o in optimizers())
+    pipedream = ["delay=1", "delay_profile=pipedream", "pipeline.stages=4", "compensation=stage_lr"]
+    assert compose(pipedream).compensation.stage_lr.run_steps == 100  # accepted where k reaches 3

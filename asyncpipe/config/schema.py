@@ -65,45 +65,12 @@ class OptimizerBase:
 
 
 @dataclass
-class AveragingCompensation:
-    gamma: float = 0.9  # update_averaging: EMA decay over applied updates (0 = the plain optimizer)
-
-
-@dataclass
-class DCCompensation:
-    lam: float = 2.0  # DC-ASGD lambda: g + lam(t) * g*g*(W(t) - W(t-k))
-    adaptive: bool = True  # DC-ASGD-a: lam(t) = lam / sqrt(EMA(g*g) + eps), elementwise, the EMA starting at 0
-    rho: float = 0.95  # EMA decay of g*g (adaptive)
-    eps: float = 1e-7
-
-
-@dataclass
-class RotationCompensation:
-    beta: float = 0.95  # EMA decay of the Kronecker factors G G^T and G^T G
-    every: int = 10  # steps between eigenbasis refreshes
-    max_dim: int = 4096  # matrices with a side above this are left unrotated
-    all_matrices: bool = False  # also rotate the embedding, head and MoE routers (default: block/expert matrices)
-
-
-@dataclass
-class StageLRCompensation:
-    power: float = 1.0  # p(0): lr of a parameter with delay k >= 1 divided by k ** p(t) (PipeMare)
-    anneal_steps: int = 0  # > 0: p(t) reaches 0 after these steps (overrides anneal_frac)
-    anneal_frac: float = 0.14  # p(t) reaches 0 after this share of run_steps (0 with anneal_steps 0: p constant)
-    run_steps: int = 0  # the run's train.steps (the YAML interpolates it; 0 = unknown)
-
-
-@dataclass
 class CompensationBase:
     """`CompensationConfig` (this plus each method's node) is built on access."""
 
     name: str = "none"  # a declared method: none, ef, ef_adaptive, dc, ... (`asyncpipe config show` lists them)
     _target_: Optional[str] = None  # import path of your own method module (docs/extending.md)
     # + each method's settings node, declared in its module (asyncpipe/optim/compensation/), added by `full_schema`
-    nag: AveragingCompensation = field(default_factory=AveragingCompensation)  # update_averaging's (the v3 records' key)
-    dc: DCCompensation = field(default_factory=DCCompensation)
-    rotation: RotationCompensation = field(default_factory=RotationCompensation)
-    stage_lr: StageLRCompensation = field(default_factory=StageLRCompensation)
 
 
 @dataclass

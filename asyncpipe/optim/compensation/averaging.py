@@ -19,11 +19,12 @@ unchanged. Memory: one parameter-sized buffer m (optimizer state, no weight vers
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from asyncpipe.errors import UserError
+from asyncpipe.errors import ConfigError, UserError
 from asyncpipe.optim.compensation.registry import register
 from asyncpipe.optim.compensation.base import Compensated
 
@@ -52,6 +53,18 @@ class UpdateAveraging(Compensated):
             p.sub_(prev - u, alpha=g)
 
 
-@register("update_averaging", fits_2bw=True, note="one parameter-sized buffer m (optimizer state, no weight version)")
+@dataclass
+class AveragingCompensation:
+    gamma: float = 0.9  # update_averaging: EMA decay over applied updates (0 = the plain optimizer)
+
+
+def check_averaging(c: Any, cfg: Any) -> None:
+    if not 0 <= c.gamma < 1:
+        raise ConfigError(f"compensation.nag.gamma={c.gamma} must be in [0, 1)")
+
+
+# key "nag": the v3 run records' name for this node (the report compares every recorded key)
+@register("update_averaging", fits_2bw=True, note="one parameter-sized buffer m (optimizer state, no weight version)",
+          buffers=2, key="nag", config=AveragingCompensation, check=check_averaging)
 def build_averaging(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
     return UpdateAveraging(optimizer, delays, cfg.nag.gamma)

@@ -37,11 +37,12 @@ use decoupled weight decay (AdamW, NAdam and Muon here do). Memory: L, R, Q_L, Q
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from asyncpipe.errors import UserError
+from asyncpipe.errors import ConfigError, UserError
 from asyncpipe.optim.compensation.registry import register
 from asyncpipe.optim.compensation.base import Compensated
 
@@ -129,7 +130,36 @@ class BasisRotation(Compensated):
             p.copy_(x - decay - b["QL"][p] @ u_rot @ b["QR"][p].mT)
 
 
-@register("basis_rotation", fits_2bw=True, note="L, R, Q_L, Q_R per matrix (optimizer state, no weight version)")
+@dataclass
+class RotationCompensation:
+    beta: float = 0.95  # EMA decay of the Kronecker factors G G^T and G^T G
+    every: int = 10  # steps between eigenbasis refreshes
+    max_dim: int = 4096  # matrices with a side above this are left unrotated
+    all_matrices: bool = False  # also rotate the embedding, head and MoE routers (default: block/expert matrices)
+
+
+def check_rotation(r: Any, cfg: Any) -> None:
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    o = cfg.optimizer
+    need(0 <= r.beta < 1, f"compensation.rotation.beta={r.beta} must be in [0, 1)")
+    need(r.every >= 1 and r.max_dim >= 1, "compensation.rotation.every and max_dim must be >= 1")
+    need(o.name != "soap", "optimizer=soap already runs Adam in a rotated eigenbasis; use basis_rotation with adamw, nadam or muon")
+    need(o.name != "muon" or r.all_matrices, "compensation=basis_rotation under optimizer=muon rotates nothing (Muon's "
+         "matrices commute with rotation; embedding and head are skipped): set compensation.rotation.all_matrices=true")
+
+
+def rotation_bytes(cfg: Any, shapes: list) -> float:
+    """L, R, Q_L, Q_R per rotated matrix (per expert), fp32, by the rule `rotates` applies."""
+    r, muon = cfg.compensation.rotation, cfg.optimizer.name == "muon"
+    return 4.0 * sum(c * rotation_numbers(tuple(shape)) for s in shapes for c, shape, hidden in s.tensors
+                     if rotates(tuple(shape), hidden, muon and hidden, r.max_dim, r.all_matrices))
+
+
+@register("basis_rotation", fits_2bw=True, note="L, R, Q_L, Q_R per matrix (optimizer state, no weight version)",
+          buffers=0, memory=rotation_bytes, key="rotation", config=RotationCompensation, check=check_rotation)
 def build_rotation(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
     c = cfg.rotation
     hidden = getattr(optimizer, "hidden_params", None)
