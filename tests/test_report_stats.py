@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from asyncpipe.report.stats import (Interval, bootstrap_ratio, ratio_resolved, ratio_seeds_needed, seeds_to_resolve,
+from asyncpipe.report.stats import (Interval, fieller_ratio, ratio_resolved, ratio_seeds_needed, seeds_to_resolve,
                                     t_interval, t_quantile, verdict)
 from asyncpipe.report.target import along_curve, net_speedup, seed_tokens
 from asyncpipe.report.throughput import load_bench, throughput
@@ -33,21 +33,31 @@ def test_t_interval_by_hand():
     assert one.value == 0.5 and not one.known and one.fmt() == "+0.5000 (n=1)"
 
 
-def test_bootstrap_ratio_two_seeds_by_hand():
-    """Two seeds: a resample is (0,0), (1,1) or mixed, so the ratio of means is 1/2, 3/2 or 4/4, a quarter of the
-    resamples at each end: the 2.5th and 97.5th percentiles are the extremes."""
-    iv = bootstrap_ratio([1.0, 3.0], [2.0, 2.0])
-    assert (iv.value, iv.lo, iv.hi, iv.kind) == (1.0, 0.5, 1.5, "bootstrap")
+def test_fieller_with_a_constant_denominator_is_the_t_interval_scaled():
+    """den = [2, 2] has no spread: r is in the interval iff mean(num) - 2r lies within t_1 * sd(num) / sqrt(2), i.e.
+    1 +- 12.7062 * sqrt(2) / sqrt(2) / 2 = 1 +- 6.3531."""
+    iv = fieller_ratio([1.0, 3.0], [2.0, 2.0])
+    assert (iv.value, iv.kind) == (1.0, "fieller")
+    assert iv.lo == pytest.approx(1 - T_975[1] / 2, rel=1e-9) and iv.hi == pytest.approx(1 + T_975[1] / 2, rel=1e-9)
 
 
-def test_bootstrap_point_is_the_ratio_of_means_and_the_seed_is_fixed():
+def test_fieller_point_is_the_ratio_of_means_and_its_ends_are_where_the_t_test_turns():
     num, den = [0.30, 0.41, 0.35, 0.28, 0.50], [0.45, 0.52, 0.40, 0.49, 0.58]
-    a, b = bootstrap_ratio(num, den), bootstrap_ratio(num, den)
-    assert a == b  # fixed seed: the same interval every time
-    assert a.value == pytest.approx(sum(num) / sum(den))  # not the mean of per-seed ratios
-    assert a.value != pytest.approx(sum(x / y for x, y in zip(num, den)) / 5)
-    assert a.lo < a.value < a.hi
-    assert bootstrap_ratio(num, den, seed=1) != a
+    iv = fieller_ratio(num, den)
+    assert iv.value == pytest.approx(sum(num) / sum(den))  # not the mean of per-seed ratios
+    assert iv.value != pytest.approx(sum(x / y for x, y in zip(num, den)) / 5)
+    assert iv.lo < iv.value < iv.hi
+    for end in (iv.lo, iv.hi):  # at each end the paired t-interval of num - r*den just touches 0
+        t = t_interval([a - end * b for a, b in zip(num, den)])
+        assert min(abs(t.lo), abs(t.hi)) == pytest.approx(0.0, abs=1e-12)
+    inside, outside = (iv.lo + iv.value) / 2, iv.hi * 1.01
+    assert not ratio_resolved(num, den, inside) and ratio_resolved(num, den, outside)  # interval and verdict agree
+
+
+def test_fieller_is_unbounded_when_the_denominator_may_be_zero():
+    iv = fieller_ratio([1.0, 1.0, 1.0], [1.0, -1.0, 0.5])
+    assert math.isinf(iv.lo) and math.isinf(iv.hi) and not iv.excludes(0.0)
+    assert iv.fmt("+.2f").endswith("[unbounded]")
 
 
 def test_seeds_to_resolve_by_hand():
@@ -93,7 +103,7 @@ def test_tokens_to_target_between_budgets_and_bounds():
 
 
 def test_net_speedup_is_throughput_over_token_ratio():
-    ratio = Interval(1.25, 1.0, 1.5, 3, "bootstrap")
+    ratio = Interval(1.25, 1.0, 1.5, 3, "fieller")
     assert net_speedup(ratio, None, 1.25) == "1.00x [0.83, 1.25]"
     assert net_speedup(None, 1.5, 1.25) == "≤ 0.83x"  # not reached within 1.5x the tokens: at most 1.25 / 1.5
 

@@ -15,7 +15,7 @@ import pandas as pd
 from asyncpipe.errors import UserError
 from asyncpipe.report.claims import Claim
 from asyncpipe.report.groups import Grouping, classify, natural
-from asyncpipe.report.load import load_sweep, named_variants, read_manifest, sweep_label
+from asyncpipe.report.load import concat_runs, load_sweep, named_variants, read_manifest, sweep_label
 from asyncpipe.report.merge import load_merged
 from asyncpipe.report.render import to_markdown
 from asyncpipe.report.tables import GroupTable, compute_cells, variant_order
@@ -139,7 +139,7 @@ def build_report(
         named = named_variants(d)
         order += [f"{label}:{v}" for v in _source_order(runs.assign(variant=own), named)]
         parts.append((runs, curves))
-    runs = pd.concat([p[0] for p in parts], ignore_index=True)
+    runs = concat_runs([p[0] for p in parts])
     curves = pd.concat([p[1] for p in parts], ignore_index=True)
     reference = reference or order[0]
     report = assemble(runs, curves, " + ".join(map(str, sources)), out_dir, order, reference, command, manifests,

@@ -4,7 +4,7 @@
 - effect: a mitigated column (EF, weight prediction, ...) minus its plain delayed column (1-step), same seed;
 - vs EF: a mitigation other than lambda-1 EF minus the lambda-1 EF column (lambda 2 - lambda 1, method - EF);
 - closed: % of the plain column's gap the mitigation closes, (gap_plain - gap_method) / gap_plain as a ratio of
-  means with a paired bootstrap interval, optionally judged against a stated target;
+  means with Fieller's interval, optionally judged against a stated target;
 - gap ratio: one optimizer's gap over another's for the same column (seeds paired by number).
 
 A column's role comes from its runs' settings (delay, delay profile, EF and its lambda, compensation, train.steps),
@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from asyncpipe.report.stats import (Interval, bootstrap_ratio, diff_seeds_needed, ratio_resolved, ratio_seeds_needed,
+from asyncpipe.report.stats import (Interval, fieller_ratio, diff_seeds_needed, ratio_resolved, ratio_seeds_needed,
                                     t_interval, verdict)
 
 NO_COMPENSATION = (None, "none", "ef")  # compensation=ef is EF itself (the *_ef presets), not another method
@@ -123,7 +123,7 @@ def closure_claim(table: str, opt: str, variant: str, plain: str, by_seed: dict[
         return None
     num = _diffs(base, own, seeds)  # gap_plain - gap_variant = plain - variant
     den = _diffs(base, ref, seeds)  # gap_plain
-    iv = bootstrap_ratio(num, den)
+    iv = fieller_ratio(num, den)
     notes, needed = [], None
     for goal in [0.0] + ([target] if target is not None else []):
         if not ratio_resolved(num, den, goal):
@@ -186,7 +186,7 @@ def gap_ratio_claims(table: str, stats: dict[str, dict[str, dict]], reference: s
                 if sum(gb[s] for s in seeds) > sum(ga[s] for s in seeds):
                     top, bottom, names = gb, ga, (b, a)
                 num, den = [top[s] for s in seeds], [bottom[s] for s in seeds]
-                iv = bootstrap_ratio(num, den)
+                iv = fieller_ratio(num, den)
                 ok = ratio_resolved(num, den, 1.0)
                 needed = None if ok else ratio_seeds_needed(num, den, 1.0)
                 out.append(Claim(table, f"{names[0]}/{names[1]}", "gap ratio", f"{v}: {names[0]}'s gap / {names[1]}'s",

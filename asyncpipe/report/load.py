@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
@@ -365,6 +365,24 @@ def load_sweep(
     loaded.runs.attrs["found"] = loaded.found
     loaded.runs.attrs["skipped"] = list(loaded.skipped)
     return loaded.runs, loaded.curves
+
+
+def concat_runs(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Several `load_sweep` run frames as one, keeping what each loader found and skipped (pd.concat drops attrs)."""
+    out = pd.concat(list(frames), ignore_index=True)
+    out.attrs["found"] = sum(int(f.attrs.get("found", len(f))) for f in frames)
+    out.attrs["skipped"] = [skip for f in frames for skip in f.attrs.get("skipped", [])]
+    return out
+
+
+def accounting(runs: pd.DataFrame, used: int) -> str:
+    """`found N run dirs, read M, used K` and one clause per skipped run: the line every report states."""
+    skipped = skipped_of(runs)
+    found = int(runs.attrs.get("found", len(runs) + len(skipped)))
+    text = f"found {found} run dir(s), read {found - len(skipped)}, used {used} in the tables"
+    if skipped:
+        text += "; skipped " + "; ".join(f"{s.run} ({s.reason})" for s in skipped)
+    return text + "."
 
 
 def skipped_of(runs: pd.DataFrame) -> list[Skipped]:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from asyncpipe.errors import UserError
 from asyncpipe.report.groups import comparable, fmt_value
-from asyncpipe.report.load import load_sweep, named_variants, sweep_label
+from asyncpipe.report.load import concat_runs, load_sweep, named_variants, sweep_label
 
 
 def load_merged(dirs: Sequence[Path], exclude: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
@@ -31,7 +31,7 @@ def load_merged(dirs: Sequence[Path], exclude: Path | None = None) -> tuple[pd.D
         run_parts.append(runs.assign(run=runs["run"].map(rename), sweep=label))
         curve_parts.append(curves.assign(run=curves["run"].map(rename)))
         named += [v for v in named_variants(Path(d)) if v not in named]
-    runs = pd.concat(run_parts, ignore_index=True)
+    runs = concat_runs(run_parts)
     curves = pd.concat(curve_parts, ignore_index=True)
     if "sync" in named:
         named.insert(0, named.pop(named.index("sync")))

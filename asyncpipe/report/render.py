@@ -8,8 +8,7 @@ from typing import Any
 import pandas as pd
 
 from asyncpipe.report.groups import fmt_value
-from asyncpipe.report.load import COMPLETED
-from asyncpipe.report.stats import BOOTSTRAP_REPS, BOOTSTRAP_SEED
+from asyncpipe.report.load import COMPLETED, accounting
 from asyncpipe.report.tables import GroupTable, matched_values
 from asyncpipe.report.target import speedup_table, tokens_table
 
@@ -19,12 +18,11 @@ NOISE = ("Every ± and interval covers seed-to-seed variation only: a seed fixes
          "on one machine only.")  # fmt: skip
 CONVENTION = ("Intervals are 95%, paired by seed over the seeds the compared columns share: a difference (a gap, "
               "an effect, method − EF) is the mean of the per-seed differences with a t-interval; a ratio (% of a gap "
-              "closed, one optimizer's gap over another's) is the ratio of the means with a paired bootstrap interval "
-              f"({BOOTSTRAP_REPS} resamples of the seeds, fixed seed {BOOTSTRAP_SEED}). \"Not resolved\": a "
-              "difference's interval contains 0; a ratio is judged against 0 (or 1x, or the stated target r) by the "
-              "t-interval of the per-seed numerator − r × denominator, because with 3-5 seeds the bootstrap has a "
-              "handful of distinct resamples and its interval is too narrow to decide on. The seeds that would "
-              "resolve a claim: the smallest n with t_{n-1} · sd / √n < |mean − target| at the observed spread.")
+              "closed, one optimizer's gap over another's, a token ratio) is the ratio of the means with Fieller's "
+              "interval (every r for which the paired t-interval of numerator − r × denominator contains 0; "
+              "'unbounded' when the denominator's own interval reaches 0). \"Not resolved\": the interval contains 0 "
+              "(or 1x, or the stated target). The seeds that would resolve a claim: the smallest n with "
+              "t_{n-1} · sd / √n < |mean − target| at the observed spread.")
 
 
 def md_table(frame: pd.DataFrame) -> str:
@@ -44,7 +42,7 @@ def matched_note(group: GroupTable) -> str:
         f"Final val loss compared at **{group.matched_tokens} tokens** (the last token count every completed run "
         "in this table evaluated at; each run's last val loss at or before it). Cells: mean ± sample std (ddof=1) "
         f"over seeds. A gap is to the `{group.reference}` column, paired by seed, with its 95% t-interval; % closed "
-        "is a ratio of means with a paired bootstrap interval. Diverged, failed and unfinished runs are counted, "
+        "is a ratio of means with Fieller's interval. Diverged, failed and unfinished runs are counted, "
         "never averaged."
     )
 
@@ -87,10 +85,14 @@ def dirty_note(report: Any) -> str:
     return f"{dirty} of {len(codes)} runs came from a working tree with uncommitted changes (see Provenance)." if dirty else ""
 
 
-def to_markdown(report: Any) -> str:
+def runs_note(report: Any) -> str:
+    """How many run dirs the report found, read and used, naming every one it skipped (never a silent drop)."""
     runs = report.runs
-    parts = [f"# Loss-gap report\n\nSource: `{report.source}` — {len(runs)} runs "
-             f"({int((runs['status'] == COMPLETED).sum())} completed).\n"]  # fmt: skip
+    return accounting(runs, int((runs["status"] == COMPLETED).sum())).capitalize()
+
+
+def to_markdown(report: Any) -> str:
+    parts = [f"# Loss-gap report\n\nSource: `{report.source}`. {runs_note(report)}\n"]
     if report.takeaways:
         parts.append("## Takeaways\n\n" + "\n".join(f"- {t}" for t in report.takeaways) + "\n")
     for group in report.groups:
@@ -138,7 +140,7 @@ TARGET_RULE = (
     "`train.steps`) reaches it at the smallest budget whose final val loss is at or below it, interpolated linearly "
     "between that budget and the next smaller one; when its smallest budget already gets there, along that run's "
     "val curve; when no budget gets there, 'not reached within N tokens' (a lower bound). Token ratio: mean tokens "
-    "needed over mean sync tokens, paired bootstrap interval over seeds."
+    "needed over mean sync tokens, Fieller's interval over seeds."
 )
 
 
@@ -180,6 +182,7 @@ def render_terminal(report: Any) -> Any:
     from rich.text import Text
 
     items: list[Any] = [Text(t, style="bold") for t in report.takeaways]
+    items.append(Text(runs_note(report), style="yellow" if "skipped" in runs_note(report) else ""))
     for group in report.groups:
         items.append(_rich_table(group.table, group.title, matched_note(group).replace("**", "").replace("`", "")))
     if report.ladders:

@@ -200,7 +200,7 @@ def fmt_number(value: float, fmt: str) -> str:
 def display_table(rows: list[dict], order: list[str], reference: str, settings: bool,
                   claims: list[Claim] | None = None, budgets: set | None = None) -> pd.DataFrame:  # fmt: skip
     """Rows = optimizers; columns = [settings], each variant present, each non-reference variant's gap with its
-    95% interval, and % of a plain delayed column's gap each mitigation closes (ratio of means, bootstrap interval)."""
+    95% interval, and % of a plain delayed column's gap each mitigation closes (ratio of means, Fieller interval)."""
     variants = [v for v in order if any(r["variant"] == v for r in rows)]
     found = {(c.optimizer, c.kind, c.variant): c for c in claims or []}
     closers = [v for v in variants if any(k == (o, "closed", v) for o in (r["optimizer"] for r in rows) for k in found)]

@@ -8,7 +8,7 @@ that seed's sync run's final val loss, and the tokens to reach it are read thus:
   val loss) between it and the next smaller budget, whose final loss is above the target;
 - when the smallest budget already reaches it: along that run's val curve (linear between evaluations);
 - when no budget reaches it: not reached within the largest budget's tokens (a lower bound).
-Token ratio = mean tokens needed / mean sync tokens (ratio of means; paired bootstrap interval over seeds; a lower
+Token ratio = mean tokens needed / mean sync tokens (ratio of means; Fieller's interval over seeds; a lower
 bound when any seed did not reach the target). Net wall-clock speed-up = throughput ratio / token ratio.
 """
 
@@ -22,7 +22,7 @@ import pandas as pd
 
 from asyncpipe.report.groups import Grouping
 from asyncpipe.report.load import COMPLETED
-from asyncpipe.report.stats import Interval, bootstrap_ratio
+from asyncpipe.report.stats import Interval, fieller_ratio
 from asyncpipe.report.throughput import GRID, Throughput, throughput
 
 STEPS = "train.steps"
@@ -148,7 +148,7 @@ def _ladder(group: Any, optimizer: str, opt_runs: pd.DataFrame, curves: pd.DataF
     tokens = [t for t, _, _ in lad.per_seed.values()]
     base = [s for _, _, s in lad.per_seed.values()]
     if lad.reached == len(lad.per_seed):
-        lad.ratio = bootstrap_ratio(tokens, base)
+        lad.ratio = fieller_ratio(tokens, base)
     else:
         lad.bound = sum(tokens) / sum(base)
     return lad
