@@ -15,18 +15,10 @@ from typing import Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from asyncpipe.config.validate import suggest_key, validate
+from asyncpipe.config.tree import conf_dir
 from asyncpipe.errors import ConfigError
 
 GROUPS = ("model", "optimizer", "compensation", "tokenizer", "data", "launcher")
-
-
-def conf_dir() -> Path:
-    """The `conf/` tree: $ASYNCPIPE_CONF, else the one beside the package (repo checkout / editable install)."""
-    env = os.environ.get("ASYNCPIPE_CONF")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
-    if not (path / "config.yaml").is_file():
-        raise ConfigError(f"no config tree at {path} (set ASYNCPIPE_CONF to the directory holding config.yaml)")
-    return path
 
 
 def group_options(group: str) -> list[str]:

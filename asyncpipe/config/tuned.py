@@ -14,7 +14,7 @@ TABLE = "tuned_lr.yaml"
 def tuned_lr(model_name: str, optimizer_name: str) -> Optional[float]:
     """The tuned peak lr of ``optimizer_name`` on the preset ``model_name``; None when the table has no entry
     (the optimizer then runs at its YAML's fallback, which nobody tuned for this model)."""
-    from asyncpipe.config.compose import conf_dir
+    from asyncpipe.config.tree import conf_dir
 
     path = conf_dir() / TABLE
     if not path.is_file():
