@@ -6,7 +6,6 @@ with a one-line message that says what is wrong and what is allowed. Never impor
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import datetime
 from pathlib import Path
