@@ -16,7 +16,7 @@ from asyncpipe.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "results" / "cpu_study.md"
-RECORD = ("config.yaml", "summary.json", "metrics.jsonl")
+RECORD = ("config.yaml", "summary.json", "metrics.jsonl.gz")  # curves gzip-compressed: a clone pays 1/4
 
 
 def _paths() -> tuple[Path, Path]:

@@ -327,3 +327,33 @@ def test_the_report_of_one_run_may_write_into_that_run(tmp_path: Path) -> None:
     assert list(load_runs(run, exclude=run / "report").runs["run"]) == ["r"]
     with pytest.raises(UserError, match="is inside run dir"):
         load_runs(run, exclude=other / "report")
+
+
+def test_committed_records_may_store_their_curves_gzip_compressed_and_a_damaged_one_is_named(tmp_path):
+    """docs/results stores metrics.jsonl.gz: the report reads it as it reads metrics.jsonl (same losses), and a
+    gzip file that is damaged or inflates past the cap is one named skip, not a traceback or a memory bomb."""
+    import gzip as _gzip
+    import shutil as _shutil
+
+    from asyncpipe.report.load import load_runs
+    from asyncpipe.track.files import UnreadableFile, read_untrusted_gz
+
+    src = Path(__file__).resolve().parents[1] / "docs" / "results" / "cpu_study" / "runs" / "main"
+    runs = sorted(p.parent for p in src.glob("optimizer=adamw,seed=*,variant=sync/summary.json"))[:2]
+    plain, packed = tmp_path / "plain" / "s", tmp_path / "packed" / "s"
+    for run in runs:
+        _shutil.copytree(run, plain / run.name)
+        _shutil.copytree(run, packed / run.name)
+        m = packed / run.name / "metrics.jsonl"
+        m.with_name("metrics.jsonl.gz").write_bytes(_gzip.compress(m.read_bytes()))
+        m.unlink()
+    a, b = load_runs(plain), load_runs(packed)
+    assert a.curves.equals(b.curves) and not b.skipped
+    bad = packed / runs[1].name / "metrics.jsonl.gz"
+    bad.write_bytes(b"\x1f\x8b not really gzip")
+    loaded = load_runs(packed)
+    assert [s.run for s in loaded.skipped] == [runs[1].name] and "gzip" in loaded.skipped[0].reason
+    bomb = tmp_path / "bomb.gz"
+    bomb.write_bytes(_gzip.compress(b"0" * (2 << 20)))
+    with pytest.raises(UnreadableFile, match="inflates to more than"):
+        read_untrusted_gz(bomb, max_bytes=1 << 20)

@@ -21,7 +21,7 @@ from asyncpipe.report.groups import flatten
 from asyncpipe.paths import enclosing_run, separate_from_runs
 from asyncpipe.track.files import (
     CONFIG_FILE, MAX_METRICS_FILE, METRICS_FILE, SUMMARY_FILE, load_untrusted_yaml, parse_metrics_lines,
-    read_json_object, read_untrusted,
+    read_json_object, read_untrusted, read_untrusted_gz,
 )
 from asyncpipe.track.provenance import PROVENANCE_FILE
 
@@ -229,7 +229,12 @@ def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
         if not isinstance(summary.get("status", ""), (str, type(None))):
             raise DamagedRun(f"{run / SUMMARY_FILE}: status is {summary['status']!r}, not a name")
     metrics, note = [], ""
-    if os.path.lexists(run / METRICS_FILE):
+    packed = run / (METRICS_FILE + ".gz")  # a committed study record stores its curves compressed
+    if not os.path.lexists(run / METRICS_FILE) and os.path.lexists(packed):
+        text = read_untrusted_gz(packed, MAX_METRICS_FILE)
+        metrics = parse_metrics_lines(text, str(packed))
+        _check_records(metrics, str(packed))
+    elif os.path.lexists(run / METRICS_FILE):
         text = read_untrusted(run / METRICS_FILE, MAX_METRICS_FILE)
         metrics = parse_metrics_lines(text, str(run / METRICS_FILE))
         _check_records(metrics, str(run / METRICS_FILE))

@@ -6,8 +6,10 @@ crash never sees half a file. JSON has no NaN/inf: such floats are written as `n
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 import os
 import stat
 import tempfile
@@ -74,6 +76,36 @@ def read_untrusted(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> 
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UnreadableFile(f"{path} is not UTF-8 text (byte {err.start} is 0x{data[err.start]:02x})") from None
+
+
+def read_untrusted_gz(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> str:
+    """`read_untrusted` for a gzip-compressed record (committed study records store metrics.jsonl.gz): the
+    compressed file and the text it inflates to are each capped at `max_bytes` (a small bomb cannot fill memory)."""
+    path, fd = Path(path), -1
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnreadableFile(f"{path} is a {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > max_bytes:
+            raise UnreadableFile(f"{path} is {st.st_size / 2**20:.1f} MiB, above the {max_bytes / 2**20:g} MiB a "
+                                 "reader takes from such a file")  # fmt: skip
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=True) as raw:
+            fd = -1
+            with gzip.GzipFile(fileobj=raw) as f:
+                data = f.read(max_bytes + 1)
+    except (OSError, EOFError, zlib.error) as err:
+        raise UnreadableFile(f"{path} is not a readable gzip file ({err})") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > max_bytes:
+        raise UnreadableFile(f"{path} inflates to more than the {max_bytes / 2**20:g} MiB a reader takes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UnreadableFile(f"{path} is not UTF-8 text once inflated (byte {err.start})") from None
 
 
 def read_json_object(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> dict:
