@@ -125,3 +125,11 @@ def test_throughput_measured_nearest_or_ideal(tmp_path):
     bad.write_text('{"stages": 2}')
     with pytest.raises(UserError, match="not a `bench pipeline` result"):
         load_bench([bad])
+
+
+def test_an_unbounded_ratio_is_never_called_resolved():
+    """Fieller's set can be the outside of an interval (shown as unbounded): the verdict follows the interval shown,
+    so such a ratio is 'not resolved' even where the t-test at the target alone would reject."""
+    iv = fieller_ratio([1.0, 1.0, 1.0], [1.0, -1.0, 0.5])
+    text = verdict(iv, target=1.0, resolved=True)
+    assert text.startswith("not resolved") and "denominator" in text
