@@ -162,3 +162,18 @@ def test_gap_plot_shares_one_y_axis_across_optimizers(tmp_path, monkeypatch):
     top, bottom = gap_fig.axes[:2], gap_fig.axes[2:4]
     assert top[0].get_ylim() == top[1].get_ylim() and bottom[0].get_ylim() == bottom[1].get_ylim()
     assert top[0].get_ylim()[1] >= 0.4  # AdamW's gap fits Muon's panel too: the 4x is visible
+
+
+def test_optimizers_compared_at_untuned_lrs_are_warned():
+    import pandas as pd
+
+    from asyncpipe.config.tuned import tuned_lr
+    from asyncpipe.report.build import untuned_lr_warnings
+
+    tuned = {o: tuned_lr("tiny", o) for o in ("adamw", "muon")}
+    runs = pd.DataFrame({"model": ["tiny"] * 4, "optimizer": ["adamw", "adamw", "muon", "muon"],
+                         "lr": [tuned["adamw"], tuned["adamw"], 1e-3, 1e-3]})  # fmt: skip
+    warned = untuned_lr_warnings(runs)
+    assert len(warned) == 1 and warned[0].startswith("muon on tiny ran at lr 0.001")
+    assert untuned_lr_warnings(runs.assign(lr=[tuned["adamw"]] * 2 + [tuned["muon"]] * 2)) == []
+    assert untuned_lr_warnings(runs[runs["optimizer"] == "muon"]) == []  # one optimizer: an lr grid, no comparison

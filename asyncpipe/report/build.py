@@ -15,6 +15,7 @@ import pandas as pd
 from asyncpipe.errors import UserError
 from asyncpipe.report.claims import Claim
 from asyncpipe.report.groups import Grouping, classify, natural
+from asyncpipe.config.tuned import at_tuned_lr, tuned_lr
 from asyncpipe.report.load import concat_runs, load_sweep, named_variants, read_manifest, sweep_label
 from asyncpipe.report.merge import load_merged
 from asyncpipe.report.render import to_markdown
@@ -68,6 +69,7 @@ def assemble(
     named = named or (sorted(dict.fromkeys(runs["variant"]), key=natural) if runs["variant_named"].any() else None)
     cells, groups, warnings = compute_cells(runs, curves, grouping, named, reference, target)
     warnings += [f"run {r}: {n}" for r, n in zip(runs["run"], runs["note"]) if n]
+    warnings += untuned_lr_warnings(runs)
     codes = runs["code"].astype(object).fillna("unrecorded") if "code" in runs else pd.Series(dtype=object)
     if codes.nunique() > 1:
         warnings.append(f"the runs come from {codes.nunique()} different code states (commit, dirty flag or library "
@@ -82,6 +84,20 @@ def assemble(
     if out_dir is not None:
         write_files(report, out_dir, plots)
     return report
+
+
+def untuned_lr_warnings(runs: pd.DataFrame) -> list[str]:
+    """One warning per (model, optimizer, lr) compared at an lr that is not the tuned one (conf/tuned_lr.yaml): a gap
+    between optimizers at untuned lrs may be the lrs', not the optimizers'."""
+    out: list[str] = []
+    if runs["optimizer"].nunique() < 2:  # an lr grid of one optimizer is not a comparison of optimizers
+        return out
+    for (model, opt, lr), _ in runs.groupby(["model", "optimizer", "lr"], dropna=True):
+        tuned = tuned_lr(str(model), str(opt))
+        if tuned is not None and lr is not None and not at_tuned_lr(str(model), str(opt), float(lr)):
+            out.append(f"{opt} on {model} ran at lr {float(lr):g}, not its tuned {tuned:g} (conf/tuned_lr.yaml): "
+                       "optimizers compared at untuned lrs may differ by their lrs")  # fmt: skip
+    return out
 
 
 def _source_order(runs: pd.DataFrame, named: list[str]) -> list[str]:

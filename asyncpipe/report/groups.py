@@ -15,10 +15,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from asyncpipe.track.files import NO_RESULT_KEYS, NO_RESULT_PREFIXES
+
 # Keys that never change what a run computes: where it writes, how it is tracked or launched, how often it
 # prints, whether it resumed (resuming reproduces the uninterrupted run), where token files are cached.
-IGNORED_PREFIXES = ("run.", "tracker.", "launcher.", "checkpoint.")
-IGNORED_KEYS = frozenset({"resume", "train.log_every", "pipeline.trace", "pipeline.threads", "pipeline.backend", "data.root"})
+IGNORED_PREFIXES, IGNORED_KEYS = NO_RESULT_PREFIXES, NO_RESULT_KEYS  # the one list (track.files), shared with resume
 SEED = "seed"
 ROW = "optimizer.name"
 # Without named variants a run's column is named from these keys (see load.variant_label).

@@ -21,13 +21,10 @@ from asyncpipe.errors import UserError
 from asyncpipe.paths import run_dir_place
 from asyncpipe.status import COMPLETED
 from asyncpipe.track.files import (
-    CONFIG_FILE, RunDir, atomic_write_bytes, load_untrusted_yaml, read_summary, read_untrusted,
+    CONFIG_FILE, RunDir, changes_no_result, atomic_write_bytes, load_untrusted_yaml, read_summary, read_untrusted,
 )
 
 LOCK_FILE = ".writer.lock"
-# Settings a resumed run may change: where and how it is watched, not what it trains.
-RESUME_MAY_CHANGE = ("resume", "run.", "tracker.", "launcher.", "data.root", "train.log_every", "pipeline.threads",
-                     "pipeline.trace", "checkpoint.")  # fmt: skip
 
 
 class WriterLock:
@@ -76,7 +73,7 @@ def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, An
     new = dict(_flat(OmegaConf.to_container(cfg, resolve=True)))
     keys = sorted(set(old) | set(new))
     return [(k, old.get(k), new.get(k)) for k in keys
-            if old.get(k) != new.get(k) and not k.startswith(RESUME_MAY_CHANGE)]  # fmt: skip
+            if old.get(k) != new.get(k) and not changes_no_result(k)]  # fmt: skip
 
 
 MAX_SEED = 2**32 - 1  # numpy's generators take 0..2**32-1; torch's take less once the model mixes in a layer index
@@ -134,7 +131,7 @@ class RunRecord:
     @classmethod
     def open(cls, cfg: DictConfig) -> "RunRecord":
         """Check the run dir (`check_run_dir`), lock it, check again and write the resolved config.yaml (a resume's
-        differs from the recorded one only in `RESUME_MAY_CHANGE` keys); a refusal leaves no new directory or
+        differs from the recorded one only in keys that cannot change a result: `track.files.changes_no_result`); a refusal leaves no new directory or
         file behind and never rewrites config.yaml."""
         from asyncpipe.config import to_yaml
 

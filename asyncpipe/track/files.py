@@ -9,10 +9,10 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import zlib
 import os
 import stat
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,16 @@ class UnreadableFile(UserError):
     """A file of a run or sweep dir that cannot be trusted as what it claims to be (not a regular file, too large,
     not UTF-8, not the JSON/YAML type it should hold): one line naming the file and why."""
 
+
+# The one list of settings that cannot change a result: a resume may change them, and a report never compares them.
+NO_RESULT_PREFIXES = ("run.", "tracker.", "launcher.", "checkpoint.")
+NO_RESULT_KEYS = frozenset({"resume", "train.log_every", "pipeline.trace", "pipeline.threads", "pipeline.backend",
+                            "data.root"})  # fmt: skip
+
+
+def changes_no_result(key: str) -> bool:
+    """Whether a dotted config key is one of the settings that cannot change a run's numbers."""
+    return key in NO_RESULT_KEYS or key.startswith(NO_RESULT_PREFIXES)
 
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
