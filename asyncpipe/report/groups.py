@@ -184,7 +184,3 @@ def title_keys(grouping: Grouping, runs: list[str]) -> list[str]:
     return shown
 
 
-def differing_keys(flats: list[dict[str, Any]]) -> list[str]:
-    """Every key (ignored ones included) whose value differs between these full flat configs."""
-    keys = sorted({k for f in flats for k in f})
-    return [k for k in keys if _distinct(f.get(k, ABSENT) for f in flats) > 1]
