@@ -182,5 +182,3 @@ def title_keys(grouping: Grouping, runs: list[str]) -> list[str]:
                 continue
         shown.append(key)
     return shown
-
-
