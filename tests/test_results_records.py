@@ -15,19 +15,24 @@ from typer.testing import CliRunner
 from asyncpipe.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "results" / "cpu_study.md"
+DOCS = [REPO / "docs" / "results" / "cpu_study.md", REPO / "docs" / "results" / "cpu_study_v4.md"]
+DOC = DOCS[0]
 RECORD = ("config.yaml", "summary.json", "metrics.jsonl.gz")  # curves gzip-compressed: a clone pays 1/4
 
 
-def _paths() -> tuple[Path, Path]:
-    found = re.search(r"^R=(\S+) O=(\S+)\s*$", DOC.read_text(), re.M)
-    assert found, f"{DOC.name} names its records and report folders on one line: R=... O=..."
+def _paths(doc: Path = DOC) -> tuple[Path, Path]:
+    found = re.search(r"^R=(\S+) O=(\S+)\s*$", doc.read_text(), re.M)
+    assert found, f"{doc.name} names its records and report folders on one line: R=... O=..."
     return REPO / found.group(1), REPO / found.group(2)
 
 
-def _report_commands() -> list[list[str]]:
-    lines = re.findall(r"^asyncpipe report (.+?)\s*(?:#.*)?$", DOC.read_text(), re.M)
+def _report_commands(doc: Path = DOC) -> list[list[str]]:
+    lines = re.findall(r"^asyncpipe report (.+?)\s*(?:#.*)?$", doc.read_text(), re.M)
     return [shlex.split(line) for line in lines]
+
+
+def _all_commands() -> list[tuple[Path, list[str]]]:
+    return [(doc, args) for doc in DOCS for args in _report_commands(doc)]
 
 
 def _tracked(path: Path) -> set[str]:
@@ -53,10 +58,10 @@ def test_the_write_up_names_its_report_commands():
     assert len(_report_commands()) >= 10, f"{DOC.name} lists one `asyncpipe report` line per table"
 
 
-@pytest.mark.parametrize("args", _report_commands(), ids=lambda a: a[-1].rsplit("/", 1)[-1])
-def test_each_committed_table_is_regenerated_by_report(args: list[str], tmp_path: Path):
+@pytest.mark.parametrize("doc,args", _all_commands(), ids=lambda x: x.name if isinstance(x, Path) else x[-1].rsplit("/", 1)[-1])
+def test_each_committed_table_is_regenerated_by_report(doc: Path, args: list[str], tmp_path: Path):
     """The write-up's command itself, through the CLI, with its --out swapped for a scratch folder."""
-    records, reports = _paths()
+    records, reports = _paths(doc)
     swap = {"$R": str(records), "$O": str(reports)}
     args = [re.sub(r"\$[RO]", lambda m: swap[m.group(0)], a) for a in args]
     committed = Path(args[args.index("--out") + 1]) / "gaps.csv"
@@ -65,3 +70,15 @@ def test_each_committed_table_is_regenerated_by_report(args: list[str], tmp_path
     assert res.exit_code == 0, res.output
     again = pd.read_csv(tmp_path / "gaps.csv")
     pd.testing.assert_frame_equal(again, pd.read_csv(committed), check_exact=False, rtol=1e-9)
+
+
+def test_takeaways_quoted_in_the_v4_write_up_are_the_reports_own_words():
+    """Every `> ` quote of a takeaway in cpu_study_v4.md is a line of a committed report.md, character for
+    character: the write-up states the report's intervals, never numbers typed by hand."""
+    doc = DOCS[1]
+    _, reports = _paths(doc)
+    quotes = [q.strip() for q in re.findall(r"^> (.+)$", doc.read_text(), re.M)]
+    assert len(quotes) >= 4, "the v4 write-up quotes the report's takeaways as `> ` lines"
+    lines = {line.removeprefix("- ").strip() for md in reports.rglob("report.md") for line in md.read_text().splitlines()}
+    missing = [q for q in quotes if q not in lines]
+    assert not missing, f"quoted in {doc.name} but in no committed report.md: {missing[:2]}"
