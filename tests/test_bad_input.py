@@ -70,11 +70,13 @@ def test_wandb_online_without_key_falls_back_to_offline(tmp_path: Path) -> None:
     assert list((run / "wandb").glob("offline-run-*"))
 
 
-def test_sweep_with_empty_grid_is_one_run(tmp_path: Path) -> None:
+def test_sweep_file_with_empty_grid_is_refused(tmp_path: Path) -> None:
     sweep = tmp_path / "empty.yaml"
-    sweep.write_text("name: empty\ngrid: {}\noverrides: []\n")
+    sweep.write_text("name: empty\ngrid: {}\noverrides: []\n")  # an empty file no longer becomes one default run
+    assert_one_line_exit_2(asyncpipe("sweep", "--file", str(sweep), "--out", str(tmp_path), "--dry-run"), "defines no runs")
+    sweep.write_text("name: one\ngrid: {}\noverrides: [train.steps=5]\n")
     proc = asyncpipe("sweep", "--file", str(sweep), "--out", str(tmp_path), "--dry-run")
-    assert proc.returncode == 0 and "sweep empty: 1 runs" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "sweep one: 1 runs" in proc.stdout, proc.stderr
     sweep.write_text("name: bad\ngrid: {seed: '0,1'}\nvariants: {a: [delay=1], b: ['delay=0,1']}\n")
     assert_one_line_exit_2(asyncpipe("sweep", "--file", str(sweep), "--out", str(tmp_path)), "is a sweep")
 

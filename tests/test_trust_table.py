@@ -341,12 +341,12 @@ def test_committed_records_may_store_their_curves_gzip_compressed_and_a_damaged_
     src = Path(__file__).resolve().parents[1] / "docs" / "results" / "cpu_study" / "runs" / "main"
     runs = sorted(p.parent for p in src.glob("optimizer=adamw,seed=*,variant=sync/summary.json"))[:2]
     plain, packed = tmp_path / "plain" / "s", tmp_path / "packed" / "s"
-    for run in runs:
+    for run in runs:  # the committed records are compressed: make a plain copy and a packed one of each
         _shutil.copytree(run, plain / run.name)
         _shutil.copytree(run, packed / run.name)
-        m = packed / run.name / "metrics.jsonl"
-        m.with_name("metrics.jsonl.gz").write_bytes(_gzip.compress(m.read_bytes()))
-        m.unlink()
+        gz = plain / run.name / "metrics.jsonl.gz"
+        gz.with_name("metrics.jsonl").write_bytes(_gzip.decompress(gz.read_bytes()))
+        gz.unlink()
     a, b = load_runs(plain), load_runs(packed)
     assert a.curves.equals(b.curves) and not b.skipped
     bad = packed / runs[1].name / "metrics.jsonl.gz"
