@@ -26,14 +26,15 @@ def _one_line(proc: subprocess.CompletedProcess, needle: str) -> str:
 # -- one writer ------------------------------------------------------------------------------------------------
 def test_a_second_process_in_a_training_run_dir_is_refused_and_the_first_finishes(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    args = ["train", *RUN, "train.steps=40", "train.eval_every=20", "checkpoint.every=5", f"run.dir={run}"]
+    # long enough that the first run is still training while two more processes start (40 steps ended first)
+    args = ["train", *RUN, "train.steps=200", "train.eval_every=100", "checkpoint.every=50", f"run.dir={run}"]
     first = start(*args, log=tmp_path / "log")
     wait_for_step(run, 1, first)
     _one_line(asyncpipe(*args, "resume=true"), "is in use by another process")
     _one_line(asyncpipe(*args), "already holds a run")  # refused before it would even ask for the lock
     assert first.wait(timeout=300) == 0, (tmp_path / "log").read_text()[-2000:]
     steps = [m["step"] for m in read_metrics(run)]
-    assert steps == list(range(41))  # no step twice, none lost
+    assert steps == list(range(201))  # no step twice, none lost
     assert read_summary(run)["status"] == "completed"
 
 

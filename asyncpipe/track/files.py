@@ -42,6 +42,7 @@ def changes_no_result(key: str) -> bool:
     """Whether a dotted config key is one of the settings that cannot change a run's numbers."""
     return key in NO_RESULT_KEYS or key.startswith(NO_RESULT_PREFIXES)
 
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
                        (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):  # fmt: skip
@@ -50,11 +51,10 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def read_untrusted(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> str:
-    """The UTF-8 text of a file read from a run or sweep dir, which is untrusted input: only a regular file (a FIFO
-    would block the open forever, a device never ends), at most `max_bytes`, strict UTF-8; anything else is an
-    `UnreadableFile`. `FileNotFoundError` passes through (callers decide what a missing file means)."""
-    path = Path(path)
+def _read_regular(path: Path, max_bytes: int, inflate: bool = False) -> bytes:
+    """At most `max_bytes` of a regular file (a FIFO would block the open forever, a device never ends); with
+    `inflate`, of the gzip stream it holds, the compressed file capped too. Anything else is an `UnreadableFile`;
+    `FileNotFoundError` passes through (callers decide what a missing file means)."""
     try:
         # O_NONBLOCK: a FIFO put in place of the file opens without waiting for a writer; fstat then refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -74,48 +74,41 @@ def read_untrusted(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> 
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=True) as f:
             fd = -1
-            data = f.read(max_bytes + 1)
+            if not inflate:
+                data = f.read(max_bytes + 1)
+            else:
+                with gzip.GzipFile(fileobj=f) as g:
+                    data = g.read(max_bytes + 1)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise UnreadableFile(f"{path} is not a readable gzip file ({err})") from None
     except OSError as err:
-        raise UnreadableFile(f"{path} cannot be read ({err.strerror})") from None
+        raise UnreadableFile(f"{path} cannot be read ({err.strerror or err})") from None
     finally:
         if fd >= 0:
             os.close(fd)
-    if len(data) > max_bytes:  # grew since fstat
-        raise UnreadableFile(f"{path} is above the {max_bytes / 2**20:g} MiB a reader takes from such a file")
+    if len(data) > max_bytes:  # grew since fstat, or inflated past the cap
+        what = "inflates to more than" if inflate else "is above"
+        raise UnreadableFile(f"{path} {what} the {max_bytes / 2**20:g} MiB a reader takes from such a file")
+    return data
+
+
+def _utf8(path: Path, data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UnreadableFile(f"{path} is not UTF-8 text (byte {err.start} is 0x{data[err.start]:02x})") from None
 
 
+def read_untrusted(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> str:
+    """The UTF-8 text of a file read from a run or sweep dir, which is untrusted input: only a regular file, at most
+    `max_bytes`, strict UTF-8; anything else is an `UnreadableFile`. `FileNotFoundError` passes through."""
+    return _utf8(Path(path), _read_regular(Path(path), max_bytes))
+
+
 def read_untrusted_gz(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> str:
     """`read_untrusted` for a gzip-compressed record (committed study records store metrics.jsonl.gz): the
     compressed file and the text it inflates to are each capped at `max_bytes` (a small bomb cannot fill memory)."""
-    path, fd = Path(path), -1
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnreadableFile(f"{path} is a {_kind(st.st_mode)}, not a regular file")
-        if st.st_size > max_bytes:
-            raise UnreadableFile(f"{path} is {st.st_size / 2**20:.1f} MiB, above the {max_bytes / 2**20:g} MiB a "
-                                 "reader takes from such a file")  # fmt: skip
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=True) as raw:
-            fd = -1
-            with gzip.GzipFile(fileobj=raw) as f:
-                data = f.read(max_bytes + 1)
-    except (OSError, EOFError, zlib.error) as err:
-        raise UnreadableFile(f"{path} is not a readable gzip file ({err})") from None
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(data) > max_bytes:
-        raise UnreadableFile(f"{path} inflates to more than the {max_bytes / 2**20:g} MiB a reader takes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UnreadableFile(f"{path} is not UTF-8 text once inflated (byte {err.start})") from None
+    return _utf8(Path(path), _read_regular(Path(path), max_bytes, inflate=True))
 
 
 def read_json_object(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -> dict:
