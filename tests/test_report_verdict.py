@@ -177,3 +177,21 @@ def test_optimizers_compared_at_untuned_lrs_are_warned():
     assert len(warned) == 1 and warned[0].startswith("muon on tiny ran at lr 0.001")
     assert untuned_lr_warnings(runs.assign(lr=[tuned["adamw"]] * 2 + [tuned["muon"]] * 2)) == []
     assert untuned_lr_warnings(runs[runs["optimizer"] == "muon"]) == []  # one optimizer: an lr grid, no comparison
+
+
+def test_a_one_seed_sweep_still_says_its_point_values(tmp_path):
+    """make smoke-test runs seed 0 only: its takeaways state each gap and closure, and say nothing is resolved."""
+    import shutil
+
+    from asyncpipe.report.build import build_report
+
+    from pathlib import Path
+
+    main = Path(__file__).resolve().parents[1] / "docs/results/cpu_study/runs/main"
+    for run in main.glob("optimizer=*,seed=0,variant=*"):
+        if run.name.startswith(("optimizer=adamw", "optimizer=muon")):
+            shutil.copytree(run, tmp_path / "s" / run.name)
+    shutil.copy(main / "sweep.json", tmp_path / "s" / "sweep.json")
+    report = build_report(tmp_path / "s", out_dir=tmp_path / "out", plots=False)
+    adamw = next(t for t in report.takeaways if t.startswith("adamw:"))
+    assert "1-step costs 0.4" in adamw and "closes" in adamw and "nothing resolved" in adamw, adamw
