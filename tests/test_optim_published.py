@@ -16,8 +16,9 @@ from omegaconf import OmegaConf
 from asyncpipe.config import ConfigError, compose
 from asyncpipe.config.schema import CompensationConfig, ModelConfig, OptimizerConfig
 from asyncpipe.model import GPT
-from asyncpipe.optim import DelayedWeights, build_optimizer, compensate_grads, forward_weights
+from asyncpipe.optim import DelayedWeights, build_optimizer
 from asyncpipe.optim import compensation as comp
+from test_optim_compensation import _run  # the simulator's step order, one copy
 
 STEPS = 25
 BASE = ["run.dir=unused", "train.seq_len=32"]
@@ -33,20 +34,6 @@ def _problem(seed: int, n: int = 4):
 
 def _grad(a, b, x):
     return a.T @ (a @ x - b) / a.shape[0]  # of 0.5 * mean (a x - b)^2
-
-
-def _run(opt, params, dw, loss_fn, steps=STEPS):
-    """The simulator's order: forward and backward both at W(t-k) (weight stashing), hooks, advance, step."""
-    trace = [[p.detach().clone() for p in params]]
-    for _ in range(steps):
-        with dw.stale(), forward_weights(opt):
-            loss_fn().backward()
-        compensate_grads(opt, dw.stale_weights())
-        dw.advance()
-        opt.step()
-        opt.zero_grad()
-        trace.append([p.detach().clone() for p in params])
-    return trace
 
 
 def _cfg(name: str, **section) -> CompensationConfig:

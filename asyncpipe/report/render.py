@@ -182,7 +182,8 @@ def render_terminal(report: Any) -> Any:
     from rich.text import Text
 
     items: list[Any] = [Text(t, style="bold") for t in report.takeaways]
-    items.append(Text(runs_note(report), style="yellow" if "skipped" in runs_note(report) else ""))
+    note = runs_note(report)
+    items.append(Text(note, style="yellow" if "skipped" in note else ""))
     for group in report.groups:
         items.append(_rich_table(group.table, group.title, matched_note(group).replace("**", "").replace("`", "")))
     if report.ladders:
