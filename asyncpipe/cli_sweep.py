@@ -1,4 +1,4 @@
-"""The `asyncpipe sweep` commands: thin Typer functions over `asyncpipe.launch` (registered by asyncpipe/cli.py).
+"""The `asyncpipe sweep` commands: thin Typer functions over `asyncpipe.sweep` (registered by asyncpipe/cli.py).
 
 `asyncpipe sweep ARGS` is `asyncpipe sweep run ARGS`; `asyncpipe sweep status DIR/NAME` is its own subcommand.
 """
@@ -54,11 +54,11 @@ def sweep(
     Re-running it skips completed runs and resumes the rest; more seeds or values under the same name add runs
     (the fixed overrides must stay the same)."""
     if dry_run:
-        from asyncpipe.launch import dry_run_sweep
+        from asyncpipe.sweep import dry_run_sweep
 
         typer.echo(dry_run_sweep(list(overrides or []), file=file, name=name, out=out))
         return
-    from asyncpipe.launch import run_sweep
+    from asyncpipe.sweep import run_sweep
 
     result = run_sweep(list(overrides or []), file=file, name=name, out=out, retry_failed=retry_failed, wait=not detach)
     typer.echo(result.summary())
@@ -69,6 +69,6 @@ def sweep(
 @app.command("status")
 def status(sweep_dir: Path = typer.Argument(..., help="A sweep directory, e.g. runs/sweeps/NAME.")) -> None:
     """Show each run of a sweep: pending, queued, running, completed, diverged, failed or interrupted."""
-    from asyncpipe.launch import sweep_status
+    from asyncpipe.sweep import sweep_status
 
     sweep_status(sweep_dir)

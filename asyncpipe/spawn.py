@@ -1,6 +1,6 @@
-"""The one local launcher: start the ranks of a multi-process run on this machine, with torchrun's environment
-(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), and see them through. Simulate replicas, pipeline ranks and the
-pipeline benchmark all start through `launch`.
+"""Starting the ranks of one job on this machine: `launch` starts them with torchrun's environment (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and sees them through. Simulate replicas, pipeline ranks and the
+pipeline benchmark all start through `launch`. (A sweep's runs are started by `asyncpipe/sweep/local.py`.)
 
 Every rank runs ``python -m asyncpipe.rank SPEC`` and gets the same resolved configs from the spec file; it runs
 the spec's jobs back to back (process start and imports paid once). Results, errors and rank 0's step records

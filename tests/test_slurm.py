@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncpipe.launch import run_sweep, sweep_states
-from asyncpipe.launch.display import SweepDisplay
+from asyncpipe.sweep import run_sweep, sweep_states
+from asyncpipe.sweep.display import SweepDisplay
 
 pytestmark = pytest.mark.slurm
 

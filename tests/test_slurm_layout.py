@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 
 from asyncpipe.config import compose
 from asyncpipe.errors import UserError
-from asyncpipe.launch.slurm import executor_parameters, placement, task_env, task_layout
-from asyncpipe.launch.slurm_job import failed_ranks, failure_note, task_record
-from asyncpipe.launch.state import claim, file_state, run_state, write_launch_record
+from asyncpipe.sweep.slurm import executor_parameters, placement, task_env, task_layout
+from asyncpipe.sweep.slurm_job import failed_ranks, failure_note, task_record
+from asyncpipe.sweep.state import claim, file_state, run_state, write_launch_record
 
 
 def cfg_of(*overrides: str):

@@ -17,8 +17,8 @@ from typing import Iterator
 
 import pytest
 
-from asyncpipe.launch import run_sweep, sweep_states
-from asyncpipe.launch.slurm_job import PEERS_WAIT_S
+from asyncpipe.sweep import run_sweep, sweep_states
+from asyncpipe.sweep.slurm_job import PEERS_WAIT_S
 from asyncpipe.runtime.checkpoint import MARKER
 from helpers import asyncpipe
 from slurm_cluster import CLUSTER, client_env, node_count

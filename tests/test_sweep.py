@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 from asyncpipe import cli_sweep
 from asyncpipe.config import compose, conf_dir
 from asyncpipe.errors import UserError
-from asyncpipe.launch import expand, plan_sweep, run_sweep, sweep_states, sweep_status
-from asyncpipe.launch.display import SweepDisplay
-from asyncpipe.launch.state import RunLock
+from asyncpipe.sweep import expand, plan_sweep, run_sweep, sweep_states, sweep_status
+from asyncpipe.sweep.display import SweepDisplay
+from asyncpipe.sweep.state import RunLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -257,7 +257,7 @@ def _driver(tmp_path: Path, grid: list[str]) -> Path:
             f"""
             import sys
             from pathlib import Path
-            from asyncpipe.launch import run_sweep
+            from asyncpipe.sweep import run_sweep
             result = run_sweep({grid!r}, out=Path({str(tmp_path)!r}), name="s",
                                command=lambda o: [sys.executable, {str(script)!r}, *o])
             for s in result.states:
@@ -344,7 +344,7 @@ def test_extending_a_finished_sweep_keeps_its_runs(tmp_path: Path, fake_command)
 
 
 def test_dry_run_lists_runs_tokens_and_time_from_recorded_runs(tmp_path: Path):
-    from asyncpipe.launch import dry_run_sweep
+    from asyncpipe.sweep import dry_run_sweep
 
     text = dry_run_sweep(["seed=0,1", "train.steps=10"], out=tmp_path, name="d")
     tokens = 10 * 8 * 4 * 64  # steps x micro_batch_size x micro_batches x seq_len (conf/config.yaml)

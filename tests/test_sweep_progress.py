@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncpipe.launch import display as display_mod
-from asyncpipe.launch.display import SweepDisplay, state_table
-from asyncpipe.launch.expand import expand
-from asyncpipe.launch.local import LocalLauncher
-from asyncpipe.launch.state import INTERRUPTED, RUNNING, RunState, run_state
+from asyncpipe.sweep import display as display_mod
+from asyncpipe.sweep.display import SweepDisplay, state_table
+from asyncpipe.sweep.expand import expand
+from asyncpipe.sweep.local import LocalLauncher
+from asyncpipe.sweep.state import INTERRUPTED, RUNNING, RunState, run_state
 
 
 def interrupted_run(path: Path) -> Path:
@@ -98,7 +98,7 @@ def test_sigterm_says_interrupted_and_how_to_resume(tmp_path: Path, capsys: pyte
 
 def test_checking_a_large_sweep_reports_progress(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A dry-run (or launch) of many runs says how far its checks are, instead of composing in silence."""
-    from asyncpipe.launch import sweep as sweep_mod
+    from asyncpipe.sweep import runner as sweep_mod
 
     monkeypatch.setattr(sweep_mod, "PROGRESS_MIN_RUNS", 3)
     monkeypatch.setattr(sweep_mod, "PROGRESS_EVERY_S", 0.0)

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from asyncpipe.launch.state import RunLock, read_json, write_launch_record
+from asyncpipe.sweep.state import RunLock, read_json, write_launch_record
 from asyncpipe.status import COMPLETED, DIVERGED, FAILED
 from asyncpipe.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
 from asyncpipe.track.files import atomic_write_json

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Iterable, Optional, TextIO
 
-from asyncpipe.launch.state import COMPLETED, DIVERGED, FAILED, INTERRUPTED, QUEUED, RUNNING, RunState
+from asyncpipe.sweep.state import COMPLETED, DIVERGED, FAILED, INTERRUPTED, QUEUED, RUNNING, RunState
 
 _STYLE = {COMPLETED: "green", DIVERGED: "yellow", FAILED: "red", RUNNING: "cyan", QUEUED: "blue", INTERRUPTED: "magenta"}
 
@@ -73,7 +73,7 @@ def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[s
 def fmt_eta(seconds: Optional[float]) -> str:
     if seconds is None:
         return ""
-    from asyncpipe.launch.estimate import fmt_seconds
+    from asyncpipe.sweep.estimate import fmt_seconds
 
     return fmt_seconds(max(0.0, seconds))
 

@@ -15,11 +15,11 @@ from typing import Any, Optional, Sequence, TextIO
 from omegaconf import DictConfig
 
 from asyncpipe.errors import UserError
-from asyncpipe.launch.display import SweepDisplay, print_table
-from asyncpipe.launch.expand import SweepPlan, expand, run_overrides
-from asyncpipe.launch.sweepfile import SweepFile, load_sweep_file
-from asyncpipe.launch.local import LocalLauncher, RunCommand, train_command
-from asyncpipe.launch.state import (
+from asyncpipe.sweep.display import SweepDisplay, print_table
+from asyncpipe.sweep.expand import SweepPlan, expand, run_overrides
+from asyncpipe.sweep.sweepfile import SweepFile, load_sweep_file
+from asyncpipe.sweep.local import LocalLauncher, RunCommand, train_command
+from asyncpipe.sweep.state import (
     COMPLETED, DIVERGED, FAILED, MANIFEST, SLURM_RECORD, RunState, load_manifest, merged_manifest, read_json, run_state,
     write_manifest,
 )
@@ -106,7 +106,7 @@ def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -
     for spec in plan.runs:  # a re-run must know each run's state: refuse an unreadable record before starting any
         read_summary(sweep_dir / spec.name)
     if launcher.name == "slurm":
-        from asyncpipe.launch.slurm import require_slurm, task_layout
+        from asyncpipe.sweep.slurm import require_slurm, task_layout
 
         require_slurm()
         for cfg in cfgs.values():
@@ -115,9 +115,9 @@ def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -
 
 
 def estimates(plan: SweepPlan, cfgs: dict[str, DictConfig], launcher: DictConfig, out: Path) -> Any:
-    """The dry-run's estimate (`asyncpipe.launch.estimate.DryRun`) of every run of the plan."""
-    from asyncpipe.launch.estimate import dry_run
-    from asyncpipe.launch.state import file_state
+    """The dry-run's estimate (`asyncpipe.sweep.estimate.DryRun`) of every run of the plan."""
+    from asyncpipe.sweep.estimate import dry_run
+    from asyncpipe.sweep.state import file_state
 
     sweep_dir = Path(out) / plan.name
     specs = [(s.name, s.overrides, cfgs[s.name], file_state(sweep_dir / s.name) == COMPLETED) for s in plan.runs]
@@ -130,7 +130,7 @@ def dry_run_sweep(
 ) -> str:
     """What `run_sweep` would launch (runs, tokens, estimated wall time from recorded runs under `out`), as text;
     refuses what `run_sweep` refuses."""
-    from asyncpipe.launch.estimate import render
+    from asyncpipe.sweep.estimate import render
 
     plan = plan_sweep(overrides, file, name, out)
     _, cfgs, launcher = check_sweep(plan, Path(out))
@@ -158,7 +158,7 @@ def run_sweep(
         pass
     write_manifest(sweep_dir, plan)
     if launcher.name == "slurm":
-        from asyncpipe.launch.slurm import SlurmLauncher
+        from asyncpipe.sweep.slurm import SlurmLauncher
 
         slurm = SlurmLauncher(plan, sweep_dir, cfgs, launcher, retry_failed, command, display)
         states = slurm.run(wait=wait)
@@ -180,7 +180,7 @@ def sweep_states(sweep_dir: Path) -> tuple[dict, list[RunState]]:
             jobs.append(str(record["job_id"]))
     slurm: dict[str, str] = {}
     if jobs:
-        from asyncpipe.launch.slurm import slurm_states
+        from asyncpipe.sweep.slurm import slurm_states
 
         slurm = slurm_states(jobs)
     return manifest, [run_state(sweep_dir / r["dir"], r["name"], slurm) for r in runs]

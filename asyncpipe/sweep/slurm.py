@@ -24,10 +24,10 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig
 
 from asyncpipe.errors import UserError
-from asyncpipe.launch.display import SweepDisplay
-from asyncpipe.launch.expand import RunSpec, SweepPlan, run_overrides
-from asyncpipe.launch.local import RunCommand, train_command
-from asyncpipe.launch.state import FINAL, SLURM_ACTIVE, SLURM_RECORD, Claim, RunState, claim, read_json, run_state
+from asyncpipe.sweep.display import SweepDisplay
+from asyncpipe.sweep.expand import RunSpec, SweepPlan, run_overrides
+from asyncpipe.sweep.local import RunCommand, train_command
+from asyncpipe.sweep.state import FINAL, SLURM_ACTIVE, SLURM_RECORD, Claim, RunState, claim, read_json, run_state
 from asyncpipe.track.files import atomic_write_json
 
 POLL_S = 2.0
@@ -201,7 +201,7 @@ class SlurmLauncher:
         """Claim every run, submit those to start, record their jobs; locks are released once recorded."""
         import submitit
 
-        from asyncpipe.launch.slurm_job import SlurmRun
+        from asyncpipe.sweep.slurm_job import SlurmRun
 
         known = {s.name: j for s in self.plan.runs if (j := self._job_of(s))}
         states = slurm_states(list(known.values()))

@@ -120,7 +120,7 @@ def load_sweep_file(path: Path) -> SweepFile:
     variants = data.get("variants") or {}
     per = data.get("per") or {}
     if not isinstance(grid, dict) or not isinstance(variants, dict) or not isinstance(per, dict):
-        raise UserError(f"{path}: grid, variants and per must be mappings (see asyncpipe/launch/sweepfile.py)")
+        raise UserError(f"{path}: grid, variants and per must be mappings (see asyncpipe/sweep/sweepfile.py)")
     overrides = _items(f"{path}: overrides", data.get("overrides") or [])
     for key, values in grid.items():
         if isinstance(values, list):

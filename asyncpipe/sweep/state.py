@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncpipe.errors import UserError
-from asyncpipe.launch.expand import SweepPlan
+from asyncpipe.sweep.expand import SweepPlan
 from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, PENDING, QUEUED, RUNNING
 from asyncpipe.track.files import atomic_write_json, read_json_object
 

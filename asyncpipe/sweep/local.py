@@ -1,4 +1,5 @@
-"""The local launcher: a sweep's runs as child processes on this machine, one at a time or `parallel` at once.
+"""Running a sweep's runs on this machine (`launcher=local`): each run is an `asyncpipe train` child process,
+one at a time or `parallel` at once. (The ranks inside one run are started by `asyncpipe/spawn.py`.)
 
 Each run is its own process group (so Ctrl-C or a kill of the sweep takes down the run's whole tree), writes
 its output to `RUN_DIR/launch.log`, and holds the run dir's lock for as long as it lives.
@@ -19,9 +20,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from asyncpipe.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
-from asyncpipe.launch.display import SweepDisplay
-from asyncpipe.launch.expand import RunSpec, SweepPlan, run_overrides
-from asyncpipe.launch.state import (
+from asyncpipe.sweep.display import SweepDisplay
+from asyncpipe.sweep.expand import RunSpec, SweepPlan, run_overrides
+from asyncpipe.sweep.state import (
     COMPLETED,
     DIVERGED,
     FAILED,
