@@ -1,4 +1,5 @@
-"""Sweep expansion: Hydra's own override parser and BasicSweeper turn `key=a,b range() glob()` into runs.
+"""Sweep expansion: Hydra's public override parser turns `key=a,b range() glob()` into values, and the grid is
+their cartesian product in Hydra's order (the order Hydra's basic sweeper runs them in).
 
 A `SweepPlan` is the grid (swept keys and their values), the fixed overrides shared by every run, the
 launcher overrides (which configure the sweep, not the runs) and one `RunSpec` per point of the grid.
@@ -8,6 +9,7 @@ Never imports torch.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import re
 from collections import OrderedDict
@@ -88,6 +90,19 @@ def _parse(overrides: Sequence[str]) -> list:
         GlobalHydra.instance().clear()
 
 
+def _points(parsed: Sequence[tuple[Any, Optional[list[str]]]]) -> list[tuple[str, ...]]:
+    """Every point of the grid as `key=value` items, one per override: the cartesian product of the swept values
+    (a fixed override is an axis of one), the last override varying fastest, as Hydra's basic sweeper orders them."""
+    axes = []
+    for o, values in parsed:
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            axes.append([f"{key}={v}" for v in values or []])
+        else:
+            axes.append([f"{key}={o.get_value_element_as_str()}"])
+    return list(itertools.product(*axes))
+
+
 def _range_size(value: Any) -> int:
     start, stop, step = (getattr(value, k, None) for k in ("start", "stop", "step"))
     if not all(isinstance(x, (int, float)) for x in (start, stop, step)) or not step:
@@ -149,13 +164,11 @@ def expand(
     variants: Optional[dict[str, list[str]]] = None,
     per: Optional[dict[str, dict[str, list[str]]]] = None,
 ) -> SweepPlan:
-    """Expand overrides with Hydra's BasicSweeper into one run per point of the grid (Hydra's order), crossed with
+    """Expand overrides into one run per point of the grid (Hydra's order), crossed with
     the named `variants` (each a list of overrides, in order), plus the `per` overrides of each point's values
     (per[key][value]: overrides for runs whose `key` is `value`). `grid_keys` are grid axes even with one value
     (a sweep file's grid), so extending them later keeps the fixed overrides unchanged. A later override of a
     key replaces an earlier one, as in Hydra."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
     launcher = [o for o in overrides if is_launcher_key(o)]
     run_overrides = [o for o in overrides if not is_launcher_key(o)]
     for text in run_overrides:
@@ -215,9 +228,8 @@ def expand(
         if unknown:
             raise UserError(f"per: {key}: {', '.join(map(str, unknown))} not among its values ({', '.join(allowed)})")
 
-    batches = BasicSweeper.split_arguments([o for o, _ in last.values()], None)[0]
     seen: dict[str, tuple[str, ...]] = {}
-    for batch in batches:
+    for batch in _points(list(last.values())):
         grid_part = tuple(item for item in batch if swept.get(item.split("=", 1)[0], False))
         fixed_part = tuple(item for item in batch if not swept.get(item.split("=", 1)[0], False))
         point = dict(item.split("=", 1) for item in batch)
