@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "docs/results_howto.md"]
 # A repository path in running text or a command: starts at a top-level folder of the repository.
-PATH = re.compile(r"(?<![\w/.])((?:docs|sweeps|asyncpipe|tests|benchmarks|conf)/[\w./=,+-]*[\w/])")
+PATH = re.compile(r"(?<![\w/.])((?:docs|results|sweeps|asyncpipe|tests|benchmarks|conf)/[\w./=,+-]*[\w/])")
 LINK = re.compile(r"\]\(([^)#\s]+)\)")  # [text](target) and ![alt](target)
 
 

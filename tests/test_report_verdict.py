@@ -187,7 +187,7 @@ def test_a_one_seed_sweep_still_says_its_point_values(tmp_path):
 
     from pathlib import Path
 
-    main = Path(__file__).resolve().parents[1] / "docs/results/cpu_study/runs/main"
+    main = Path(__file__).resolve().parents[1] / "results/cpu_study/main"
     for run in main.glob("optimizer=*,seed=0,variant=*"):
         if run.name.startswith(("optimizer=adamw", "optimizer=muon")):
             shutil.copytree(run, tmp_path / "s" / run.name)

@@ -330,7 +330,7 @@ def test_the_report_of_one_run_may_write_into_that_run(tmp_path: Path) -> None:
 
 
 def test_committed_records_may_store_their_curves_gzip_compressed_and_a_damaged_one_is_named(tmp_path):
-    """docs/results stores metrics.jsonl.gz: the report reads it as it reads metrics.jsonl (same losses), and a
+    """results/ stores metrics.jsonl.gz: the report reads it as it reads metrics.jsonl (same losses), and a
     gzip file that is damaged or inflates past the cap is one named skip, not a traceback or a memory bomb."""
     import gzip as _gzip
     import shutil as _shutil
@@ -338,7 +338,7 @@ def test_committed_records_may_store_their_curves_gzip_compressed_and_a_damaged_
     from asyncpipe.report.load import load_runs
     from asyncpipe.track.files import UnreadableFile, read_untrusted_gz
 
-    src = Path(__file__).resolve().parents[1] / "docs" / "results" / "cpu_study" / "runs" / "main"
+    src = Path(__file__).resolve().parents[1] / "results" / "cpu_study" / "main"
     runs = sorted(p.parent for p in src.glob("optimizer=adamw,seed=*,variant=sync/summary.json"))[:2]
     plain, packed = tmp_path / "plain" / "s", tmp_path / "packed" / "s"
     for run in runs:  # the committed records are compressed: make a plain copy and a packed one of each
