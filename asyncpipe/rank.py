@@ -25,14 +25,14 @@ from asyncpipe.status import INTERRUPTED, exit_code
 
 
 def build_engine(cfg: DictConfig, run_dir: Optional[Path], log: Callable[[str], None]) -> Any:
-    """This process's engine: a `PipelineStage` (engine=pipeline) or the simulator's `Trainer` (one replica)."""
+    """This process's engine: a `PipelineEngineAdapter` (engine=pipeline) or a `SimulatorEngine` (one replica)."""
     from asyncpipe.dist import rank_env
 
     if cfg.engine == "pipeline":
-        from asyncpipe.pipe.adapter import PipelineStage
+        from asyncpipe.pipe.adapter import PipelineEngineAdapter
 
-        return PipelineStage(cfg, run_dir)
-    from asyncpipe.train.loop import Trainer
+        return PipelineEngineAdapter(cfg, run_dir)
+    from asyncpipe.engines.simulator import SimulatorEngine
 
     env = rank_env()
     rank, world = (env[0], env[1]) if env is not None else (0, 1)
@@ -41,7 +41,7 @@ def build_engine(cfg: DictConfig, run_dir: Optional[Path], log: Callable[[str], 
         from asyncpipe.runtime.device import pick_device
 
         init_process_group(backend_for(pick_device(cfg.device).type))
-    return Trainer(cfg, log=log if rank == 0 else None, rank=rank, world=world)
+    return SimulatorEngine(cfg, log=log if rank == 0 else None, rank=rank, world=world)
 
 
 def run_rank(

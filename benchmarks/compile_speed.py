@@ -33,11 +33,11 @@ def one_run(mode: str, steps: int, model: str) -> dict:
     """This process: one run of ``steps`` steps, timed end to end (trainer set-up included)."""
     began = time.perf_counter()
     from asyncpipe.config import compose
-    from asyncpipe.train.loop import Trainer
+    from asyncpipe.engines.simulator import SimulatorEngine
 
     load = os.getloadavg()[0]
     cfg = compose([*STUDY, f"model={model}", f"train.steps={steps}", f"train.compile={mode == 'compiled'}"])
-    trainer = Trainer(cfg)
+    trainer = SimulatorEngine(cfg)
     times = []
     for step in range(1, steps + 1):
         times.append(trainer.train_step().step_time)

@@ -116,11 +116,11 @@ def test_layering() -> None:
     def reaches(prefix: str, target: str) -> list[tuple[str, str]]:
         return [(m, t) for m, ts in edges.items() if m.startswith(prefix) for t in ts if t.startswith(target)]
 
-    assert reaches("asyncpipe.pipe", "asyncpipe.train") == []
-    assert reaches("asyncpipe.train", "asyncpipe.pipe") == []
+    assert reaches("asyncpipe.pipe", "asyncpipe.engines") == []
+    assert reaches("asyncpipe.engines", "asyncpipe.pipe") == []
     for below in ("asyncpipe.session", "asyncpipe.runtime"):
-        for engine in ("asyncpipe.train", "asyncpipe.pipe"):
+        for engine in ("asyncpipe.engines", "asyncpipe.pipe"):
             assert reaches(below, engine) == []
     for light in ("asyncpipe.config", "asyncpipe.report"):
-        for heavy in ("asyncpipe.runtime", "asyncpipe.model", "asyncpipe.optim", "asyncpipe.pipe", "asyncpipe.train"):
+        for heavy in ("asyncpipe.runtime", "asyncpipe.model", "asyncpipe.optim", "asyncpipe.pipe", "asyncpipe.engines"):
             assert reaches(light, heavy) == []

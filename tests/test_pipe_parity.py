@@ -38,7 +38,7 @@ def _simulate(cfg) -> tuple[list, float]:
     """The reference: `engine=simulate` at the same global batch (m x D micro-batches), one thread."""
     import torch
 
-    from asyncpipe.train.loop import Trainer
+    from asyncpipe.engines.simulator import SimulatorEngine
 
     sim_cfg = OmegaConf.merge(
         cfg, {"engine": "simulate", "train": {"micro_batches": cfg.train.micro_batches * cfg.pipeline.data_parallel}}
@@ -46,7 +46,7 @@ def _simulate(cfg) -> tuple[list, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thread count changes matmul summation order; the ranks run one thread each
     try:
-        trainer = Trainer(sim_cfg)
+        trainer = SimulatorEngine(sim_cfg)
         results = [trainer.train_step() for _ in range(STEPS)]
         return results, trainer.evaluate()
     finally:

@@ -138,11 +138,11 @@ def test_a_stop_during_the_last_step_completes_the_run_with_its_final_val_loss(t
     """The lifecycle itself, with the simulator as engine: SIGTERM arrives while the last step runs."""
     from asyncpipe.config import compose
     from asyncpipe.session.lifecycle import run
-    from asyncpipe.train.loop import Trainer
+    from asyncpipe.engines.simulator import SimulatorEngine
 
     steps = 3
     cfg = compose([*RUN, f"train.steps={steps}", "train.eval_every=2", f"run.dir={tmp_path}"])
-    trainer = Trainer(cfg)
+    trainer = SimulatorEngine(cfg)
     step_once = trainer.train_step
 
     def last_step_signalled(sync: bool = True):

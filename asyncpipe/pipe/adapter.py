@@ -1,5 +1,5 @@
-"""`PipelineStage`: this rank's stage of an `engine=pipeline` run as an engine of the run lifecycle
-(`asyncpipe.session.lifecycle.Engine`), a thin adapter over `TwoBWPipelineEngine`.
+"""`PipelineEngineAdapter`: this rank's stage of an `engine=pipeline` run as an engine of the run lifecycle
+(`asyncpipe.session.lifecycle.Engine`), a thin adapter over `ScheduledPipelineEngine`.
 
 Data order matches the simulator: step t, replica r, micro-batch j reads global micro-batch t*m*D + r*m + j, so
 P stages x D replicas with m micro-batches each equals `engine=simulate` with m*D micro-batches. Stop requests
@@ -68,15 +68,15 @@ def setup_rank(cfg: DictConfig) -> tuple[int, int, Any]:
     return rank, world, device
 
 
-def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, compiled: bool = False) -> tuple[Any, int, int]:
-    """This rank's `TwoBWPipelineEngine` over its stage of the model; returns (engine, stage, replica)."""
+def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, compiled: bool = False) -> tuple[Any, int, int]:
+    """This rank's `ScheduledPipelineEngine` over its stage of the model; returns (engine, stage, replica)."""
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
     from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale, stage_layers
     from asyncpipe.optim import build_optimizer
     from asyncpipe.pipe import memory
-    from asyncpipe.pipe.engine import TwoBWPipelineEngine
+    from asyncpipe.pipe.engine import ScheduledPipelineEngine
     from asyncpipe.pipe.stage import PipeSettings, StagedModule, deepspeed_config
 
     t, p = cfg.train, cfg.pipeline
@@ -91,7 +91,7 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, compiled: 
         from asyncpipe.model.compile import compile_modules
 
         compile_modules(layers)
-    engine_cls: Any = TwoBWPipelineEngine
+    engine_cls: Any = ScheduledPipelineEngine
     module_cls: Any = StagedModule
     if v_shape:
         from asyncpipe.pipe.dualpipev import DualPipeVModule, DualPipeVRunEngine
@@ -115,7 +115,7 @@ def build_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, compiled: 
     return engine, coord.pipe, coord.data
 
 
-class PipelineStage:
+class PipelineEngineAdapter:
     """One rank's stage, as the lifecycle's engine: `train_step` runs one batch up to its cut."""
 
     def __init__(self, cfg: DictConfig, run_dir: Optional[Path] = None) -> None:
@@ -135,7 +135,7 @@ class PipelineStage:
             data_path = dataset_dir(cfg.data, cfg.tokenizer)
         vocab = vocab_size_for(cfg.model, load_manifest(data_path))
         self.clock = CompileClock(wanted(t.compile, device, t.steps))
-        self.engine, self.stage, self.replica = build_engine(cfg, self.rank, device, vocab, self.clock.compiled)
+        self.engine, self.stage, self.replica = build_deepspeed_engine(cfg, self.rank, device, vocab, self.clock.compiled)
         # Agreement at cuts and checkpoint barriers on a CPU group of their own, whatever the device.
         group = tdist.new_group(list(range(self.world)), backend="gloo")
         self.comm = Comm(self.world, group)

@@ -14,7 +14,7 @@ from typing import Any
 from deepspeed.runtime.pipe import dualpipev as ds_dualpipev
 from deepspeed.runtime.pipe import schedule as ds_schedule
 
-from asyncpipe.pipe.engine import TwoBWPipelineEngine
+from asyncpipe.pipe.engine import ScheduledPipelineEngine
 
 
 class DualPipeVModule(ds_dualpipev.DualPipeVModule):
@@ -35,8 +35,8 @@ class DualPipeVModule(ds_dualpipev.DualPipeVModule):
         self.phase_bounds = [(self.parts[rank], self.parts[rank + 1]), (self.parts[mirror], self.parts[mirror + 1])]
 
 
-class DualPipeVRunEngine(TwoBWPipelineEngine, ds_dualpipev.DualPipeVEngine):
-    """`TwoBWPipelineEngine` at delay 0 whose training and evaluation schedules are DeepSpeed's DualPipeV.
+class DualPipeVRunEngine(ScheduledPipelineEngine, ds_dualpipev.DualPipeVEngine):
+    """`ScheduledPipelineEngine` at delay 0 whose training and evaluation schedules are DeepSpeed's DualPipeV.
 
     The MRO puts DeepSpeed's DualPipeV methods (schedules, phases, loss stage = rank 0) under our run-loop API
     (`train_batch`, `evaluate`, metrics, instruction timing); the instruction map takes DualPipeV's handlers for
@@ -49,7 +49,7 @@ class DualPipeVRunEngine(TwoBWPipelineEngine, ds_dualpipev.DualPipeVEngine):
         return buffer_id + self.num_pipe_buffers // 2
 
     _INSTRUCTION_MAP = {
-        **TwoBWPipelineEngine._INSTRUCTION_MAP,
+        **ScheduledPipelineEngine._INSTRUCTION_MAP,
         **{k: v for k, v in ds_dualpipev.DualPipeVEngine._INSTRUCTION_MAP.items()
            if k not in (ds_schedule.ReduceGrads, ds_schedule.OptimizerStep, ds_schedule.ReduceTiedGrads)},
     }  # fmt: skip

@@ -1,13 +1,13 @@
-"""`TwoBWPipelineEngine`: DeepSpeed's `PipelineEngine` running the PipeDream-2BW schedule, as DeepSpeed's own
-`DualPipeVEngine` adds a schedule, by subclassing and extending the instruction map.
+"""`ScheduledPipelineEngine`: DeepSpeed's `PipelineEngine` running the schedule it is given (DeepSpeed's 1F1B at
+delay 0, PipeDream-2BW at delay 1, DeepSpeed's DualPipeV through the `asyncpipe.pipe.dualpipev` subclass), as
+DeepSpeed's own `DualPipeVEngine` adds a schedule, by subclassing and extending the instruction map.
 
 delay=1 runs `TwoBWSchedule` as one instruction stream for the whole run (no flush), each micro-batch on its
-pinned weight version from a `WeightStash`; delay=0 runs DeepSpeed's `TrainSchedule` unchanged. Both modes end
+pinned weight version from a `WeightStash`; delay=0 runs DeepSpeed's `TrainSchedule` unchanged. Every schedule ends
 a batch with the same `ReduceGrads` / `OptimizerStep` handlers, which call `asyncpipe.optim` for clipping, the
 lr schedule and the update, so the math is the simulator's. Communication and step metrics never add a flush:
 gradient norms cross stages by an all-reduce that, when deferred, overlaps the next batch's work.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +43,8 @@ _WAIT = (ds_schedule.SendActivation, ds_schedule.RecvActivation, ds_schedule.Sen
 _FORWARD, _BACKWARD = (sched.ForwardPass, ds_schedule.ForwardPass), (sched.BackwardPass, ds_schedule.BackwardPass)
 
 
-class TwoBWPipelineEngine(BatchedP2P, PipelineEngine):
-    """A `PipelineEngine` whose training schedule is 2BW (delay=1) or DeepSpeed's 1F1B (delay=0).
+class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
+    """A `PipelineEngine` whose training schedule is 2BW (delay=1), DeepSpeed's 1F1B (delay=0) or a subclass's.
 
     Call `train_batch()` once per optimizer step (the data iterator yields (x, y) micro-batches in order).
     Rank 0 reads whole-pipeline step metrics with `poll_metrics()` (each step's arrive when every rank has
@@ -55,7 +55,7 @@ class TwoBWPipelineEngine(BatchedP2P, PipelineEngine):
         self.settings = settings
         super().__init__(*args, **kwargs)
         if self.is_pipe_partitioned or self.is_grad_partitioned or self.module.tied_comms:
-            raise ValueError("TwoBWPipelineEngine needs a plain pipeline: no tensor parallelism, no tied layers")
+            raise ValueError("ScheduledPipelineEngine needs a plain pipeline: no tensor parallelism, no tied layers")
         if self.zero_optimization() or self.fp16_enabled() or self.bfloat16_enabled():
             raise ValueError("use a client fp32 optimizer (bf16 via torch_autocast), not DeepSpeed's ZeRO/fp16/bf16")
         self.stash = WeightStash(self.module, settings.delay)
@@ -99,7 +99,7 @@ class TwoBWPipelineEngine(BatchedP2P, PipelineEngine):
         self._batch_walls: dict[int, float] = {}  # batch -> seconds its train_batch() call took here
         self.trace: list[tuple] = []
         self.last_loss = math.nan  # last stage: mean train loss of the latest reduced batch
-        self.memory_baseline = memory.mark(self.device)  # build_engine moves it back to before the stage's layers
+        self.memory_baseline = memory.mark(self.device)  # reset to before the stage's layers were built
 
     # -- the schedule ----------------------------------------------------------------------------------
     def train_batch(self, data_iter: Any = None, sync: bool = True) -> None:  # type: ignore[override]
@@ -272,7 +272,7 @@ class TwoBWPipelineEngine(BatchedP2P, PipelineEngine):
         self._pending[b] = (grads, stage_sq, norms, work)
 
     def _exec_step(self, batch: Optional[int] = None, src_version: Optional[int] = None,
-                   dst_version: Optional[int] = None, lr_kwargs: Any = None) -> None:  # fmt: skip
+                   dst_version: Optional[int] = None) -> None:  # fmt: skip
         b = self.global_steps
         if batch is not None and batch != b:
             raise RuntimeError(f"stage {self.stage_id}: optimizer step for batch {batch} but {b} is next")

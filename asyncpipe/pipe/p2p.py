@@ -1,6 +1,6 @@
 """2BW's messages between stages: each send / receive instruction queues a `torch.distributed.P2POp`, and
 `CommitP2P` posts the queued ones together (batched isend/irecv) and waits for them. `BatchedP2P` is a mixin of
-`TwoBWPipelineEngine`: it uses DeepSpeed's pipe buffers, stage ids and tensor-meta handshake."""
+`ScheduledPipelineEngine`: it uses DeepSpeed's pipe buffers, stage ids and tensor-meta handshake."""
 
 from __future__ import annotations
 

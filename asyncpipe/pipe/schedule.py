@@ -95,7 +95,7 @@ class TwoBWSchedule:
     batches by `CommitP2P`, so a send and its matching receive are always posted in the same round on both
     sides (the Megatron pairing: send-activation with receive-grad, send-grad with receive-activation).
 
-    ``steps()`` yields lists of instructions; `TwoBWPipelineEngine.train_batch` runs the stream up to the
+    ``steps()`` yields lists of instructions; `ScheduledPipelineEngine.train_batch` runs the stream up to the
     next `ReduceGrads` per call (a cut with no message in flight between stages): warm-up in the first call,
     the drain in the last.
 
@@ -109,8 +109,6 @@ class TwoBWSchedule:
     ``start``: the stream begins at batch ``start`` (a resumed run), warming up afresh; micro-batch numbers and
     version pins stay absolute, so batch b still runs on W(max(b-1, 0)).
     """
-
-    delay = 1
 
     def __init__(
         self, micro_batches: int, stages: int, stage_id: int, batches: int, defer_step: bool = False,

@@ -1,6 +1,6 @@
 """What both engines run on and neither owns: device and precision choice (`device`), stop signals (`signals`),
 checkpoint files (`checkpoint`) and the divergence rule below. The run lifecycle (`asyncpipe.session`) and the
-engines (`asyncpipe.train`, `asyncpipe.pipe`) import from here, never from each other."""
+engines (`asyncpipe.engines`, `asyncpipe.pipe`) import from here, never from each other."""
 
 from __future__ import annotations
 

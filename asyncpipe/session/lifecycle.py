@@ -37,8 +37,8 @@ class Agreement:
 
 
 class Engine(Protocol):
-    """How one step is computed. `asyncpipe.train.loop.Trainer` (engine=simulate) and
-    `asyncpipe.pipe.adapter.PipelineStage` (engine=pipeline) implement it."""
+    """How one step is computed. `asyncpipe.engines.simulator.SimulatorEngine` (engine=simulate) and
+    `asyncpipe.pipe.adapter.PipelineEngineAdapter` (engine=pipeline) implement it."""
 
     rank: int
     world: int

@@ -60,12 +60,12 @@ def compose(name: str):
 def run_simulated(name: str) -> dict:
     import torch
 
-    from asyncpipe.train.loop import Trainer
+    from asyncpipe.engines.simulator import SimulatorEngine
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer = Trainer(compose(name))
+        trainer = SimulatorEngine(compose(name))
         losses = [trainer.train_step().train_loss for _ in range(STEPS)]
         return {"train_loss": losses, "val_loss": trainer.evaluate()}
     finally:

@@ -44,7 +44,7 @@ class StepResult:
     extras: dict = field(default_factory=dict)
 
 
-class Trainer:
+class SimulatorEngine:
     """Owns the model, optimizer, delayed weights and data streams of one simulated run. Replicas agree on the
     loss inside `train_step` (one all-reduce with the gradients), so `agree` answers for the step just run."""
 
