@@ -1,7 +1,8 @@
 """Checks on the paths a command will write, made before it writes anything: one-line `UserError`s instead of
 an `OSError` traceback halfway through (and a half-made run dir or report left behind).
 
-Only the standard library and asyncpipe.errors: the CLI calls these before its heavy imports.
+Only the standard library, asyncpipe.errors and the run dir's file names (asyncpipe.track.files): the CLI calls
+these before its heavy imports.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from pathlib import Path
 from typing import Union
 
 from asyncpipe.errors import UserError
+from asyncpipe.track.files import (
+    CONFIG_FILE, LAUNCH_RECORD, METRICS_FILE, PROVENANCE_FILE, SUMMARY_FILE, SWEEP_MANIFEST, WRITER_LOCK,
+)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -84,9 +88,8 @@ def data_root(root: PathLike, prepared: bool = False) -> Path:
 
 
 # A directory holds a run's record when it has the run's config.yaml and any of what training writes next to it.
-RUN_RECORD = ("config.yaml",)
-RUN_TRACES = ("metrics.jsonl", "summary.json", "provenance.json", ".writer.lock", "checkpoints", "launch.json")
-SWEEP_MANIFEST = "sweep.json"
+RUN_RECORD = (CONFIG_FILE,)
+RUN_TRACES = (METRICS_FILE, SUMMARY_FILE, PROVENANCE_FILE, WRITER_LOCK, "checkpoints", LAUNCH_RECORD)
 
 
 def is_run_dir(path: PathLike) -> bool:

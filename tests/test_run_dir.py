@@ -40,20 +40,23 @@ def test_a_second_process_in_a_training_run_dir_is_refused_and_the_first_finishe
 
 def test_the_writer_lock_dies_with_its_process(tmp_path: Path) -> None:
     from asyncpipe.errors import UserError
-    from asyncpipe.session.rundir import WriterLock
+    from asyncpipe.session.rundir import hold_writer_lock
+    from asyncpipe.track.lock import DirLock
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from asyncpipe.session.rundir import WriterLock; "
-         f"WriterLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)"],
+        [sys.executable, "-c", "import sys, time; from asyncpipe.session.rundir import hold_writer_lock; "
+         f"hold_writer_lock({str(tmp_path)!r}); print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, env=cli_env(),
     )  # fmt: skip
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(UserError, match="in use by another process"):
-        WriterLock(tmp_path).acquire()
+        hold_writer_lock(tmp_path)
+    assert DirLock.writer(tmp_path).held_elsewhere()
+    assert not DirLock.sweep(tmp_path).held_elsewhere()  # the run dir's other lock is another file
     holder.kill()  # SIGKILL: no clean-up code runs
     holder.wait()
-    lock = WriterLock(tmp_path)
-    lock.acquire()  # the kernel dropped the dead process's lock
+    assert not DirLock.writer(tmp_path).held_elsewhere()
+    lock = hold_writer_lock(tmp_path)  # the kernel dropped the dead process's lock
     lock.release()
 
 
@@ -135,23 +138,23 @@ def test_ctrl_c_checkpoints_and_exits_4_like_sigterm(tmp_path: Path) -> None:
 
 
 def test_a_stop_during_the_last_step_completes_the_run_with_its_final_val_loss(tmp_path: Path) -> None:
-    """The lifecycle itself, with the simulator as engine: SIGTERM arrives while the last step runs."""
+    """The trainer's loop itself, with the simulator as engine: SIGTERM arrives while the last step runs."""
     from asyncpipe.config import compose
-    from asyncpipe.session.lifecycle import run
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     steps = 3
     cfg = compose([*RUN, f"train.steps={steps}", "train.eval_every=2", f"run.dir={tmp_path}"])
-    trainer = SimulatorEngine(cfg)
-    step_once = trainer.train_step
+    trainer = Trainer(cfg, tmp_path, log=lambda _: None)
+    engine = trainer.engine
+    step_once = engine.train_step
 
     def last_step_signalled(sync: bool = True):
-        if trainer.step == steps - 1:
-            os.kill(os.getpid(), signal.SIGTERM)  # handled by the lifecycle's StopRequest: a flag, not a death
+        if engine.step == steps - 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by the trainer's StopRequest: a flag, not a death
         return step_once(sync)
 
-    trainer.train_step = last_step_signalled
-    summary = run(trainer, cfg, tmp_path, log=lambda _: None, show_progress=False)
+    engine.train_step = last_step_signalled
+    summary = trainer.run(show_progress=False)
     assert summary["status"] == "completed" and summary["exit_code"] == 0 and summary["steps"] == steps
     assert math.isfinite(summary["final_val_loss"])
     last = read_metrics(tmp_path)[-1]

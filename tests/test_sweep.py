@@ -26,7 +26,7 @@ from asyncpipe.config import compose, conf_dir
 from asyncpipe.errors import UserError
 from asyncpipe.sweep import expand, plan_sweep, run_sweep, sweep_states, sweep_status
 from asyncpipe.sweep.display import SweepDisplay
-from asyncpipe.sweep.state import RunLock
+from asyncpipe.track.lock import DirLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -230,7 +230,7 @@ def test_interrupted_runs_resume_and_status_tells_running_from_dead(tmp_path: Pa
     (sweep / "seed=3" / "summary.json").unlink()
     _, states = sweep_states(sweep)
     assert [s.state for s in states] == ["completed", "interrupted"]
-    lock = RunLock(sweep / "seed=3")
+    lock = DirLock.sweep(sweep / "seed=3")
     assert lock.acquire()
     try:
         _, states = sweep_states(sweep)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from pathlib import Path
 from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf

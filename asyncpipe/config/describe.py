@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from asyncpipe.config.compose import GROUPS, conf_dir, group_options
 
@@ -68,3 +69,35 @@ def help_epilog(keys: tuple[str, ...] = MAIN_KEYS) -> str:
         "Config groups (GROUP=OPTION):\n\n\b\n" + groups
         + "\n\nMain keys (KEY=VALUE; every key: asyncpipe config show):\n\n\b\n" + "\n".join(rows)
     )
+
+
+def schema_defaults() -> dict[str, Any]:
+    """Every key of the base schema (`schema.Config`, without the keys optimizers and methods declare) that has a
+    default, dotted, lists as tuples: what a run whose config.yaml predates a key ran with, and the defaults a
+    reader of an older run's config falls back on. Imports the schema (OmegaConf), not torch."""
+    import dataclasses
+    import typing
+
+    from asyncpipe.config.keys import flatten, frozen
+    from asyncpipe.config.schema import Config
+
+    out: dict[str, Any] = {}
+
+    def walk(cls: Any, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = hints.get(f.name)
+            if dataclasses.is_dataclass(kind):
+                walk(kind, f"{prefix}{f.name}.")
+            elif f.default is not dataclasses.MISSING and f.default != "???":
+                out[f"{prefix}{f.name}"] = f.default
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                value = f.default_factory()  # type: ignore[misc]
+                if isinstance(value, dict) and value:
+                    out.update({f"{prefix}{f.name}.{k}": frozen(v) for k, v in flatten(value).items()})
+                else:
+                    out[f"{prefix}{f.name}"] = tuple(value) if isinstance(value, list) else value
+
+    walk(Config, "")
+    return out
+

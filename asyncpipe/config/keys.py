@@ -42,3 +42,11 @@ def lookup(node: Any, dotted: str) -> Any:
             return None
         node = node[part]
     return node
+
+
+def frozen(value: Any) -> Any:
+    """A list as a tuple (its nested dicts and lists as their repr), so values of flattened configs can be compared
+    and hashed; anything else as it is."""
+    if isinstance(value, list):
+        return tuple(repr(v) if isinstance(v, (dict, list)) else v for v in value)
+    return value

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from asyncpipe.config.describe import schema_defaults
+from asyncpipe.config.keys import flatten, frozen
 from asyncpipe.track.files import NO_RESULT_KEYS, NO_RESULT_PREFIXES
 
 # Keys that never change what a run computes: where it writes, how it is tracked or launched, how often it
@@ -27,16 +29,10 @@ DERIVED_VARIANT_KEYS = ("delay", "delay_profile", "optimizer.ef.enabled", "optim
 ABSENT = "<absent>"
 
 
-def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists become tuples so values can be compared and hashed."""
-    out: dict[str, Any] = {}
-    if isinstance(config, dict):
-        for key, value in config.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    if isinstance(config, list):
-        config = tuple(repr(v) if isinstance(v, (dict, list)) else v for v in config)
-    return {prefix[:-1]: config}
+def flat_config(config: Any) -> dict[str, Any]:
+    """A run's config as dotted keys (`config.keys.flatten`), lists as tuples (`config.keys.frozen`):
+    {"a": {"b": 1, "c": [1, 2]}} -> {"a.b": 1, "a.c": (1, 2)}."""
+    return {k: frozen(v) for k, v in flatten(config).items()}
 
 
 def comparable(flat: dict[str, Any]) -> dict[str, Any]:
@@ -103,31 +99,6 @@ class Grouping:
             lines.append("Keys some runs do not record (their configs predate them), taken at their schema default "
                          "there: " + ", ".join(f"`{k}`" for k in self.unrecorded) + ".")
         return lines
-
-
-def schema_defaults() -> dict[str, Any]:
-    """Every key of the config schema (asyncpipe/config/schema.py) with a default, flattened."""
-    import dataclasses
-    import typing
-
-    from asyncpipe.config.schema import Config
-
-    out: dict[str, Any] = {}
-
-    def walk(cls: Any, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            kind = hints.get(f.name)
-            if dataclasses.is_dataclass(kind):
-                walk(kind, f"{prefix}{f.name}.")
-            elif f.default is not dataclasses.MISSING and f.default != "???":
-                out[f"{prefix}{f.name}"] = f.default
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                value = f.default_factory()  # type: ignore[misc]
-                out.update(flatten(value, f"{prefix}{f.name}.") if isinstance(value, dict) and value else
-                           {f"{prefix}{f.name}": tuple(value) if isinstance(value, list) else value})
-    walk(Config, "")
-    return out
 
 
 def _distinct(values: Iterable[Any]) -> int:

@@ -15,15 +15,15 @@ from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
+from asyncpipe.config.keys import lookup
 from asyncpipe.errors import UserError
 from asyncpipe.status import COMPLETED
-from asyncpipe.report.groups import flatten
+from asyncpipe.report.groups import flat_config
 from asyncpipe.paths import enclosing_run, separate_from_runs
 from asyncpipe.track.files import (
-    CONFIG_FILE, MAX_METRICS_FILE, METRICS_FILE, SUMMARY_FILE, load_untrusted_yaml, parse_metrics_lines,
-    read_json_object, read_untrusted, read_untrusted_gz,
+    CONFIG_FILE, MAX_METRICS_FILE, METRICS_FILE, PROVENANCE_FILE, RETIRED, SUMMARY_FILE, SWEEP_MANIFEST,
+    load_untrusted_yaml, parse_metrics_lines, read_json_object, read_untrusted, read_untrusted_gz,
 )
-from asyncpipe.track.provenance import PROVENANCE_FILE
 
 # Frame column -> dotted key in the composed config.
 AXES = {
@@ -44,17 +44,6 @@ AXES = {
 RUN_COLUMNS = ["run", "path", *AXES, "variant", "variant_named", "sweep", "status", "final_tokens", "summary_val_loss",
                "note", "config", "train", "code"]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
-MANIFEST = "sweep.json"
-RETIRED = ".retired"  # failed attempts a sweep moved aside (--retry-failed): not runs of the sweep
-
-
-def lookup(config: dict, dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def variant_label(delay: Any, ef: Any, lam: Any, profile: Any, stages: Any, compensation: Any = None) -> str:
@@ -107,7 +96,7 @@ def run_record(
     row["variant"] = str(named) if named is not None else variant_label(
         row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"], row["compensation"]
     )
-    row["config"] = flatten(config)
+    row["config"] = flat_config(config)
     if row["engine"] != "pipeline":
         # Simulated: the stage count only matters through delay_profile=pipedream, which the variant names;
         # keeping it would split sync runs from the async runs they are compared with.
@@ -179,11 +168,6 @@ def _walk_runs(root: Path, exclude: Path | None) -> tuple[list[Path], list[tuple
         else:
             nested.append((here, holder))
     return sorted(found), sorted(nested)
-
-
-def find_run_dirs(root: Path, exclude: Path | None = None) -> list[Path]:
-    """Directories under `root` holding a config.yaml, outermost only (a run dir inside another is not a run)."""
-    return _walk_runs(Path(root), exclude)[0]
 
 
 def _number(value: Any, what: str, source: str, integer: bool = False) -> Any:
@@ -263,7 +247,7 @@ def named_variants(root: Path) -> list[str]:
     gaps' reference: a folder holding several sweeps puts `sync` first when one names it (else the reference
     would be whichever sweep's first variant sorts first)."""
     names: list[str] = []
-    manifests = sorted(root.rglob(MANIFEST))
+    manifests = sorted(root.rglob(SWEEP_MANIFEST))
     for path in manifests:
         try:
             variants = read_json_object(path).get("variants")
@@ -279,7 +263,7 @@ def named_variants(root: Path) -> list[str]:
 def read_manifest(sweep_dir: Path) -> dict | None:
     """The sweep.json of a sweep dir, or None."""
     try:
-        return read_json_object(Path(sweep_dir) / MANIFEST)
+        return read_json_object(Path(sweep_dir) / SWEEP_MANIFEST)
     except (OSError, UserError):
         return None
 

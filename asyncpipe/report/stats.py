@@ -59,11 +59,6 @@ def _clean(values: Sequence[float]) -> np.ndarray:
     return np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype="float64")
 
 
-def t_cdf(t: float, df: int) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom (scipy.stats)."""
-    return float(student_t.cdf(t, df))
-
-
 def t_quantile(n: int, level: float = LEVEL) -> float:
     """t_{n-1} quantile of a two-sided `level` interval (scipy.stats)."""
     return float(student_t.ppf(0.5 + level / 2, n - 1))

@@ -193,10 +193,6 @@ def fmt_cell(row: dict | None) -> str:
     return f"{row['mean']:.4f}{spread} (n={row['n']}{extra})"
 
 
-def fmt_number(value: float, fmt: str) -> str:
-    return "—" if value is None or not math.isfinite(value) else format(value, fmt)
-
-
 def display_table(rows: list[dict], order: list[str], reference: str, settings: bool,
                   claims: list[Claim] | None = None, budgets: set | None = None) -> pd.DataFrame:  # fmt: skip
     """Rows = optimizers; columns = [settings], each variant present, each non-reference variant's gap with its

@@ -2,55 +2,36 @@
 only with the settings it was started with. Every refusal is a one-line `UserError` raised before anything in
 the run dir changes (config.yaml included).
 
-The writer lock is an `flock` on ``RUN/.writer.lock`` held by the process that writes the run dir (the only
-process of a one-process run, the launcher of local ranks, rank 0 under torchrun/SLURM) for the run's life; the
-kernel drops it when that process ends, however it ends, so a killed run can always be resumed.
+The writer lock (`track.lock.DirLock.writer`, ``RUN/.writer.lock``) is held by the process that writes the run
+dir (the only process of a one-process run, the launcher of local ranks, rank 0 under torchrun/SLURM) for the
+run's life; the kernel drops it when that process ends, however it ends, so a killed run can always be resumed.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from asyncpipe.config.keys import flatten
 from asyncpipe.errors import UserError
 from asyncpipe.paths import run_dir_place
 from asyncpipe.status import COMPLETED
 from asyncpipe.track.files import (
     CONFIG_FILE, RunDir, changes_no_result, atomic_write_bytes, load_untrusted_yaml, read_summary, read_untrusted,
 )
+from asyncpipe.track.lock import DirLock
 
-LOCK_FILE = ".writer.lock"
 
-
-class WriterLock:
-    """An exclusive, non-blocking `flock` on ``RUN/.writer.lock``: whoever holds it writes that run dir."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / LOCK_FILE
-        self.fd: Optional[int] = None
-
-    def acquire(self) -> None:
-        """Take the lock or refuse: another process is training in this run dir."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise UserError(
-                f"run dir {self.path.parent} is in use by another process training in it; wait for it to end "
-                "(or stop it), or choose another run.dir"
-            ) from None
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
+def hold_writer_lock(run_dir: Path) -> DirLock:
+    """Take the run dir's writer lock or refuse (one line): another process is training in this run dir."""
+    lock = DirLock.writer(run_dir)
+    if not lock.acquire():
+        raise UserError(f"run dir {run_dir} is in use by another process training in it; wait for it to end "
+                        "(or stop it), or choose another run.dir")  # fmt: skip
+    return lock
 
 
 def _check_place(path: Path) -> None:
@@ -59,18 +40,10 @@ def _check_place(path: Path) -> None:
         raise UserError(f"run.dir={path} is a file, not a directory; choose another run.dir")
 
 
-def _flat(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _flat(value, f"{prefix}{key}.")
-    else:
-        yield prefix[:-1], node
-
-
 def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, new value) for every setting a resume may not change, in key order."""
-    old = dict(_flat(recorded))
-    new = dict(_flat(OmegaConf.to_container(cfg, resolve=True)))
+    old = flatten(recorded)
+    new = flatten(OmegaConf.to_container(cfg, resolve=True))
     keys = sorted(set(old) | set(new))
     return [(k, old.get(k), new.get(k)) for k in keys
             if old.get(k) != new.get(k) and not changes_no_result(k)]  # fmt: skip
@@ -124,7 +97,7 @@ def check_run_dir(cfg: DictConfig) -> Path:
 class RunRecord:
     """The run dir of a run about to start: locked, checked, its config.yaml written (see `open`)."""
 
-    def __init__(self, path: Path, lock: WriterLock, created: bool) -> None:
+    def __init__(self, path: Path, lock: DirLock, created: bool) -> None:
         self.path, self.lock, self.created = path, lock, created
         self.previous: Optional[bytes] = b""  # config.yaml before this run wrote it (None: there was none)
 
@@ -142,10 +115,9 @@ class RunRecord:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"cannot create run.dir={path}: {exc.strerror}") from None
-        lock = WriterLock(path)
-        record = cls(path, lock, created)
+        record = cls(path, DirLock.writer(path), created)  # not held yet: a refusal below removes nothing
         try:
-            lock.acquire()
+            record.lock = hold_writer_lock(path)
             check_run_dir(cfg)  # again, as the writer: the run dir may have changed before we held the lock
             recorded = path / CONFIG_FILE
             record.previous = recorded.read_bytes() if recorded.exists() else None

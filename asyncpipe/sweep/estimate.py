@@ -12,24 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from asyncpipe.config.keys import lookup
+
 MAX_RECORDS = 400  # the most recent completed runs read for rates
 # Features compared, most specific first; each estimate drops features from the end until runs match.
 FEATURES = ("model.name", "engine", "pipeline.stages", "pipeline.data_parallel", "optimizer.name", "async", "ef")
 
 
-def _get(cfg: Any, dotted: str) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
-        if node is None:
-            return None
-    return node
-
-
 def features(cfg: Any) -> dict[str, Any]:
-    out = {k: _get(cfg, k) for k in FEATURES if k not in ("async", "ef")}
-    out["async"] = bool(_get(cfg, "delay"))
-    out["ef"] = bool(_get(cfg, "optimizer.ef.enabled"))
+    out = {k: lookup(cfg, k) for k in FEATURES if k not in ("async", "ef")}
+    out["async"] = bool(lookup(cfg, "delay"))
+    out["ef"] = bool(lookup(cfg, "optimizer.ef.enabled"))
     if out["engine"] != "pipeline":
         out["pipeline.stages"] = None
     return out

@@ -30,13 +30,13 @@ from asyncpipe.sweep.state import (
     INTERRUPTED,
     PENDING,
     RUNNING,
-    RunLock,
     RunState,
     claim,
     read_json,
     run_state,
     write_launch_record,
 )
+from asyncpipe.track.lock import DirLock
 
 # overrides -> argv of one run; tests swap in a fake, the sweep uses `asyncpipe train`.
 RunCommand = Callable[[Sequence[str]], list[str]]
@@ -62,7 +62,7 @@ class _Active:
     spec: RunSpec
     run_dir: Path
     proc: subprocess.Popen
-    lock: RunLock
+    lock: DirLock
     log: object
 
 

@@ -20,11 +20,11 @@ from asyncpipe.sweep.expand import SweepPlan, expand, run_overrides
 from asyncpipe.sweep.sweepfile import SweepFile, load_sweep_file
 from asyncpipe.sweep.local import LocalLauncher, RunCommand, train_command
 from asyncpipe.sweep.state import (
-    COMPLETED, DIVERGED, FAILED, MANIFEST, SLURM_RECORD, RunState, load_manifest, merged_manifest, read_json, run_state,
+    COMPLETED, DIVERGED, FAILED, SLURM_RECORD, RunState, load_sweep_manifest, merged_manifest, read_json, run_state,
     write_manifest,
 )
 from asyncpipe.paths import separate_from_runs, writable_dir
-from asyncpipe.track.files import read_summary
+from asyncpipe.track.files import SWEEP_MANIFEST, read_summary
 
 DEFAULT_OUT = Path("runs/sweeps")
 PROGRESS_MIN_RUNS = 50  # a sweep this large says how its checks progress
@@ -60,7 +60,8 @@ def plan_sweep(
     overrides = list(overrides)
     sf = load_sweep_file(Path(file)) if file is not None else SweepFile(None, [])
     plan = expand(sf.overrides + overrides, name or sf.name, grid_keys=sf.grid_keys, variants=sf.variants, per=sf.per)
-    old = load_manifest(Path(out) / plan.name) if out is not None and (Path(out) / plan.name / MANIFEST).exists() else None
+    where = Path(out) / plan.name if out is not None else None
+    old = load_sweep_manifest(where) if where is not None and (where / SWEEP_MANIFEST).exists() else None
     if old and set(old.get("grid", {})) - set(plan.grid):
         keys = [*sf.grid_keys, *old["grid"]]
         plan = expand(sf.overrides + overrides, plan.name, grid_keys=keys, variants=sf.variants, per=sf.per)
@@ -171,7 +172,7 @@ def run_sweep(
 def sweep_states(sweep_dir: Path) -> tuple[dict, list[RunState]]:
     """(manifest, state of every run) of a sweep directory; SLURM is asked about runs that have a job."""
     sweep_dir = Path(sweep_dir)
-    manifest = load_manifest(sweep_dir)
+    manifest = load_sweep_manifest(sweep_dir)
     runs = manifest.get("runs", [])
     jobs = []
     for r in runs:

@@ -20,10 +20,11 @@ from typing import Any, Optional, Sequence
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from asyncpipe.sweep.state import RunLock, read_json, write_launch_record
+from asyncpipe.sweep.state import read_json, write_launch_record
 from asyncpipe.status import COMPLETED, DIVERGED, FAILED
 from asyncpipe.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
 from asyncpipe.track.files import atomic_write_json
+from asyncpipe.track.lock import DirLock
 
 LOCK_WAIT_S = 120.0  # a job may start while the submitting sweep still holds the run's lock
 CHILD_STOP_S = 60.0  # time a run gets to checkpoint after the preemption signal (submitit signals 90 s early)
@@ -135,7 +136,7 @@ class SlurmRun(Checkpointable):
         me = {"rank": rank, "node": os.environ.get("SLURMD_NODENAME") or job_env.hostname, "attempt": attempt}
         if world > 1:
             atomic_write_json(task_record(run_dir, rank), {**me, "exit_code": None})
-        lock = RunLock(run_dir) if job_env.global_rank == 0 else None
+        lock = DirLock.sweep(run_dir) if job_env.global_rank == 0 else None
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         code = None
         try:

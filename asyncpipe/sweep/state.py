@@ -1,4 +1,5 @@
-"""Sweep state on disk: the manifest `sweep.json`, one `fcntl.flock` lock per run dir, and each run's state.
+"""Sweep state on disk: the manifest `sweep.json`, each run dir's sweep lock (`track.lock.DirLock.sweep`), and
+each run's state.
 
 A run's state is read from its run dir alone (plus SLURM's view of its job, when it has one), so `sweep status`,
 a second sweep into the same directory and a re-run of the sweep all agree on what is done.
@@ -6,7 +7,6 @@ a second sweep into the same directory and a re-run of the sweep all agree on wh
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -19,75 +19,18 @@ from typing import Any, Optional
 from asyncpipe.errors import UserError
 from asyncpipe.sweep.expand import SweepPlan
 from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, PENDING, QUEUED, RUNNING
-from asyncpipe.track.files import atomic_write_json, read_json_object
+from asyncpipe.track.files import LAUNCH_RECORD, RETIRED, SWEEP_MANIFEST, atomic_write_json, read_json_object
+from asyncpipe.track.lock import DirLock
 
-MANIFEST = "sweep.json"
-LOCK_FILE = ".lock"
-LAUNCH_RECORD = "launch.json"  # exit code of the last launch, for runs that died before writing a summary
 SLURM_RECORD = "slurm_job.json"
-RETIRED = ".retired"
 
 # Never re-run automatically (failed/diverged: --retry-failed), except a failure that lost a rank with its node.
 FINAL = (COMPLETED, DIVERGED, FAILED)
-STATES = (PENDING, QUEUED, RUNNING, COMPLETED, DIVERGED, FAILED, INTERRUPTED)
 
 # SLURM job states that mean "not finished yet" (squeue/sacct names).
 SLURM_PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED"})
 SLURM_RUNNING = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING", "STOPPED"})
 SLURM_ACTIVE = SLURM_PENDING | SLURM_RUNNING
-
-
-class RunLock:
-    """An exclusive, non-blocking `flock` on `RUN_DIR/.lock`: whoever holds it is running that run.
-
-    The kernel drops the lock when the last process holding the open file ends, so a crashed sweep or job
-    never leaves a stale lock behind; a child started with `pass_fds=(lock.fd,)` keeps it held.
-    """
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / LOCK_FILE
-        self.fd: Optional[int] = None
-
-    def acquire(self) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        os.set_inheritable(fd, False)
-        self.fd = fd
-        return True
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)  # closing our descriptor; a child holding a copy keeps the lock until it exits
-
-    def __enter__(self) -> "RunLock":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
-
-
-def is_locked(run_dir: Path) -> bool:
-    """True while some process (this one included, through another open file) holds the run's lock."""
-    path = Path(run_dir) / LOCK_FILE
-    if not path.exists():
-        return False
-    try:  # O_NONBLOCK: a FIFO in the lock's place must not hang `sweep status`
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also drops the probe lock if we got it
-    return False
 
 
 def read_json(path: Path) -> Optional[dict]:
@@ -178,7 +121,7 @@ def file_state(run_dir: Path, locked: Optional[bool] = None) -> str:
     summary = read_json(run_dir / "summary.json") or {}
     if summary.get("status") in FINAL:
         return str(summary["status"])
-    if is_locked(run_dir) if locked is None else locked:
+    if DirLock.sweep(run_dir).held_elsewhere() if locked is None else locked:
         return RUNNING
     launch = read_json(run_dir / LAUNCH_RECORD) or {}
     if launch.get("status") == FAILED:
@@ -224,7 +167,7 @@ class Claim:
     resume: bool
     state: str
     note: str
-    lock: Optional[RunLock] = None
+    lock: Optional[DirLock] = None
 
 
 def claim(run_dir: Path, retry_failed: bool, active_job: Optional[str] = None) -> Claim:
@@ -232,7 +175,7 @@ def claim(run_dir: Path, retry_failed: bool, active_job: Optional[str] = None) -
 
     `active_job`: a SLURM job id already queued or running for this run (then it is skipped, not resubmitted).
     """
-    lock = RunLock(run_dir)
+    lock = DirLock.sweep(run_dir)
     if not lock.acquire():
         return Claim(False, False, RUNNING, "running in another sweep (its lock is held)")
     state = file_state(run_dir, locked=False)
@@ -251,7 +194,7 @@ def claim(run_dir: Path, retry_failed: bool, active_job: Optional[str] = None) -
     note = ""
     if state in FINAL:  # --retry-failed: keep the old attempt, start over in a clean dir
         old = retire(run_dir)
-        fresh = RunLock(run_dir)
+        fresh = DirLock.sweep(run_dir)
         got = fresh.acquire()
         lock.release()
         if not got:
@@ -323,8 +266,8 @@ def merged_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
     launch of a sweep may add runs (more seeds, values or variants: existing runs are kept as they are) but never
     change its fixed overrides, its grid keys or the overrides of a run it already has. Writes nothing (a dry-run
     refuses exactly what the launch refuses)."""
-    path = sweep_dir / MANIFEST
-    old = load_manifest(sweep_dir) if os.path.lexists(path) else None
+    path = sweep_dir / SWEEP_MANIFEST
+    old = load_sweep_manifest(sweep_dir) if os.path.lexists(path) else None
     new = manifest_dict(plan)
     if old is not None:
         what = f"{sweep_dir} already holds sweep '{old.get('name')}'"
@@ -353,7 +296,7 @@ def write_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
     """Write (or check and extend) `sweep.json` (see `merged_manifest`)."""
     new = merged_manifest(sweep_dir, plan)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(sweep_dir / MANIFEST, new)
+    atomic_write_json(sweep_dir / SWEEP_MANIFEST, new)
     return new
 
 
@@ -374,11 +317,11 @@ def _manifest_problem(data: dict) -> Optional[str]:
     return None
 
 
-def load_manifest(sweep_dir: Path) -> dict:
+def load_sweep_manifest(sweep_dir: Path) -> dict:
     """A sweep dir's `sweep.json`, checked (it is untrusted input: a run `dir` may not point outside the sweep)."""
-    path = Path(sweep_dir) / MANIFEST
+    path = Path(sweep_dir) / SWEEP_MANIFEST
     if not os.path.lexists(path):
-        raise UserError(f"{sweep_dir} is not a sweep directory (no {MANIFEST}); sweeps live under runs/sweeps/NAME")
+        raise UserError(f"{sweep_dir} is not a sweep directory (no {SWEEP_MANIFEST}); sweeps live under runs/sweeps/NAME")
     try:
         data = read_json_object(path)
     except UserError as exc:

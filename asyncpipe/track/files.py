@@ -18,9 +18,16 @@ from typing import Any
 
 from asyncpipe.errors import UserError
 
+# The names of run and sweep dir files, defined here only (existing sweep dirs depend on them: never rename).
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+PROVENANCE_FILE = "provenance.json"  # the code, machine and command a run came from (track.provenance)
+LAUNCH_RECORD = "launch.json"  # a sweep's record of the run's last launch (exit code, failed ranks)
+SWEEP_LOCK = ".lock"  # held by the sweep or job running the run (track.lock.DirLock.sweep)
+WRITER_LOCK = ".writer.lock"  # held by the process writing the run dir (track.lock.DirLock.writer)
+SWEEP_MANIFEST = "sweep.json"  # a sweep dir's manifest: grid, variants, every run's overrides
+RETIRED = ".retired"  # in a sweep dir: failed attempts moved aside by --retry-failed (not runs of the sweep)
 _SECRET_ENV = "WANDB_API_KEY"
 # The most a reader takes from one run-dir file (a run dir is untrusted input: a results tarball, shared scratch).
 MAX_SMALL_FILE = 4 << 20  # config.yaml, summary.json, provenance.json, sweep.json, launch.json

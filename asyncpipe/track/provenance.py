@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
 from asyncpipe.errors import UserError
-from asyncpipe.track.files import CONFIG_FILE, atomic_write_json, redact_secrets
+from asyncpipe.track.files import CONFIG_FILE, PROVENANCE_FILE, atomic_write_json, redact_secrets
 
-PROVENANCE_FILE = "provenance.json"
 TRAIN_LOG = "train.log"
 PACKAGES = ("asyncpipe", "torch", "deepspeed", "hydra-core", "omegaconf", "wandb", "numpy")
 
