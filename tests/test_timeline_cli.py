@@ -13,6 +13,9 @@ from typer.testing import CliRunner
 from asyncpipe import cli_perf
 from asyncpipe.errors import UserError
 from asyncpipe.pipe import draw
+from asyncpipe.pipe.orders import ideal_timeline, sync_timeline
+from asyncpipe.pipe.timeline import steady_gaps
+from asyncpipe.pipe.trace_load import trace_timeline
 
 
 def _app() -> typer.Typer:
@@ -50,8 +53,8 @@ def test_schedule_command_writes_png_and_text(tmp_path: Path, kind: str) -> None
 
 
 def test_2bw_never_idles_between_batches_after_warmup_but_1f1b_does() -> None:
-    tl = cli_perf.ideal_timeline("2bw", 4, 8, 3)
-    assert cli_perf.steady_gaps(tl) == [0.0] * 4
+    tl = ideal_timeline("2bw", 4, 8, 3)
+    assert steady_gaps(tl) == [0.0] * 4
     # The batch boundaries lie inside that steady window on every stage: the steps of batches 0 and 1.
     for s in range(4):
         fwd = [e for e in tl.events if e.stage == s and e.kind == "forward"]
@@ -59,8 +62,8 @@ def test_2bw_never_idles_between_batches_after_warmup_but_1f1b_does() -> None:
         steps = [e for e in tl.events if e.stage == s and e.kind == "step"]
         assert len(steps) == 3
         assert all(min(b.start for b in bwd) < u.start < max(f.end for f in fwd) for u in steps[:2])
-    flushed = cli_perf.ideal_timeline("1f1b", 4, 8, 3)
-    assert all(g > 0 for g in cli_perf.steady_gaps(flushed))
+    flushed = ideal_timeline("1f1b", 4, 8, 3)
+    assert all(g > 0 for g in steady_gaps(flushed))
 
 
 @pytest.mark.parametrize("stages,m", [(2, 2), (2, 4), (2, 8), (4, 8), (3, 5)])
@@ -68,16 +71,16 @@ def test_2bw_never_idles_between_batches_after_warmup_but_1f1b_does() -> None:
 def test_flushed_schedules_idle_exactly_the_bubble_formula(stages: int, m: int, fwd: float, bwd: float) -> None:
     bubble = (stages - 1) / (m + stages - 1)
     for kind in ("1f1b", "gpipe"):
-        tl = cli_perf.ideal_timeline(kind, stages, m, 3, forward=fwd, backward=bwd, step=0.0)
+        tl = ideal_timeline(kind, stages, m, 3, forward=fwd, backward=bwd, step=0.0)
         assert tl.idle_fraction == pytest.approx([bubble] * stages)
     # 2BW pays the fill and drain once per run, not once per batch.
-    tl = cli_perf.ideal_timeline("2bw", stages, m, 3, forward=fwd, backward=bwd, step=0.0)
+    tl = ideal_timeline("2bw", stages, m, 3, forward=fwd, backward=bwd, step=0.0)
     assert tl.idle_fraction == pytest.approx([(stages - 1) / (3 * m + stages - 1)] * stages)
 
 
 def test_unknown_schedule_is_a_user_error() -> None:
     with pytest.raises(UserError, match="choose one of"):
-        cli_perf.ideal_timeline("interleaved", 2, 4, 1)
+        ideal_timeline("interleaved", 2, 4, 1)
 
 
 def _op(name: str, start: float, mb=None, stage: int = 0) -> dict:
@@ -92,7 +95,7 @@ def test_trace_of_a_1f1b_run_is_numbered_and_evaluation_is_set_apart(tmp_path: P
     (tmp_path / "trace-rank0.json").write_text(json.dumps([_op(n, 10.0 + i) for i, n in enumerate(seq)]))
     cfg = "train:\n  steps: 2\n  eval_every: 1\n  eval_batches: 1\n  micro_batches: 2\n"
     (tmp_path / "config.yaml").write_text(cfg)
-    tl = cli_perf.trace_timeline(tmp_path)
+    tl = trace_timeline(tmp_path)
     got = [(e.kind, e.micro_batch) for e in tl.events]
     assert got == [("eval", None), ("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1), ("step", None),
                    ("eval", None), ("forward", 2), ("forward", 3), ("backward", 2), ("backward", 3), ("step", None),
@@ -105,7 +108,7 @@ def test_trace_of_a_2bw_run_keeps_its_micro_batches(tmp_path: Path) -> None:
     ops = [_op("ForwardPass", 0.0), _op("ForwardPass", 1.0, 0), _op("CommitP2P", 1.5), _op("BackwardPass", 2.0, 0)]
     (tmp_path / "trace-rank0.json").write_text(json.dumps(ops))
     (tmp_path / "trace-rank1.json").write_text(json.dumps([_op("ForwardPass", 1.2, 0, stage=1)]))
-    tl = cli_perf.trace_timeline(tmp_path)
+    tl = trace_timeline(tmp_path)
     assert [(e.stage, e.kind, e.micro_batch) for e in tl.events] == [
         (0, "eval", None), (0, "forward", 0), (0, "backward", 0), (1, "forward", 0)]  # fmt: skip
     assert tl.idle_fraction[0] == pytest.approx(1 - 1.5 / 2.5)  # the commit's wait counts as idle
@@ -115,7 +118,7 @@ def test_trace_of_a_2bw_run_keeps_its_micro_batches(tmp_path: Path) -> None:
 
 def test_trace_missing_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="pipeline.trace=true"):
-        cli_perf.trace_timeline(tmp_path)
+        trace_timeline(tmp_path)
 
 
 @pytest.mark.slow
@@ -131,7 +134,7 @@ def test_a_traced_pipeline_run_draws_its_measured_timeline(tmp_path: Path) -> No
     res = CliRunner().invoke(_app(), ["schedule", "--trace", str(run), "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "out" / "trace-run.png").exists() and (tmp_path / "out" / "trace-run.txt").exists()
-    tl = cli_perf.trace_timeline(run)
+    tl = trace_timeline(run)
     for s in (0, 1):
         assert sorted(e.micro_batch for e in tl.events if e.stage == s and e.kind == "forward") == list(range(6))
         assert sum(e.kind == "step" for e in tl.events if e.stage == s) == 3
@@ -159,19 +162,19 @@ def test_text_timelines_wrap_to_a_readable_width_and_explain_themselves(tmp_path
 
 
 def test_2bw_batches_and_weight_versions_are_read_off_the_engine_streams() -> None:
-    tl = cli_perf.ideal_timeline("2bw", 4, 8, 3)
+    tl = ideal_timeline("2bw", 4, 8, 3)
     assert draw.batch_size(tl) == 8
     starts = draw.batch_starts(tl)
     assert [(s, b) for s, b, _ in starts] == [(s, b) for s in range(4) for b in (1, 2)]
     # Batch b+1 enters stage 0 before batch b's last backward there (no flush), and under 1F1B only after it.
     for kind, before in (("2bw", True), ("1f1b", False)):
-        tl = cli_perf.ideal_timeline(kind, 4, 8, 2)
+        tl = ideal_timeline(kind, 4, 8, 2)
         enter = draw.batch_starts(tl)[0][2]
         last_b0 = max(e.end for e in tl.events if e.stage == 0 and e.kind == "backward" and e.micro_batch < 8)
         assert (enter < last_b0) is before
-    assert "W(b-1)" in draw.version_rule(cli_perf.ideal_timeline("2bw", 4, 8, 3))
-    assert "W(b)" in draw.version_rule(cli_perf.ideal_timeline("1f1b", 4, 8, 3))
-    assert draw.version_rule(cli_perf.sync_timeline("dualpipev", 4, 8)) is None  # one batch, no versions
+    assert "W(b-1)" in draw.version_rule(ideal_timeline("2bw", 4, 8, 3))
+    assert "W(b)" in draw.version_rule(ideal_timeline("1f1b", 4, 8, 3))
+    assert draw.version_rule(sync_timeline("dualpipev", 4, 8)) is None  # one batch, no versions
 
 
 @pytest.mark.parametrize("kind,stages,m", [("2bw", 4, 8), ("dualpipev", 4, 8), ("dualpipev", 8, 16)])
@@ -179,10 +182,10 @@ def test_schedule_pictures_number_every_block_and_keep_the_legend_inside(kind: s
     from matplotlib.text import Text
 
     if kind == "2bw":
-        panels = [("2bw", cli_perf.ideal_timeline("2bw", stages, m, 3))]
+        panels = [("2bw", ideal_timeline("2bw", stages, m, 3))]
     else:
-        panels = [(kind, cli_perf.sync_timeline(kind, stages, m)), ("1f1b", cli_perf.sync_timeline("1f1b", stages, m)),
-                  ("2bw", cli_perf.ideal_timeline("2bw", stages, m, 3, step=0.0))]  # fmt: skip
+        panels = [(kind, sync_timeline(kind, stages, m)), ("1f1b", sync_timeline("1f1b", stages, m)),
+                  ("2bw", ideal_timeline("2bw", stages, m, 3, step=0.0))]  # fmt: skip
     fig = draw.figure(panels)
     fig.canvas.draw()
     for ax, (_, tl) in zip(fig.axes, panels):
@@ -203,3 +206,16 @@ def test_schedule_pictures_number_every_block_and_keep_the_legend_inside(kind: s
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_a_trace_config_lacking_a_key_labels_with_the_schema_default() -> None:
+    import dataclasses
+
+    from asyncpipe.config.schema import PipelineConfig, TrainConfig
+    from asyncpipe.pipe.trace_load import eval_forwards
+
+    t = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    d = {f.name: f.default for f in dataclasses.fields(PipelineConfig)}["data_parallel"]
+    assert eval_forwards({}) == (t["eval_batches"] // d, t["eval_every"], t["steps"], t["micro_batches"])
+    assert eval_forwards({"train": {"eval_batches": 6}, "pipeline": {"data_parallel": 3}})[0] == 2  # per replica
+    assert eval_forwards({"train": {"eval_batches": 7, "steps": 9}, "pipeline": {"data_parallel": 3}})[:3:2] == (7, 9)

@@ -243,3 +243,52 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
     ncol = len(handles) if one_row else math.ceil(len(handles) / 2)
     fig.legend(handles=handles, loc="outside upper center", ncol=ncol, frameon=False, fontsize=8)
     return fig
+
+
+def draw_schedule(schedule: str, stages: int, micro_batches: int, batches: int, forward: float, backward: float,
+                  step: float, trace: Optional[Path], out: Path) -> tuple[str, list[Path]]:  # fmt: skip
+    """`asyncpipe schedule`: the timeline of ``schedule`` (the engine's streams, or a synchronous schedule drawn
+    next to 1F1B and 2BW with its bubble table), or of a ``trace``d run, written to ``out`` as a PNG and a text
+    file. Returns what to print (the text, then the steady-state idle per stage) and the files written."""
+    from asyncpipe.pipe.orders import SYNC_SCHEDULES, bubble_table, format_bubbles, ideal_timeline, sync_timeline
+    from asyncpipe.pipe.timeline import steady_gaps
+    from asyncpipe.pipe.trace_load import trace_timeline
+
+    sync = schedule in SYNC_SCHEDULES and schedule != "1f1b"  # 1f1b alone: the engine's streams, several batches
+    if trace is not None:
+        tl = trace_timeline(trace)
+        stem = f"trace-{Path(trace).resolve().name}"
+        panels = [(f"measured timeline of {trace} (idle = waiting on communication)", tl)]
+    elif sync:
+        costs = f"F={forward:g}, B={backward:g}, optimizer step free"
+        panels = [(f"{schedule}: P={stages}, m={micro_batches}, one batch ({costs})",
+                   sync_timeline(schedule, stages, micro_batches, forward, backward)),
+                  ("1f1b: one batch", sync_timeline("1f1b", stages, micro_batches, forward, backward))]  # fmt: skip
+        if micro_batches >= stages:
+            panels.append((f"2bw: {batches} batches (no flush)",
+                           ideal_timeline("2bw", stages, micro_batches, batches, forward, backward, 0.0)))  # fmt: skip
+        stem = f"{schedule}-P{stages}-m{micro_batches}"
+        tl = panels[0][1]
+    else:
+        tl = ideal_timeline(schedule, stages, micro_batches, batches, forward, backward, step)
+        stem = f"{schedule}-P{stages}-m{micro_batches}"
+        costs = f"F={forward:g}, B={backward:g}, U={step:g}"
+        panels = [(f"{schedule}: P={stages}, m={micro_batches}, {batches} batches ({costs})", tl)]
+    if trace is not None:  # measured times: a fixed resolution, one letter per cell
+        cell, width = (tl.makespan or 1.0) / 300, 1
+    else:  # unit costs: one cell per shortest block, every label whole
+        cell = min(e.end - e.start for _, t in panels for e in t.events if e.end > e.start)
+        width = max(len(label(e, local_chunks(t))) for _, t in panels for e in t.events) + 1
+    text = "".join(f"# {title}\n{render_text(t, cell=cell, width=width)}" for title, t in panels)
+    text = text_legend([t for _, t in panels], cell, width, unit="s" if trace is not None else "time unit") + text
+    out.mkdir(parents=True, exist_ok=True)
+    png, txt = out / f"{stem}.png", out / f"{stem}.txt"
+    render_png(panels, png, time_label="time (s)" if trace is not None else "time")
+    if trace is None and sync:
+        text += format_bubbles(bubble_table(stages, micro_batches, forward, backward, batches), batches)
+    txt.write_text(text)
+    gaps = steady_gaps(tl) if trace is not None or not sync else []
+    if gaps:
+        text += ("steady-state idle per stage (first backward .. last forward): "
+                 + "  ".join(f"S{s} {g:.3g}" for s, g in enumerate(gaps)) + "\n")  # fmt: skip
+    return text, [png, txt]

@@ -243,3 +243,36 @@ def bubble_table(stages: int, micro_batches: int, forward: float = 1.0, backward
         out["2bw-run"] = max(runs[0].idle_fraction)
     return out
 
+
+SCHEDULES = ("gpipe", "1f1b", "2bw")  # the engine's own instruction streams (`asyncpipe.pipe.schedule.stream`)
+
+
+def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
+                   forward: float = 1.0, backward: float = 2.0, step: float = 1.0) -> "Timeline":  # fmt: skip
+    """The timeline of the instruction streams the engine executes for ``kind`` (gpipe, 1f1b, 2bw), replayed
+    against each other with unit costs (F, B and optimizer step durations); an unknown kind is one line."""
+    from asyncpipe.pipe.timeline import simulate_schedule
+
+    if kind not in SCHEDULES:
+        known = list(dict.fromkeys(SCHEDULES + SYNC_SCHEDULES))
+        raise UserError(f"--schedule {kind!r} is unknown; choose one of: {', '.join(known)}")
+    if stages < 1 or micro_batches < 1 or batches < 1:
+        raise UserError("--stages, --micro-batches and --batches must all be >= 1")
+    return simulate_schedule(kind, micro_batches, stages, batches, forward=forward, backward=backward, step=step)
+
+
+def sync_timeline(kind: str, stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0) -> "Timeline":
+    """One batch of the synchronous schedule ``kind`` (1f1b, zb-h1, interleaved-1f1b, dualpipev), replayed by
+    data dependencies."""
+    return replay(plan(kind, stages, micro_batches), forward, backward)
+
+
+def format_bubbles(table: dict[str, Optional[float]], batches: int) -> str:
+    """`bubble_table` as text lines (n/a where a schedule cannot run)."""
+    notes = {"1f1b": "(P-1)/(m+P-1)", "zb-h1": "B and W split in halves", "interleaved-1f1b": "2 chunks per rank",
+             "dualpipev": "2 chunks per rank (V), W inside B", "2bw": "steady state: no flush",
+             "2bw-run": f"{batches} batches: one fill and drain"}  # fmt: skip
+    lines = ["bubble (idle fraction of the most idle stage per batch, optimizer step free):"]
+    for k, v in table.items():
+        lines.append(f"  {k:17s} {'n/a' if v is None else f'{v:.3f}':>6s}  {notes.get(k, '')}")
+    return "\n".join(lines) + "\n"

@@ -212,3 +212,17 @@ def simulate_schedule(kind: str, micro_batches: int, stages: int, batches: int, 
     from asyncpipe.pipe.schedule import stream
 
     return simulate([stream(kind, micro_batches, stages, s, batches) for s in range(stages)], **kw)  # type: ignore[arg-type]
+
+
+def steady_gaps(timeline: Timeline, tol: float = 1e-9) -> list[float]:
+    """Per stage: idle time between its first backward and its last forward (the 1F1B steady state, which
+    2BW keeps across batch boundaries; a flushed schedule idles there at every batch boundary)."""
+    out = []
+    for s in range(len(timeline.busy)):
+        evs = sorted((e for e in timeline.events if e.stage == s and e.kind != "eval"), key=lambda e: e.start)
+        lo = min((e.start for e in evs if e.kind == "backward"), default=0.0)
+        hi = max((e.end for e in evs if e.kind == "forward"), default=0.0)
+        inside = [e for e in evs if e.start >= lo - tol and e.end <= hi + tol]
+        gaps = sum(max(0.0, b.start - a.end) for a, b in zip(inside, inside[1:]))
+        out.append(gaps if gaps > tol else 0.0)
+    return out
