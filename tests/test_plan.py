@@ -127,3 +127,24 @@ def test_optimizer_state_is_what_the_optimizer_allocates(opt: str) -> None:
         optimizer.zero_grad()
     allocated = sum(_state_bytes(v) for st in optimizer.state.values() for v in st.values())
     assert plan(cfg).stages[0].optimizer == allocated
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_dc_plan_is_what_dc_allocates(adaptive: bool) -> None:
+    """compensation=dc keeps one buffer v per parameter as DC-ASGD-a and none as DC-ASGD; the plan's column says so."""
+    from asyncpipe.optim import build_optimizer
+
+    over = ["compensation=dc", f"compensation.dc.adaptive={str(adaptive).lower()}", "delay=1"]
+    cfg = compose(["model=moe_tiny", "pipeline.stages=1", "device=cpu"] + over)
+    model = GPT(cfg.model, 256)
+    optimizer = build_optimizer(model, cfg.optimizer, compensation=cfg.compensation, delays=1)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        stale = {p: p.detach() - 1e-3 for p in model.parameters()}  # W(t-k): any other weights
+        lm_loss(model(ids), ids).backward()
+        optimizer.compensate_grads(stale)
+        optimizer.step()
+        optimizer.zero_grad()
+    params = sum(p.numel() for p in model.parameters())
+    assert optimizer.extra_bytes == (4 * params if adaptive else 0)
+    assert plan(cfg).stages[0].ef == optimizer.extra_bytes

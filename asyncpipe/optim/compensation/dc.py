@@ -92,9 +92,14 @@ def check_dc(c: Any, cfg: Any) -> None:
         raise ConfigError(f"compensation.dc needs 0 <= rho < 1 and eps > 0, got rho={c.rho}, eps={c.eps}")
 
 
-# buffers: the plan's count so far (v, and a margin for the corrected gradient)
+def dc_bytes(cfg: Any, shapes: list) -> float:
+    """What `DelayCompensated` keeps: DC-ASGD-a one fp32 buffer v per parameter, DC-ASGD none (the correction is
+    made in place, one tensor at a time)."""
+    return 4.0 * sum(s.params for s in shapes) if cfg.compensation.dc.adaptive else 0.0
+
+
 @register("dc", fits_2bw=True, note="W(t-k) is still in the 2BW stash at step time; DC-ASGD-a keeps one buffer v",
-          buffers=2, key="dc", config=DCCompensation, check=check_dc, needs_delay=True)
+          buffers=0, memory=dc_bytes, key="dc", config=DCCompensation, check=check_dc, needs_delay=True)
 def build_dc(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
     c = cfg.dc
     return DelayCompensated(optimizer, delays, c.lam, c.adaptive, c.rho, c.eps)
