@@ -133,24 +133,13 @@ def report(
 ) -> None:
     """Takeaways, loss-gap tables with 95% intervals (sync / 1-step / 1-step+EF per optimizer, or a sweep file's
     variants), time to sync's loss and net wall-clock speed-up, plots."""
-    from asyncpipe.report import build_report, build_report_from_wandb, log_report_to_wandb, print_report
+    from asyncpipe.report.command import report_command
 
     if out is not None:
         writable_dir(out, "--out")
-    if wandb_project:
-        if not group:
-            raise UserError("--wandb needs --group (the sweep name the runs were grouped under)")
-        rep = build_report_from_wandb(wandb_project, group, out or Path("reports") / group)
-    elif sweep_dirs:
-        rep = build_report(sweep_dirs, out, baseline=baseline, reference=reference, plots=plots, merge=merge,
-                           target=None if target is None else target / 100, bench=bench or [])
-    else:
-        raise UserError("give a sweep directory (asyncpipe report DIR/NAME) or --wandb ENTITY/PROJECT --group G")
-    print_report(rep)
-    for path in rep.files.values():
-        typer.echo(f"wrote {path}")
-    if log_wandb and sweep_dirs and log_report_to_wandb(rep):
-        typer.echo(rep.wandb_message)
+    report_command(sweep_dirs or [], out, wandb_project=wandb_project, group=group, log_wandb=log_wandb,
+                   say=typer.echo, baseline=baseline, reference=reference, plots=plots, merge=merge,
+                   target=None if target is None else target / 100, bench=bench or [])  # fmt: skip
 
 
 @app.command()

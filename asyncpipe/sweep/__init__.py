@@ -1,4 +1,5 @@
-"""Sweeps: expansion with Hydra's override parser, the local and SLURM (submitit) launchers of a sweep's runs, sweep state."""
+"""Sweeps: expansion with Hydra's override parser, the local and SLURM (submitit) launchers of a sweep's runs,
+sweep state."""
 
 from asyncpipe.sweep.expand import RunSpec, SweepPlan, expand
 from asyncpipe.sweep.sweepfile import SweepFile, load_sweep_file
