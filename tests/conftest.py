@@ -25,8 +25,14 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> None:
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One running test cluster for the session (2 nodes where possible, else 1; a skip where none is): its
     clients (SLURM_CONF, the sacct shim) are in os.environ while it runs. Starting one costs tens of seconds
-    (the first time also an apt install), so the SLURM modules share it."""
+    (the first time also an apt install), so the SLURM modules share it. A sweep polls SLURM every POLL_S (2 s)
+    until its jobs end; the test jobs last seconds, so they poll every 0.5 s while the cluster runs."""
+    import asyncpipe.sweep.slurm as slurm_launcher
     from slurm_cluster import running_cluster
 
-    with running_cluster(tmp_path_factory.mktemp("slurm"), 2, fallback=True) as root:
-        yield root
+    poll, slurm_launcher.POLL_S = slurm_launcher.POLL_S, 0.5
+    try:
+        with running_cluster(tmp_path_factory.mktemp("slurm"), 2, fallback=True) as root:
+            yield root
+    finally:
+        slurm_launcher.POLL_S = poll

@@ -92,7 +92,9 @@ def _sweep_in_thread(grid: list[str], out: Path, name: str) -> tuple[threading.T
 
 # --- one uninterrupted reference run (local) for the 2-node run, its requeue and its node failure -----------
 
-REF_STEPS = 50  # long enough that a requeue or a node failure lands mid-run on an idle 2-core machine
+# Long enough that a requeue (at step 3) or a node failure (after step 6) lands mid-run with >= 20 steps to spare on
+# an idle 2-core machine; every step past that is paid four times (the reference and three cluster runs).
+REF_STEPS = 30
 REF_GRID = [*pipeline_grid(2, 1, REF_STEPS), "checkpoint.every=5"]
 
 
