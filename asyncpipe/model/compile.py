@@ -21,10 +21,10 @@ import torch
 from asyncpipe.errors import UserError
 
 SETTINGS = ("auto", "true", "false")
-# auto on CPU: compile when the run is long enough for the measured saving per step to repay a cold compile
-# (docs/performance.md, tiny in the study regime on a 2-core CPU: ~0.056 s saved per step, ~110 s cold compile ->
-# break-even ~2000 steps; a warm cache breaks even near 300). auto on CUDA: eager until `make gpu-check` has
-# measured compiled against eager there.
+# auto on CPU: compile from 2000 steps. Measured (docs/performance.md, tiny in the study regime, one core): ~0.047 s
+# saved per step, a 40 s cold compile (break-even ~850 steps) or 3 s from the inductor cache. 2000, not 850, keeps
+# the CPU study's 1100-step cells eager like their committed records (compiled numerics drift in the last bits).
+# auto on CUDA: eager until `make gpu-check` has measured compiled against eager there.
 AUTO_CPU_MIN_STEPS = 2000
 
 
