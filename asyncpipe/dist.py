@@ -1,5 +1,5 @@
 """Process-group plumbing shared by both engines: who am I (torchrun / SLURM / `asyncpipe.spawn` environment),
-the one process-group set-up (backend and timeout), teardown, and `Comm`, the few collectives the run lifecycle
+the one process-group set-up (backend and timeout), teardown, and `Comm`, the few collectives the run's trainer
 needs (barrier, gather, any) on a group of the engine's choosing.
 """
 
@@ -64,7 +64,7 @@ def free_port() -> int:
 
 
 class Comm:
-    """The lifecycle's collectives over ``group`` (None: the default group); trivial in a one-process run."""
+    """The trainer's collectives over ``group`` (None: the default group); trivial in a one-process run."""
 
     def __init__(self, world: int = 1, group: Any = None) -> None:
         self.world, self.group = world, group

@@ -1,8 +1,5 @@
-"""One rank of a run: build the configured engine and drive it through the run lifecycle.
-
-`run_rank` serves every process layout: a one-process run, one rank under torchrun or SLURM (through
-`asyncpipe.run.run_training`), and one rank started by the local launcher (``python -m asyncpipe.rank SPEC``,
-see `asyncpipe.spawn`), which runs the spec's jobs back to back and reports through files.
+"""One rank started by the local launcher (``python -m asyncpipe.rank SPEC``, see `asyncpipe.spawn`): runs the spec's
+jobs back to back, each through its `asyncpipe.trainer.Trainer`, and reports through files.
 """
 
 from __future__ import annotations
@@ -15,54 +12,13 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
-
-from omegaconf import DictConfig
+from typing import Any, Iterator, Optional
 
 from asyncpipe.errors import UserError
 from asyncpipe.runtime.signals import StopRequest
 from asyncpipe.status import INTERRUPTED, exit_code
 
 
-def build_engine(cfg: DictConfig, run_dir: Optional[Path], log: Callable[[str], None]) -> Any:
-    """This process's engine: a `PipelineEngineAdapter` (engine=pipeline) or a `SimulatorEngine` (one replica)."""
-    from asyncpipe.dist import rank_env
-
-    if cfg.engine == "pipeline":
-        from asyncpipe.pipe.adapter import PipelineEngineAdapter
-
-        return PipelineEngineAdapter(cfg, run_dir)
-    from asyncpipe.engines.simulator import SimulatorEngine
-
-    env = rank_env()
-    rank, world = (env[0], env[1]) if env is not None else (0, 1)
-    if world > 1:
-        from asyncpipe.dist import backend_for, init_process_group
-        from asyncpipe.runtime.device import pick_device
-
-        init_process_group(backend_for(pick_device(cfg.device).type))
-    return SimulatorEngine(cfg, log=log if rank == 0 else None, rank=rank, world=world)
-
-
-def run_rank(
-    cfg: DictConfig,
-    run_dir: Optional[Path],
-    log: Callable[[str], None] = print,
-    stop: Optional[StopRequest] = None,
-    on_step: Optional[Callable[[dict], None]] = None,
-    show_progress: bool = True,
-) -> dict:
-    """Train this rank's share of the run ``cfg`` into ``run_dir`` (already checked and recorded by the caller);
-    returns the lifecycle's summary."""
-    from asyncpipe.session.lifecycle import run
-
-    started = time.perf_counter()
-    engine = build_engine(cfg, run_dir, log)  # set-up errors (bad data, a foreign checkpoint) surface before any log
-    return run(engine, cfg, run_dir, log=log, stop=stop, on_step=on_step, started=started,
-               show_progress=show_progress)  # fmt: skip
-
-
-# -- a rank of `asyncpipe.spawn.launch` -------------------------------------------------------------------------
 def _watch_parent() -> None:
     """Exit when the launching process dies, so a killed launcher never leaves ranks behind."""
     parent = os.getppid()
@@ -115,6 +71,7 @@ def main(spec_path: str) -> None:
         from omegaconf import OmegaConf
 
         from asyncpipe.dist import destroy_process_group
+        from asyncpipe.trainer import train
 
         with open(out / "events.jsonl", "a") if rank == 0 else open(os.devnull, "w") as events:
 
@@ -130,8 +87,8 @@ def main(spec_path: str) -> None:
                     continue
                 run_dir = None if job["run_dir"] is None else Path(job["run_dir"])
                 with _train_log(run_dir if rank == 0 else None):
-                    result = run_rank(OmegaConf.create(job["config"]), run_dir, stop=stop,
-                                      on_step=lambda m, i=i: on_step(m, i), show_progress=job["show_progress"])
+                    result = train(OmegaConf.create(job["config"]), run_dir, stop=stop,
+                                   on_step=lambda m, i=i: on_step(m, i), show_progress=job["show_progress"])
                 _write_json(out / f"result-{i}-{rank}.json", result)
                 interrupted = result.get("status") == INTERRUPTED
         destroy_process_group()

@@ -1,9 +1,9 @@
-"""The entry point of one training run (`asyncpipe train`): claim and record the run dir, pick the process layout,
-run the ranks.
+"""The entry point of one training run (`asyncpipe train`): claim and record the run dir, then start the run's
+`asyncpipe.trainer.Trainer` in the process layout the config and the environment ask for:
 
-- one process (`engine=simulate`, `pipeline.data_parallel=1`): the run trains here (`asyncpipe.rank.run_rank`);
+- one process (`engine=simulate`, `pipeline.data_parallel=1`): the trainer runs here;
 - several (`engine=pipeline`, or simulate with `pipeline.data_parallel=D`): the local launcher starts them
-  (`asyncpipe.spawn.launch`), every rank with the same resolved config;
+  (`asyncpipe.spawn.launch`), every rank a trainer with the same resolved config (`python -m asyncpipe.rank`);
 - under torchrun or SLURM (RANK / WORLD_SIZE set): this process is one rank; rank 0 claims the run dir.
 
 Local files are the record: `config.yaml`, `metrics.jsonl`, `summary.json` (see `asyncpipe.session.rundir`).
@@ -11,51 +11,45 @@ Local files are the record: `config.yaml`, `metrics.jsonl`, `summary.json` (see 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from asyncpipe.dist import rank_env
+from asyncpipe.dist import destroy_process_group, rank_env
 from asyncpipe.errors import UserError
-from asyncpipe.rank import run_rank
 from asyncpipe.runtime.signals import StopRequest
 from asyncpipe.session.rundir import RunRecord
 from asyncpipe.spawn import Job, RankFailed, launch, world_of
 from asyncpipe.status import FAILED, exit_code
 from asyncpipe.track.provenance import recorded
+from asyncpipe.trainer import train
 
 
-def _one_of_many(cfg: DictConfig, log: Callable[[str], None], stop: StopRequest, overrides: Sequence[str]) -> dict:
-    """This process is one rank of a job started by torchrun or SLURM; rank 0 claims and writes the run dir."""
-    from asyncpipe.dist import destroy_process_group
-
-    env = rank_env()
-    assert env is not None
-    rank, world, _ = env
-    if world != world_of(cfg):
-        raise UserError(
-            f"launched as {world} processes but the config needs {world_of(cfg)} "
-            f"(pipeline.stages x pipeline.data_parallel for engine=pipeline, pipeline.data_parallel for simulate)"
-        )
+@contextlib.contextmanager
+def _claimed(cfg: DictConfig, overrides: Sequence[str], rank: int) -> Iterator[Optional[RunRecord]]:
+    """Rank 0 claims the run dir (`RunRecord`, provenance.json, train.log) for the run's life and releases it
+    after; a user mistake removes what a refused run created. Other ranks get None."""
     with recorded(cfg, overrides, rank=rank):  # provenance.json, train.log: once this run wrote config.yaml
         record = RunRecord.open(cfg) if rank == 0 else None
         try:
-            summary = run_rank(cfg, Path(cfg.run.dir), log=log if rank == 0 else (lambda _: None), stop=stop)
+            yield record
         except UserError:
             if record is not None:
                 record.close(failed_by_user=True)
             raise
-        destroy_process_group()  # after a success only: with a rank gone, the teardown's barrier would wait forever
+        except BaseException:
+            if record is not None:
+                record.close()
+            raise
         if record is not None:
             record.close()
-    return summary
 
 
-def _here(cfg: DictConfig, path: Path, log: Callable[[str], None], stop: StopRequest) -> dict:
-    if world_of(cfg) == 1:
-        return run_rank(cfg, path, log=log, stop=stop)
+def _launched(cfg: DictConfig, path: Path, stop: StopRequest) -> dict:
+    """The run's ranks on this machine, through the local launcher; a failed rank is a failed run."""
     try:
         (result,) = launch([Job(cfg, path)], stopped=stop.signal_name)
     except RankFailed as err:
@@ -70,18 +64,20 @@ def run_training(cfg: DictConfig, log: Optional[Callable[[str], None]] = None, o
     log = log or print
     with StopRequest() as stop:  # from here on a stop signal ends the run with a summary, never a bare kill
         env = rank_env()
-        if env is not None and env[1] > 1:
-            summary = _one_of_many(cfg, log, stop, overrides)
-        else:
-            with recorded(cfg, overrides, rank=0):  # provenance.json, train.log: once this run wrote config.yaml
-                record = RunRecord.open(cfg)
-                try:
-                    summary = _here(cfg, record.path, log, stop)
-                except UserError:
-                    record.close(failed_by_user=True)
-                    raise
-                except BaseException:
-                    record.close()
-                    raise
-                record.close()
+        rank, world = (env[0], env[1]) if env is not None and env[1] > 1 else (0, 1)
+        if world > 1 and world != world_of(cfg):
+            raise UserError(
+                f"launched as {world} processes but the config needs {world_of(cfg)} "
+                f"(pipeline.stages x pipeline.data_parallel for engine=pipeline, pipeline.data_parallel for simulate)"
+            )
+        with _claimed(cfg, overrides, rank) as record:
+            if world > 1:  # one rank of a job started by torchrun or SLURM
+                summary = train(cfg, Path(cfg.run.dir), log=log if rank == 0 else (lambda _: None), stop=stop)
+                destroy_process_group()  # after a success only: with a rank gone, its barrier would wait forever
+            elif world_of(cfg) == 1:
+                assert record is not None
+                summary = train(cfg, record.path, log=log, stop=stop)
+            else:
+                assert record is not None
+                summary = _launched(cfg, record.path, stop)
     return {k: v for k, v in summary.items() if k != "history"}

@@ -3,8 +3,10 @@ WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and sees them through. Simulate replic
 pipeline benchmark all start through `launch`. (A sweep's runs are started by `asyncpipe/sweep/local.py`.)
 
 Every rank runs ``python -m asyncpipe.rank SPEC`` and gets the same resolved configs from the spec file; it runs
-the spec's jobs back to back (process start and imports paid once). Results, errors and rank 0's step records
-come back as files in a temporary directory, so nothing depends on how this launcher itself was started.
+the spec's jobs back to back (process start and imports paid once), each through its `asyncpipe.trainer.Trainer`
+(whose rank 0 prepares the data: a missing corpus comes back as one user error). Results, errors and rank 0's
+step records come back as files in a temporary directory, so nothing depends on how this launcher itself was
+started.
 Stop signals sent here are forwarded to every rank (each checkpoints at the next agreed step and ends
 ``interrupted``); a failing rank stops them all; ranks exit when this process dies (even by SIGKILL).
 """
@@ -87,10 +89,6 @@ def launch(
     if len(worlds) != 1:
         raise ValueError(f"jobs of one launch must share their world size, got {sorted(worlds)}")
     world = worlds.pop()
-    from asyncpipe.data import ensure_prepared
-
-    for job in jobs:  # here, once: a missing corpus is a user error before any rank starts
-        ensure_prepared(job.cfg.data, job.cfg.tokenizer)
     with tempfile.TemporaryDirectory(prefix="asyncpipe-launch-") as tmp:
         out = Path(tmp)
         spec = {

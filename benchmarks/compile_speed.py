@@ -33,20 +33,21 @@ def one_run(mode: str, steps: int, model: str) -> dict:
     """This process: one run of ``steps`` steps, timed end to end (trainer set-up included)."""
     began = time.perf_counter()
     from asyncpipe.config import compose
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     load = os.getloadavg()[0]
     cfg = compose([*STUDY, f"model={model}", f"train.steps={steps}", f"train.compile={mode == 'compiled'}"])
-    trainer = SimulatorEngine(cfg)
+    trainer = Trainer(cfg)
+    engine = trainer.engine
     times = []
     for step in range(1, steps + 1):
-        times.append(trainer.train_step().step_time)
+        times.append(engine.train_step().step_time)
         if step % cfg.train.eval_every == 0 or step == steps:
             trainer.evaluate()
     wall = time.perf_counter() - began
     steady = statistics.median(times[5:]) if len(times) > 10 else statistics.median(times)
     return {"mode": mode, "steps": steps, "wall_s": wall, "steady_step_s": steady, "first_step_s": times[0],
-            "compile_s": trainer.clock.compile_s, "tokens_per_s": trainer.tokens_per_step * steps / wall,
+            "compile_s": engine.clock.compile_s, "tokens_per_s": engine.tokens_per_step * steps / wall,
             "load_before": load, "load_after": os.getloadavg()[0]}  # fmt: skip
 
 

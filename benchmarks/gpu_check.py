@@ -76,13 +76,13 @@ def _sync(device: str) -> None:
 def _throughput(args: argparse.Namespace, log: Any, compiled: bool) -> dict:
     import torch
 
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     dev, model = ("cpu", "tiny") if args.dry_run else ("cuda", "135m")
     cfg = _cfg([f"model={model}", f"device={dev}", "precision=bf16", "optimizer=adamw", f"train.steps={args.steps}",
                 f"train.micro_batch_size={args.micro_batch_size}", f"train.seq_len={args.seq_len}",
                 "train.micro_batches=1", f"train.compile={compiled}"])  # fmt: skip
-    trainer = SimulatorEngine(cfg)
+    trainer = Trainer(cfg).engine
     warm = min(5, args.steps // 3)  # the first step compiles (train.compile=true): never timed
     losses = []
     _sync(dev)
@@ -125,12 +125,12 @@ def train_135m(args: argparse.Namespace, log: Any) -> dict:
 
 
 def cpu_vs_cuda(log: Any, dry_run: bool = False) -> dict:
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     runs = {}
     for device in ("cpu", "cpu" if dry_run else "cuda"):
-        trainer = SimulatorEngine(_cfg(["model=tiny", f"device={device}", "precision=fp32", "optimizer=adamw",
-                                "train.steps=5"]))  # fmt: skip
+        trainer = Trainer(_cfg(["model=tiny", f"device={device}", "precision=fp32", "optimizer=adamw",
+                                "train.steps=5"])).engine  # fmt: skip
         runs["cuda" if runs else "cpu"] = [trainer.train_step().train_loss for _ in range(5)]
     worst = max(abs(a - b) / abs(a) for a, b in zip(runs["cpu"], runs["cuda"]))
     ok = worst <= LOSS_RTOL
@@ -150,7 +150,7 @@ def pipeline(log: Any, dry_run: bool = False, modes: tuple = ("eager", "compiled
     from omegaconf import OmegaConf
 
     from asyncpipe.spawn import Job, launch
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     dev = "cpu" if dry_run else "cuda"
     cfgs = [_cfg(["model=tiny", "engine=pipeline", f"device={dev}", "precision=fp32", "optimizer=adamw", "delay=1",
@@ -159,7 +159,7 @@ def pipeline(log: Any, dry_run: bool = False, modes: tuple = ("eager", "compiled
     started = time.perf_counter()
     results = launch([Job(cfg, None, show_progress=False) for cfg in cfgs], timeout_s=480)
     wall = time.perf_counter() - started
-    trainer = SimulatorEngine(OmegaConf.merge(cfgs[0], {"engine": "simulate", "train": {"compile": "false"}}))
+    trainer = Trainer(OmegaConf.merge(cfgs[0], {"engine": "simulate", "train": {"compile": "false"}})).engine
     sim = [trainer.train_step().train_loss for _ in range(20)]
     where = "CPU processes" if dry_run else "GPUs"
     out: dict = {"skipped": False, "wall_s": wall}

@@ -31,14 +31,14 @@ TOL = 1e-5
 
 def _train(extra: list[str], compile_: str, steps: int = STEPS) -> tuple[list[float], float, object]:
     from asyncpipe.config import compose
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer = SimulatorEngine(compose([*SMALL, f"train.steps={steps}", f"train.compile={compile_}", *extra]))
-        out = [trainer.train_step().train_loss for _ in range(steps)]
-        return out, trainer.evaluate(), trainer
+        trainer = Trainer(compose([*SMALL, f"train.steps={steps}", f"train.compile={compile_}", *extra]))
+        out = [trainer.engine.train_step().train_loss for _ in range(steps)]
+        return out, trainer.evaluate(), trainer.engine
     finally:
         torch.set_num_threads(threads)
 

@@ -337,9 +337,9 @@ SIM = ["train.steps=4", "train.seq_len=32", "train.micro_batches=2", "train.micr
 
 def _simulate(delay: int, method: str) -> torch.Tensor:
     from asyncpipe.config import compose
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
-    trainer = SimulatorEngine(compose([*SIM, f"delay={delay}", f"compensation={method}"]))
+    trainer = Trainer(compose([*SIM, f"delay={delay}", f"compensation={method}"])).engine
     results = [trainer.train_step() for _ in range(4)]
     assert all(torch.isfinite(torch.tensor(r.train_loss)) for r in results)
     return torch.cat([p.detach().reshape(-1) for p in trainer.params])

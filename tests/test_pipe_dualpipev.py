@@ -42,16 +42,16 @@ def test_dualpipev_matches_the_simulator() -> None:
     from omegaconf import OmegaConf
 
     from asyncpipe.spawn import Job, launch
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     # m = 6 training micro-batches against 4 evaluation ones: the two schedules' buffers differ.
     cfg = compose(["model=tiny", *BASE, "train.micro_batches=6", "optimizer=adamw"])
     (result,) = launch([Job(cfg, None, show_progress=False)], timeout_s=240)
-    sim = SimulatorEngine(OmegaConf.merge(cfg, {"engine": "simulate"}))
+    sim = Trainer(OmegaConf.merge(cfg, {"engine": "simulate"}))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ref = [sim.train_step() for _ in range(STEPS)]
+        ref = [sim.engine.train_step() for _ in range(STEPS)]
         ref_val = sim.evaluate()
     finally:
         torch.set_num_threads(threads)

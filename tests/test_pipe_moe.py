@@ -22,13 +22,13 @@ CASES = [(2, 0), (2, 1), (4, 1)]  # (stages, delay), sorted by stages
 def _simulate(cfg):
     import torch
 
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the ranks run one thread each: the same matmul summation order
     try:
-        trainer = SimulatorEngine(OmegaConf.merge(cfg, {"engine": "simulate"}))
-        return [trainer.train_step() for _ in range(STEPS)], trainer.evaluate()
+        trainer = Trainer(OmegaConf.merge(cfg, {"engine": "simulate"}))
+        return [trainer.engine.train_step() for _ in range(STEPS)], trainer.evaluate()
     finally:
         torch.set_num_threads(threads)
 

@@ -38,7 +38,7 @@ def _simulate(cfg) -> tuple[list, float]:
     """The reference: `engine=simulate` at the same global batch (m x D micro-batches), one thread."""
     import torch
 
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     sim_cfg = OmegaConf.merge(
         cfg, {"engine": "simulate", "train": {"micro_batches": cfg.train.micro_batches * cfg.pipeline.data_parallel}}
@@ -46,8 +46,8 @@ def _simulate(cfg) -> tuple[list, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thread count changes matmul summation order; the ranks run one thread each
     try:
-        trainer = SimulatorEngine(sim_cfg)
-        results = [trainer.train_step() for _ in range(STEPS)]
+        trainer = Trainer(sim_cfg)
+        results = [trainer.engine.train_step() for _ in range(STEPS)]
         return results, trainer.evaluate()
     finally:
         torch.set_num_threads(threads)

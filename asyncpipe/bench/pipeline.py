@@ -54,15 +54,15 @@ def _tensor_bytes(obj: Any, seen: set) -> int:
 def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
     """Per stage: bytes of the optimizer's state tensors and of the EF buffer u(t-1), measured on the stage's
     own layers (two chunks in a V for DualPipeV) and optimizer, built as the engine builds them, after two steps
-    have materialised the state."""
+    have materialised the state. Reads the dataset's vocabulary: the bench's runs prepared the data."""
     import torch
 
-    from asyncpipe.data import ensure_prepared, load_manifest
+    from asyncpipe.data import dataset_dir, load_manifest
     from asyncpipe.model import build_layers, stage_layers
     from asyncpipe.optim import build_optimizer
     from asyncpipe.runtime.device import vocab_size_for
 
-    vocab = vocab_size_for(cfg.model, load_manifest(ensure_prepared(cfg.data, cfg.tokenizer)))
+    vocab = vocab_size_for(cfg.model, load_manifest(dataset_dir(cfg.data, cfg.tokenizer)))
     v_shape = cfg.pipeline.get("schedule", "auto") == "dualpipev"
     out = []
     for s in range(cfg.pipeline.stages):

@@ -90,7 +90,7 @@ def bench_simulator(
 
     from asyncpipe.config import compose as default_compose
     from asyncpipe.optim.compensation import extra_bytes
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     compose = compose or default_compose
     if not modes or any(m not in MODES for m in modes):
@@ -102,7 +102,7 @@ def bench_simulator(
     for mode in modes:
         for name, extra in chosen.items():
             cfg = compose([*overrides, *extra, "train.steps=1000000", f"train.compile={mode == 'compiled'}"])
-            trainer = SimulatorEngine(cfg)
+            trainer = Trainer(cfg).engine
             began = time.perf_counter()
             trainer.train_step()  # the first step pays for allocation, and for compiling in compiled mode
             compile_s[(name, mode)] = time.perf_counter() - began

@@ -1,5 +1,5 @@
 """The simulator (`engine=simulate`): exact k-step delayed optimisation of the whole model in one process (or
-D data-parallel replicas), as an engine of the run lifecycle (`asyncpipe.session.lifecycle.Engine`).
+D data-parallel replicas), as an engine of the run's trainer (`asyncpipe.runtime.engine.Engine`).
 
 One optimizer step = `train.micro_batches` micro-batches of gradient accumulation evaluated at the stale weights
 W(t-k), global-norm clipping of that stale gradient, then the optimizer's update applied to W(t). The delay and EF
@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig
 
-from asyncpipe.data import MicroBatches, ensure_prepared, load_manifest
+from asyncpipe.data import MicroBatches
 from asyncpipe.dist import Comm
 from asyncpipe.model import GPT, count_parameters, lm_loss, pop_moe_stats, set_aux_grad_scale
 from asyncpipe.model.compile import CompileClock, compile_modules, eager, wanted
@@ -30,8 +30,8 @@ from asyncpipe.optim import (
     lr_factor,
 )
 from asyncpipe.registry import describe
-from asyncpipe.runtime.device import autocast_context, pick_device, vocab_size_for
-from asyncpipe.session.lifecycle import Agreement
+from asyncpipe.runtime.device import autocast_context
+from asyncpipe.runtime.engine import Agreement, Setup
 
 
 @dataclass
@@ -45,26 +45,22 @@ class StepResult:
 
 
 class SimulatorEngine:
-    """Owns the model, optimizer, delayed weights and data streams of one simulated run. Replicas agree on the
-    loss inside `train_step` (one all-reduce with the gradients), so `agree` answers for the step just run."""
+    """Owns the model, optimizer, delayed weights and training stream of one simulated run, on the device and
+    data the trainer set up (``setup``). Replicas agree on the loss inside `train_step` (one all-reduce with the
+    gradients), so `agree` answers for the step just run. Built by `asyncpipe.trainer.Trainer`
+    (``Trainer(cfg).engine`` for direct use: benchmarks, parity tests)."""
 
-    def __init__(
-        self, cfg: DictConfig, log: Optional[Callable[[str], None]] = None, rank: int = 0, world: int = 1
-    ) -> None:
+    def __init__(self, cfg: DictConfig, setup: Setup) -> None:
         self.cfg = cfg
         # Data-parallel replicas: replica r takes micro-batches r*m .. r*m+m-1 of each step's global batch, so
         # D replicas of m micro-batches see exactly what one process of D*m micro-batches sees.
-        self.rank, self.world = rank, world
-        self.log = log or (lambda msg: None)
-        self.device = pick_device(cfg.device)
+        self.rank, self.world = setup.rank, setup.world
+        self.log = setup.log
+        self.device = setup.device
         torch.manual_seed(cfg.seed)
-        data_dir = ensure_prepared(cfg.data, cfg.tokenizer, progress=self.log)
-        manifest = load_manifest(data_dir)
-        self.vocab_size = vocab_size_for(cfg.model, manifest)
+        self.vocab_size = setup.vocab_size
         t = cfg.train
-        self.train_data = MicroBatches(data_dir, "train", t.seq_len, t.micro_batch_size, cfg.seed)
-        # Validation batches do not depend on the run's seed: every run of a study is scored on the same tokens.
-        self.val_data = MicroBatches(data_dir, "val", t.seq_len, t.micro_batch_size, 0)
+        self.train_data = MicroBatches(setup.data_dir, "train", t.seq_len, t.micro_batch_size, cfg.seed)
         self.model = GPT(cfg.model, self.vocab_size, seed=cfg.seed).to(self.device)
         self.n_params = count_parameters(self.model)
         set_aux_grad_scale(self.model, 1.0 / t.micro_batches)  # MoE aux losses are scaled like the LM loss
@@ -78,8 +74,8 @@ class SimulatorEngine:
         if self.clock.compiled:
             compile_modules([self.model])
         self.step = 0
-        self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len * world
-        self.comm = Comm(world)  # the default process group (set up by the caller when world > 1)
+        self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len * self.world
+        self.comm = Comm(self.world)  # the default process group (set up by the trainer when world > 1)
         self._records: list[dict] = []
         self._last: Optional[StepResult] = None
 
@@ -137,7 +133,7 @@ class SimulatorEngine:
                               "step_time": result.step_time, **extras})  # fmt: skip
         return result
 
-    # -- what the run lifecycle asks of an engine ---------------------------------------------------------
+    # -- what the trainer asks of an engine ---------------------------------------------------------------
     def agree(self, stop: bool) -> Agreement:
         loss = None if self._last is None else self._last.train_loss  # already the replicas' mean
         return Agreement(self.comm.any(stop), loss, self.step)
@@ -195,16 +191,19 @@ class SimulatorEngine:
         return {"fresh_grad_cos": float(dot) / max(na * nb, 1e-30)}
 
     # -- evaluation ---------------------------------------------------------------------------------------
+    def val_share(self, n: int) -> list[int]:
+        """Rank 0 evaluates every batch; the replicas hold the same weights, so the others evaluate none."""
+        return list(range(n)) if self.rank == 0 else []
+
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean val loss over `train.eval_batches` (rank 0 only: the replicas hold the same weights; NaN elsewhere)."""
+    def evaluate(self, batches: list) -> float:
+        """Mean val loss over ``batches`` (rank 0's: `val_share`; NaN on the other replicas)."""
         if self.rank != 0:
             return math.nan
         self.model.eval()
         losses = []
         with eager(self.clock.compiled):  # a no-grad graph would be a second compile for a few batches
-            for i in range(self.cfg.train.eval_batches):
-                x, y = self.val_data.get(i)
+            for x, y in batches:
                 with autocast_context(self.device, self.cfg.precision):
                     losses.append(lm_loss(self.model(x.to(self.device)), y.to(self.device)).item())
         self.model.train()

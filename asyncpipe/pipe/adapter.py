@@ -1,5 +1,6 @@
-"""`PipelineEngineAdapter`: this rank's stage of an `engine=pipeline` run as an engine of the run lifecycle
-(`asyncpipe.session.lifecycle.Engine`), a thin adapter over `ScheduledPipelineEngine`.
+"""`PipelineEngineAdapter`: this rank's stage of an `engine=pipeline` run as an engine of the run's trainer
+(`asyncpipe.runtime.engine.Engine`), a thin adapter over `ScheduledPipelineEngine`. The trainer has set up the
+device, the process group (DeepSpeed's comm included) and the data before it is built.
 
 Data order matches the simulator: step t, replica r, micro-batch j reads global micro-batch t*m*D + r*m + j, so
 P stages x D replicas with m micro-batches each equals `engine=simulate` with m*D micro-batches. Stop requests
@@ -12,20 +13,17 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from omegaconf import DictConfig
 
-from asyncpipe.dist import Comm, backend_for, rank_env
-from asyncpipe.errors import UserError
+from asyncpipe.dist import Comm
 from asyncpipe.model.compile import CompileClock, eager, wanted
 from asyncpipe.registry import describe
-from asyncpipe.runtime.device import pick_device, use_bf16, vocab_size_for
-from asyncpipe.session.lifecycle import Agreement
+from asyncpipe.runtime.device import use_bf16
+from asyncpipe.runtime.engine import Agreement, Setup
 
 
 def _train_stream(data: Any, m: int, replicas: int, replica: int, steps: int, start: int = 0) -> Iterator[tuple]:
@@ -34,38 +32,10 @@ def _train_stream(data: Any, m: int, replicas: int, replica: int, steps: int, st
             yield data.get(t * m * replicas + replica * m + j)
 
 
-def _val_indices(n: int, replicas: int, replica: int) -> list[int]:
-    # Equal shares keep "mean of replica means" equal to the simulator's mean; otherwise every replica does all.
+def val_share(n: int, replicas: int, replica: int) -> list[int]:
+    """The validation batches replica ``replica`` evaluates: equal shares keep "mean of replica means" equal to the
+    simulator's mean; otherwise every replica does all ``n``."""
     return list(range(replica, n, replicas)) if n % replicas == 0 else list(range(n))
-
-
-def setup_rank(cfg: DictConfig) -> tuple[int, int, Any]:
-    """This process as one rank of the pipeline: (rank, world, device), with torch.distributed and DeepSpeed's
-    comm initialised (backend `pipeline.backend`, timeout from `asyncpipe.dist`)."""
-    import torch
-
-    found = rank_env()
-    if found is None:
-        raise UserError("engine=pipeline ranks need RANK and WORLD_SIZE in the environment (torchrun, SLURM, asyncpipe)")
-    rank, world, local = found
-    os.environ.setdefault("LOCAL_RANK", str(local))  # DeepSpeed's PipelineModule reads it
-    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
-    if missing and not torch.distributed.is_initialized():
-        raise UserError(f"engine=pipeline needs {' and '.join(missing)} in the environment (the rendezvous of rank 0)")
-    p = cfg.pipeline
-    if world != p.stages * p.data_parallel:
-        raise UserError(f"world size {world} != pipeline.stages {p.stages} x pipeline.data_parallel {p.data_parallel}")
-    device = pick_device(cfg.device)
-    if device.type == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
-    elif device.type == "cuda":
-        torch.cuda.set_device(local)
-    torch.set_num_threads(p.threads)
-    from asyncpipe.pipe.stage import init_comm
-
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    init_comm(backend_for(device.type, p.backend))
-    return rank, world, device
 
 
 def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, compiled: bool = False) -> tuple[Any, int, int]:
@@ -116,33 +86,26 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
 
 
 class PipelineEngineAdapter:
-    """One rank's stage, as the lifecycle's engine: `train_step` runs one batch up to its cut."""
+    """One rank's stage, as the trainer's engine: `train_step` runs one batch up to its cut."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Optional[Path] = None) -> None:
+    def __init__(self, cfg: DictConfig, setup: Setup, run_dir: Optional[Path] = None) -> None:
         import torch.distributed as tdist
 
-        from asyncpipe.data import MicroBatches, dataset_dir, ensure_prepared, load_manifest
+        from asyncpipe.data import MicroBatches
         from asyncpipe.pipe.faults import CutControl
 
         self.cfg, self.run_dir = cfg, run_dir
-        self.rank, self.world, device = setup_rank(cfg)
+        self.rank, self.world = setup.rank, setup.world
         t, p = cfg.train, cfg.pipeline
-        # One rank prepares the data; the others wait for it rather than race to write the same files.
-        if self.rank == 0:
-            data_path = ensure_prepared(cfg.data, cfg.tokenizer)
-        tdist.barrier()
-        if self.rank != 0:
-            data_path = dataset_dir(cfg.data, cfg.tokenizer)
-        vocab = vocab_size_for(cfg.model, load_manifest(data_path))
-        self.clock = CompileClock(wanted(t.compile, device, t.steps))
-        self.engine, self.stage, self.replica = build_deepspeed_engine(cfg, self.rank, device, vocab, self.clock.compiled)
+        self.clock = CompileClock(wanted(t.compile, setup.device, t.steps))
+        self.engine, self.stage, self.replica = build_deepspeed_engine(
+            cfg, self.rank, setup.device, setup.vocab_size, self.clock.compiled
+        )
         # Agreement at cuts and checkpoint barriers on a CPU group of their own, whatever the device.
         group = tdist.new_group(list(range(self.world)), backend="gloo")
         self.comm = Comm(self.world, group)
         self.control = CutControl(group, self.engine.is_last_stage())
-        self.train_data = MicroBatches(data_path, "train", t.seq_len, t.micro_batch_size, cfg.seed)
-        self.val_data = MicroBatches(data_path, "val", t.seq_len, t.micro_batch_size, 0)  # the simulator's val set
-        self.val_idx = _val_indices(t.eval_batches, p.data_parallel, self.replica)
+        self.train_data = MicroBatches(setup.data_dir, "train", t.seq_len, t.micro_batch_size, cfg.seed)
         self.tokens_per_step = t.micro_batch_size * t.micro_batches * p.data_parallel * t.seq_len
         self._streaming, self._ran = False, 0
 
@@ -182,10 +145,13 @@ class PipelineEngineAdapter:
         # marked complete, so a resumed run's metrics.jsonl has every step up to it).
         return self.engine.poll_metrics(synced=synced)
 
-    def evaluate(self) -> float:
-        data = [self.val_data.get(i) for i in self.val_idx]
+    def val_share(self, n: int) -> list[int]:
+        return val_share(n, self.cfg.pipeline.data_parallel, self.replica)
+
+    def evaluate(self, batches: list) -> float:
+        """Collective: the mean val loss over every replica's share (``batches``: this replica's), on every rank."""
         with eager(self.clock.compiled):  # a no-grad graph would be a second compile for a few batches
-            return self.engine.evaluate(iter(data), len(self.val_idx))
+            return self.engine.evaluate(iter(batches), len(batches))
 
     def state_dict(self) -> dict:
         from asyncpipe.pipe.faults import engine_state

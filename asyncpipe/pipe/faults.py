@@ -1,5 +1,5 @@
 """Fault tolerance of `engine=pipeline`: what every rank agrees on at a batch cut (stop requests, divergence),
-and the state of a stage at a cut, which the run lifecycle checkpoints in the simulator's format
+and the state of a stage at a cut, which the run's trainer checkpoints in the simulator's format
 (`asyncpipe.runtime.checkpoint`).
 
 A cut (the end of `train_batch`) has no message between stages in flight. Once its deferred optimizer steps

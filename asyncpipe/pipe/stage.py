@@ -1,4 +1,4 @@
-"""DeepSpeed-side setup of one pipeline rank: communication without JIT-compiled ops, a `PipelineModule`
+"""DeepSpeed-side setup of one pipeline rank: DeepSpeed's comm without JIT-compiled ops, a `PipelineModule`
 cut exactly where `asyncpipe.model.partition` cuts, the DeepSpeed config of an `engine=pipeline` run and the
 engine's own settings beside it (`PipeSettings`)."""
 
@@ -9,17 +9,18 @@ from typing import Any, Optional
 
 from deepspeed.runtime.pipe.module import PipelineModule
 
-from asyncpipe.dist import init_process_group
 
-
-def init_comm(backend: str) -> None:
-    """torch.distributed from the env (`asyncpipe.dist.init_process_group`), then DeepSpeed's comm on top.
+def init_deepspeed_comm(backend: str) -> None:
+    """DeepSpeed's comm over torch.distributed's default group (set up by the trainer beforehand).
 
     DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce op on CPU (~30-40 s) that only its
     inference all-reduce uses; marking the op unavailable skips the build (its sole check reads this dict).
     """
-    init_process_group(backend)
+    import logging
+
     import deepspeed.ops as ds_ops
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
     compat = vars(ds_ops).get("__compatible_ops__")
     if compat is None:

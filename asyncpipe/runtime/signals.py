@@ -1,7 +1,7 @@
-"""Turn stop signals (SIGTERM, Ctrl-C's SIGINT, SLURM's SIGUSR1/SIGUSR2 warnings) into a flag the run lifecycle
+"""Turn stop signals (SIGTERM, Ctrl-C's SIGINT, SLURM's SIGUSR1/SIGUSR2 warnings) into a flag the run's trainer
 checks between steps.
 
-The lifecycle finishes the step in flight, writes a checkpoint, and exits 4: a requeued job (or resume=true) then
+The trainer finishes the step in flight, writes a checkpoint, and exits 4: a requeued job (or resume=true) then
 resumes exactly there.
 """
 

@@ -1,2 +1,2 @@
-"""The run lifecycle shared by both engines (`lifecycle`), the run dir as a locked, checked record (`rundir`) and
-progress output (`progress`). Engines plug in through `lifecycle.Engine`; nothing here imports an engine."""
+"""The run dir as a locked, checked record (`rundir`) and rank 0's account of the steps (`progress`: `Book`,
+`Progress`), used by the run's trainer (`asyncpipe.trainer`); nothing here imports an engine."""

@@ -1,8 +1,13 @@
-"""Progress output for long runs: a rich bar on a terminal, plain periodic lines in logs (CI, SLURM)."""
+"""Rank 0's account of a run's steps: `Book` (val losses joined to their step, the stop at the first diverged
+step, metrics.jsonl through the tracker) and `Progress` output (a rich bar on a terminal, plain periodic lines in
+logs: CI, SLURM)."""
 
 from __future__ import annotations
 
 import sys
+from typing import Any, Callable, Optional
+
+from asyncpipe.runtime import diverged
 
 
 class Progress:
@@ -38,3 +43,38 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+class Book:
+    """Rank 0's record of the steps: val losses joined to their step, tokens, the stop at the first diverged
+    step, metrics.jsonl (through the tracker), progress lines and ``on_step``."""
+
+    def __init__(self, tracker: Any, tokens_per_step: int, limit: float, progress: Optional[Progress],
+                 on_step: Optional[Callable[[dict], None]]) -> None:  # fmt: skip
+        self.tracker, self.tokens_per_step, self.limit = tracker, tokens_per_step, limit
+        self.progress, self.on_step = progress, on_step
+        self.val_at: dict[int, float] = {}
+        self.history: list[dict] = []
+        self.diverged = False
+
+    def log(self, record: dict) -> None:
+        if self.tracker is not None:
+            self.tracker.log(record)
+
+    def emit(self, records: list[dict]) -> None:
+        for rec in records:
+            if self.diverged:
+                break  # the record ends at the first diverged step
+            step = int(rec["step"])
+            out = {"step": step, "tokens": step * self.tokens_per_step}
+            out.update((k, v) for k, v in rec.items() if k != "step")
+            out["tokens_per_s"] = self.tokens_per_step / max(rec["step_time"], 1e-9)
+            if step in self.val_at:
+                out["val_loss"] = self.val_at[step]
+            self.diverged = diverged(rec["train_loss"], self.limit)
+            self.history.append(out)
+            self.log(out)
+            if self.progress is not None:
+                self.progress.update(step, out)
+            if self.on_step is not None:
+                self.on_step(out)

@@ -60,13 +60,13 @@ def compose(name: str):
 def run_simulated(name: str) -> dict:
     import torch
 
-    from asyncpipe.engines.simulator import SimulatorEngine
+    from asyncpipe.trainer import Trainer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer = SimulatorEngine(compose(name))
-        losses = [trainer.train_step().train_loss for _ in range(STEPS)]
+        trainer = Trainer(compose(name))
+        losses = [trainer.engine.train_step().train_loss for _ in range(STEPS)]
         return {"train_loss": losses, "val_loss": trainer.evaluate()}
     finally:
         torch.set_num_threads(threads)

@@ -1,0 +1,254 @@
+"""`Trainer`: the one owner of a run in this process. It builds, once and in this order, the device
+(`runtime.device.pick_device`), the process group (`dist.init_process_group`, plus DeepSpeed's comm for
+engine=pipeline), the prepared data (rank 0 prepares, the others wait), the engine (`runtime.engine.Engine`:
+`SimulatorEngine` or `PipelineEngineAdapter`) and the validation batches; `run` is the run's one loop: resume ->
+steps -> evaluation cadence, divergence, checkpoints and the stop agreement -> summary, with rank 0's tracker
+(metrics.jsonl, summary.json) and progress lines.
+
+Every rank executes `run` in lockstep and takes the same decisions: stop requests and the train loss are agreed
+through `Engine.agree`, which may answer one step late (the pipeline agrees at batch cuts without stalling its
+stream: `asyncpipe.pipe.faults.CutControl`). The launchers around it (`asyncpipe.run`, `asyncpipe.rank`) only
+claim the run dir and start processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from omegaconf import DictConfig
+
+from asyncpipe.dist import Comm, rank_env
+from asyncpipe.errors import UserError
+from asyncpipe.runtime import checkpoint, diverged
+from asyncpipe.runtime.engine import Engine, Log, Setup
+from asyncpipe.runtime.signals import StopRequest
+from asyncpipe.session.progress import Book, Progress
+from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, exit_code
+
+
+def _silent(_: str) -> None:
+    pass
+
+
+def _join_process_group(cfg: DictConfig, device: Any, local: int) -> None:
+    """The run's one process-group set-up: torch.distributed's default group from the rank environment, and for
+    engine=pipeline DeepSpeed's comm over it (`asyncpipe.pipe.stage.init_deepspeed_comm`)."""
+    import torch
+
+    from asyncpipe.dist import backend_for, init_process_group
+
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing and not torch.distributed.is_initialized():
+        need = " and ".join(missing)
+        raise UserError(f"a multi-process run needs {need} in the environment (the rendezvous of rank 0)")
+    os.environ.setdefault("LOCAL_RANK", str(local))  # DeepSpeed's PipelineModule reads it
+    if device.type == "cuda":
+        torch.cuda.set_device(local)
+    pipeline = cfg.engine == "pipeline"
+    backend = backend_for(device.type, cfg.pipeline.backend if pipeline else "auto")
+    if pipeline:
+        if device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
+        torch.set_num_threads(cfg.pipeline.threads)
+    init_process_group(backend)
+    if pipeline:
+        from asyncpipe.pipe.stage import init_deepspeed_comm
+
+        init_deepspeed_comm(backend)
+
+
+def _prepared_data(cfg: DictConfig, rank: int, world: int, log: Log) -> Path:
+    """The run's one data preparation: rank 0 prepares (or finds) the dataset while the others wait, rather than
+    race to write the same files; a user error there (a missing corpus) is raised on every rank."""
+    from asyncpipe.data import dataset_dir, ensure_prepared
+
+    path, error = None, None
+    if rank == 0:
+        try:
+            path = ensure_prepared(cfg.data, cfg.tokenizer, progress=log)
+        except UserError as err:
+            error = str(err)
+    first = next((e for e in Comm(world).gather(error) if e), None)  # the others wait here for rank 0
+    if first is not None:
+        raise UserError(first)
+    return path if path is not None else dataset_dir(cfg.data, cfg.tokenizer)
+
+
+def _build_engine(cfg: DictConfig, setup: Setup, run_dir: Optional[Path]) -> Engine:
+    if cfg.engine == "pipeline":
+        from asyncpipe.pipe.adapter import PipelineEngineAdapter
+
+        return PipelineEngineAdapter(cfg, setup, run_dir)
+    from asyncpipe.engines.simulator import SimulatorEngine
+
+    return SimulatorEngine(cfg, setup)
+
+
+class Trainer:
+    """This process's share of the run ``cfg``, written to ``run_dir`` (None: a benchmark or a test; nothing is
+    written or resumed). Built for one process, one rank under torchrun / SLURM, or one rank of the local
+    launcher alike (the rank environment says which). ``engine`` and ``evaluate()`` serve direct use too."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Optional[Path] = None, log: Log = _silent) -> None:
+        from asyncpipe.data import MicroBatches, load_manifest
+        from asyncpipe.runtime.device import pick_device, vocab_size_for
+
+        self.started = time.perf_counter()  # the run's wall time includes this set-up
+        self.cfg, self.run_dir = cfg, run_dir
+        env = rank_env()
+        rank, world, local = env if env is not None else (0, 1, 0)
+        if cfg.engine == "pipeline" and env is None:
+            raise UserError(
+                "engine=pipeline ranks need RANK and WORLD_SIZE in the environment (torchrun, SLURM, asyncpipe)"
+            )
+        self.say = log if rank == 0 else _silent
+        device = pick_device(cfg.device)  # the run's one device choice
+        if world > 1 or cfg.engine == "pipeline":  # DeepSpeed needs torch.distributed even for one rank
+            _join_process_group(cfg, device, local)
+        data_dir = _prepared_data(cfg, rank, world, self.say)
+        vocab = vocab_size_for(cfg.model, load_manifest(data_dir))
+        self.setup = Setup(rank, world, local, device, data_dir, vocab, self.say)
+        self.engine = _build_engine(cfg, self.setup, run_dir)
+        # The validation set, built once: every run of a study is scored on the same tokens (data seed 0, not the
+        # run's), each rank on its share (`Engine.val_share`).
+        t = cfg.train
+        val = MicroBatches(data_dir, "val", t.seq_len, t.micro_batch_size, 0)
+        self.val_batches = [val.get(i) for i in self.engine.val_share(t.eval_batches)]
+
+    def evaluate(self) -> float:
+        """The val loss of the current weights (collective; meaningful on rank 0)."""
+        return self.engine.evaluate(self.val_batches)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def resume(self, run_dir: Path) -> Optional[Path]:
+        """resume=true: every rank loads its part of the latest complete checkpoint (or none: step 0). A bad part
+        on any rank is a `UserError` on all of them, raised before anything in the run dir changes; then rank 0
+        drops the metrics logged after the checkpoint."""
+        from asyncpipe.track import RunDir
+
+        engine, cfg = self.engine, self.cfg
+        path, state, error = None, None, None
+        try:
+            path = checkpoint.latest_complete(run_dir, world=engine.world, log=self.say)
+            if path is not None:
+                state = checkpoint.load(path, checkpoint.fingerprint_of(cfg), rank=engine.rank)
+        except UserError as err:
+            error = str(err)
+        first = next((e for e in engine.comm.gather(error) if e), None)
+        if first is not None:
+            raise UserError(first)
+        if state is None:
+            self.say("resume=true but no complete checkpoint: starting from step 0")
+        else:
+            engine.load_state_dict(state)
+            self.say(f"resumed from {path} at step {engine.step}")
+        if engine.rank == 0:
+            RunDir(run_dir).truncate_metrics(after_step=engine.step if state is not None else -1)
+        return path
+
+    def save(self, run_dir: Path) -> Path:
+        """Every rank writes its part of a checkpoint of this step; rank 0 marks it complete."""
+        engine = self.engine
+        return checkpoint.save(
+            run_dir, engine.step, engine.state_dict(), checkpoint.fingerprint_of(self.cfg), rank=engine.rank,
+            world=engine.world, barrier=engine.comm.barrier, keep=self.cfg.checkpoint.keep,
+        )  # fmt: skip
+
+    # -- the run ----------------------------------------------------------------------------------------
+    def run(self, stop: Optional[StopRequest] = None, on_step: Optional[Callable[[dict], None]] = None,
+            show_progress: bool = True) -> dict:  # fmt: skip
+        """Train to ``train.steps`` and return the summary (on every rank; rank 0 also writes it and returns the
+        step ``history``). ``stop``: the caller's `StopRequest`, already entered (installed early, so a signal
+        during set-up still ends in a summary); else one is installed here. ``show_progress``: rank 0 prints the
+        description and progress lines."""
+        from asyncpipe.track import Tracker
+
+        cfg, engine, run_dir, say = self.cfg, self.engine, self.run_dir, self.say
+        t, rank = cfg.train, engine.rank
+        if cfg.resume:
+            if run_dir is None:
+                raise UserError("resume=true needs a run dir to resume from (run.dir)")
+            self.resume(run_dir)
+        start = engine.step
+        tracker = Tracker(cfg, run_dir, rank=rank) if run_dir is not None and rank == 0 else None
+        status, final_val = FAILED, math.nan
+        progress = Progress(t.steps, start, t.log_every, engine.describe()) if rank == 0 and show_progress else None
+        book = Book(tracker, engine.tokens_per_step, t.diverge_loss, progress, on_step)
+        every, save_s = cfg.checkpoint.every, []
+        installed = contextlib.nullcontext(stop) if stop is not None else StopRequest()
+        try:
+            with installed as stop:
+                if start == 0:
+                    final_val = self.evaluate()
+                    book.val_at[0] = final_val
+                    book.log({"step": 0, "tokens": 0, "val_loss": final_val})
+                status = COMPLETED
+                if engine.comm.any(stop.requested):  # a signal during set-up: no step runs, nothing new to save
+                    status = INTERRUPTED
+                    say(f"{stop.signal_name or 'stop'} before the first step; resume=true continues from step {start}")
+                for step in range(start + 1, t.steps + 1) if status == COMPLETED else ():
+                    last = step == t.steps
+                    eval_now = step % t.eval_every == 0 or last
+                    save_now = bool(every) and step % every == 0 and not last and run_dir is not None
+                    engine.train_step(sync=eval_now or save_now)
+                    seen = engine.agree(stop.requested)
+                    blown = seen.loss is not None and diverged(seen.loss, t.diverge_loss)
+                    halt = blown or (seen.stop and not last)  # a stop during the last step lets the run complete
+                    if halt:
+                        engine.settle()
+                    if eval_now and not blown:
+                        final_val = book.val_at[step] = self.evaluate()
+                    book.emit(engine.records(synced=eval_now or save_now or halt))
+                    if blown:
+                        status = DIVERGED
+                        say(f"diverged at step {seen.loss_step}: train loss {seen.loss}")
+                        break
+                    if (halt or save_now) and run_dir is not None:
+                        began = time.perf_counter()
+                        path = self.save(run_dir)
+                        save_s.append(time.perf_counter() - began)
+                    if halt:
+                        status = INTERRUPTED
+                        where = f"checkpoint {path} written" if run_dir is not None else "no run dir to checkpoint"
+                        say(f"{stop.signal_name or 'stop'}: {where}; resume=true continues")
+                        break
+                tail, extra = engine.finish()
+                if status == COMPLETED and tail.loss is not None and diverged(tail.loss, t.diverge_loss):
+                    status = DIVERGED
+                    say(f"diverged at step {tail.loss_step}: train loss {tail.loss}")
+                book.emit(engine.records(synced=True))
+        except BaseException:
+            if tracker is not None:
+                tracker.finish({"status": FAILED, "wall_time": time.perf_counter() - self.started})
+            raise
+        finally:
+            if progress is not None:
+                progress.close()
+        done = book.history[-1]["step"] if book.history else start
+        summary = {
+            "status": status,
+            "final_val_loss": final_val if final_val is not None and math.isfinite(final_val) else None,
+            "tokens": done * engine.tokens_per_step,
+            "steps": done,
+            "wall_time": time.perf_counter() - self.started,
+            "exit_code": exit_code(status),
+            **({"checkpoint_save_s": save_s} if save_s else {}),
+            **extra,
+        }
+        if tracker is not None:
+            tracker.finish(summary)
+        if rank == 0 and run_dir is not None:
+            say(f"{status}: final val loss {summary['final_val_loss']} | run dir {run_dir}")
+        return {**summary, "history": book.history} if rank == 0 else {**summary, "rank": rank}
+
+
+def train(cfg: DictConfig, run_dir: Optional[Path], log: Log = print, stop: Optional[StopRequest] = None,
+          on_step: Optional[Callable[[dict], None]] = None, show_progress: bool = True) -> dict:  # fmt: skip
+    """Build this process's `Trainer` and run it: what every process layout calls (`asyncpipe.run`,
+    `asyncpipe.rank`). Set-up errors (bad data, a foreign checkpoint) surface before any step is logged."""
+    return Trainer(cfg, run_dir, log).run(stop=stop, on_step=on_step, show_progress=show_progress)
