@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# The first test of each world size also pays its launch (up to 11 configs): 300 s was hit on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STEPS = 20
 BASE = [
@@ -53,11 +54,11 @@ def _simulate(cfg) -> tuple[list, float]:
         torch.set_num_threads(threads)
 
 
-def _launch(cfgs, run_dirs=None):
+def _launch(cfgs, run_dirs=None, timeout_s: float = 240):
     from asyncpipe.spawn import Job, launch
 
     dirs = run_dirs or [None] * len(cfgs)
-    return launch([Job(c, d, show_progress=False) for c, d in zip(cfgs, dirs)], timeout_s=240)
+    return launch([Job(c, d, show_progress=False) for c, d in zip(cfgs, dirs)], timeout_s=timeout_s)
 
 
 def _check(cfg, result, rtol: float, norm_rtol: float = 1e-5) -> None:
@@ -76,29 +77,46 @@ def _check(cfg, result, rtol: float, norm_rtol: float = 1e-5) -> None:
         assert all(st["deferred_step"] and st["global_norm_allreduce"] for st in result["stages"])
 
 
+# One launch per world size: the rank processes (and their torch/DeepSpeed imports) start twice, not four times.
 @pytest.fixture(scope="module")
-def two_stage(tmp_path_factory):
-    cfgs = [_cfg(2, 1, d, o, micro_batches=4) for o in OPTIMIZERS for d in (0, 1)]
+def two_ranks(tmp_path_factory):
+    """2 stages: the plain configs, then the compensated ones; rank 0 writes the first one's run dir."""
+    plain = [_cfg(2, 1, d, o, micro_batches=4) for o in OPTIMIZERS for d in (0, 1)]
+    mitigated = [_cfg(2, 1, 1, "adamw", 4, compensation=c) for c in COMPENSATIONS]
     run_dir = tmp_path_factory.mktemp("pipe_run")
-    return cfgs, _launch(cfgs, run_dirs=[run_dir] + [None] * (len(cfgs) - 1)), run_dir
+    cfgs = plain + mitigated
+    results = _launch(cfgs, run_dirs=[run_dir] + [None] * (len(cfgs) - 1), timeout_s=480)
+    return (plain, results[: len(plain)]), (mitigated, results[len(plain) :]), run_dir
 
 
 @pytest.fixture(scope="module")
-def four_stage():
-    cfgs = [_cfg(4, 1, d, o, micro_batches=4) for o in OPTIMIZERS for d in (0, 1)]
-    return cfgs, _launch(cfgs)
+def four_ranks():
+    """4 stages, then 2 stages x 2 replicas."""
+    four = [_cfg(4, 1, d, o, micro_batches=4) for o in OPTIMIZERS for d in (0, 1)]
+    replicated = [_cfg(2, 2, 0, "adamw", 2), _cfg(2, 2, 1, "adamw", 2), _cfg(2, 2, 1, "muon_ef", 2)]
+    results = _launch(four + replicated, timeout_s=480)
+    return (four, results[: len(four)]), (replicated, results[len(four) :])
 
 
 @pytest.fixture(scope="module")
-def data_parallel():
-    cfgs = [_cfg(2, 2, 0, "adamw", 2), _cfg(2, 2, 1, "adamw", 2), _cfg(2, 2, 1, "muon_ef", 2)]
-    return cfgs, _launch(cfgs)
+def two_stage(two_ranks):
+    (cfgs, results), _, run_dir = two_ranks
+    return cfgs, results, run_dir
 
 
 @pytest.fixture(scope="module")
-def compensated():
-    cfgs = [_cfg(2, 1, 1, "adamw", 4, compensation=c) for c in COMPENSATIONS]
-    return cfgs, _launch(cfgs)
+def four_stage(four_ranks):
+    return four_ranks[0]
+
+
+@pytest.fixture(scope="module")
+def data_parallel(four_ranks):
+    return four_ranks[1]
+
+
+@pytest.fixture(scope="module")
+def compensated(two_ranks):
+    return two_ranks[1]
 
 
 @pytest.mark.parametrize("i", range(len(COMPENSATIONS)))
