@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import threading
 import time
@@ -118,7 +119,14 @@ def test_requeued_and_preempted_job_finishes(slurm_cluster: Path, tmp_path: Path
     assert first < steps, "the run finished before it could be requeued; raise `steps`"
     job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
     subprocess.run(["scontrol", "requeue", job_id], check=True)
-    _wait_for(lambda: starts() == 2 and _last_step(run_dir) >= first + 2, 90, "the requeued job to train again")
+    # Trained again means past the step it resumed at: until the second start has resumed, metrics.jsonl still holds
+    # the first start's steps, and a signal during the resume would stop it before any step (not the path tested).
+    def resumed_at() -> int:
+        found = re.findall(r"resumed from .* at step (\d+)", log.read_text()) if log.exists() else []
+        return int(found[-1]) if found else -1
+
+    _wait_for(lambda: starts() == 2 and resumed_at() >= 0 and _last_step(run_dir) >= resumed_at() + 2, 90,
+              "the requeued job to train again")  # fmt: skip
     second = _last_step(run_dir)
     assert second < steps, "the run finished before it could be preempted; raise `steps`"
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)  # what SLURM sends before preemption
