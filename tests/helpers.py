@@ -22,6 +22,16 @@ def asyncpipe(*args: str, timeout: int = 300, env: Optional[dict] = None) -> sub
     )
 
 
+def truncated_dataset(root: Path) -> dict:
+    """The default dataset prepared under ``root`` with the last 10 bytes of its train.bin cut off (a size that no
+    longer matches its manifest); returns the CLI env that points ASYNCPIPE_DATA at it."""
+    env = cli_env(ASYNCPIPE_DATA=str(root))
+    assert asyncpipe("data", "prepare", env=env).returncode == 0
+    train_bin = root / "hamlet-byte" / "train.bin"
+    train_bin.write_bytes(train_bin.read_bytes()[:-10])
+    return env
+
+
 def start(*args: str, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "asyncpipe", *args], stdout=out, stderr=subprocess.STDOUT,

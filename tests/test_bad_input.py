@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import asyncpipe, cli_env
+from helpers import asyncpipe, cli_env, truncated_dataset
 
 
 def assert_one_line_exit_2(proc, needle: str) -> None:
@@ -39,11 +39,7 @@ def test_one_line_from_a_real_process(args: list[str], needle: str, tmp_path: Pa
 
 
 def test_token_file_size_mismatch(tmp_path: Path) -> None:
-    root = tmp_path / "data"
-    env = cli_env(ASYNCPIPE_DATA=str(root))
-    assert asyncpipe("data", "prepare", env=env).returncode == 0
-    train_bin = root / "hamlet-byte" / "train.bin"
-    train_bin.write_bytes(train_bin.read_bytes()[:-10])
+    env = truncated_dataset(tmp_path / "data")
     run = tmp_path / "run"
     proc = asyncpipe("train", f"run.dir={run}", env=env)
     assert_one_line_exit_2(proc, "train.bin")

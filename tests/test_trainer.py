@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import asyncpipe, cli_env
+from helpers import asyncpipe, truncated_dataset
 
 PACKAGE = Path(__file__).resolve().parents[1] / "asyncpipe"
 SET_UP = {"pick_device", "init_process_group", "init_deepspeed_comm", "ensure_prepared"}
@@ -84,11 +84,7 @@ def test_the_pipeline_keeps_its_per_replica_share_of_the_validation_set() -> Non
 def test_a_bad_dataset_under_two_replicas_is_one_line_and_exit_2(tmp_path: Path) -> None:
     """Rank 0 prepares the data, the other rank waits; rank 0's user error reaches every rank (no hang, no
     traceback), and the launcher prints it once."""
-    root = tmp_path / "data"
-    env = cli_env(ASYNCPIPE_DATA=str(root))
-    assert asyncpipe("data", "prepare", env=env).returncode == 0
-    train_bin = root / "hamlet-byte" / "train.bin"
-    train_bin.write_bytes(train_bin.read_bytes()[:-10])
+    env = truncated_dataset(tmp_path / "data")
     run = tmp_path / "run"
     proc = asyncpipe("train", "pipeline.data_parallel=2", "train.steps=2", f"run.dir={run}", env=env)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-800:])
