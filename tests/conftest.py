@@ -1,5 +1,9 @@
 """Shared fixtures: a per-session data root so every test reuses one prepared Hamlet dataset, and one SLURM test
-cluster for every SLURM test module (started on first use)."""
+cluster for every SLURM test module (started on first use).
+
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`): most tests are one process on
+one core, so the second core was idle most of the time. Every SLURM test goes to one worker (the `slurm` group),
+where the session's one cluster serves them all, as in a serial run."""
 
 from __future__ import annotations
 
@@ -10,6 +14,13 @@ from typing import Iterator
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """SLURM tests share one cluster per session: under xdist they all run on one worker."""
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session", autouse=True)
