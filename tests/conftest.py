@@ -2,8 +2,9 @@
 cluster for every SLURM test module (started on first use).
 
 `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`): most tests are one process on
-one core, so the second core was idle most of the time. Every SLURM test goes to one worker (the `slurm` group),
-where the session's one cluster serves them all, as in a serial run."""
+one core, so the second core was idle most of the time. Each test file goes to one worker (its module-scoped
+fixtures, such as the parity tests' reference runs, are paid once, not once per worker), and every SLURM test to
+one worker (the `slurm` group), where the session's one cluster serves them all, as in a serial run."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    """SLURM tests share one cluster per session: under xdist they all run on one worker."""
+    """Under xdist: a file's tests on one worker (module fixtures run once); SLURM tests, which share one cluster
+    per session, all on one worker."""
     for item in items:
-        if item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        group = "slurm" if item.get_closest_marker("slurm") is not None else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", autouse=True)
