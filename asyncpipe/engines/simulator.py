@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from asyncpipe.data import MicroBatches
 from asyncpipe.dist import Comm
 from asyncpipe.model import GPT, count_parameters, lm_loss, pop_moe_stats, set_aux_grad_scale
-from asyncpipe.model.compile import CompileClock, compile_modules, eager, wanted
+from asyncpipe.model.compile import CompileClock, TrainingForward, compile_modules, wanted
 from asyncpipe.optim import (
     DelayedWeights,
     build_optimizer,
@@ -69,10 +69,12 @@ class SimulatorEngine:
         self.optimizer = build_optimizer(self.model, cfg.optimizer, compensation=cfg.compensation, delays=delays)
         self.params = [p for _, p in named]
         self.delayed = DelayedWeights(self.params, [delays[name] for name, _ in named])
-        # train.compile: the whole model, in place (same state dict); its first step pays the compile.
+        # train.compile: the model with its loss, in place (the model's state dict unchanged; evaluation and
+        # diagnostics call the model itself, eagerly); the first step pays the compile.
+        self.train_forward = TrainingForward(self.model)
         self.clock = CompileClock(wanted(t.compile, self.device, t.steps))
         if self.clock.compiled:
-            compile_modules([self.model])
+            compile_modules([self.train_forward])
         self.step = 0
         self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len * self.world
         self.comm = Comm(self.world)  # the default process group (set up by the trainer when world > 1)
@@ -89,7 +91,7 @@ class SimulatorEngine:
             x, y = self.train_data.get(first + j)
             x, y = x.to(self.device), y.to(self.device)
             with autocast_context(self.device, self.cfg.precision):
-                loss = lm_loss(self.model(x), y)
+                loss = self.train_forward(x, y)
             (loss / m).backward()
             total += loss.item()
         return total / m
@@ -202,10 +204,9 @@ class SimulatorEngine:
             return math.nan
         self.model.eval()
         losses = []
-        with eager(self.clock.compiled):  # a no-grad graph would be a second compile for a few batches
-            for x, y in batches:
-                with autocast_context(self.device, self.cfg.precision):
-                    losses.append(lm_loss(self.model(x.to(self.device)), y.to(self.device)).item())
+        for x, y in batches:  # the model itself: eager in both modes (train.compile compiles `train_forward`)
+            with autocast_context(self.device, self.cfg.precision):
+                losses.append(lm_loss(self.model(x.to(self.device)), y.to(self.device)).item())
         self.model.train()
         return sum(losses) / len(losses)
 
