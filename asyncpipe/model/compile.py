@@ -51,8 +51,8 @@ def wanted(value: Any, device: torch.device, steps: int) -> bool:
 class TrainingForward(torch.nn.Module):
     """``model(x)`` and its mean next-token loss as one module: what a training micro-batch runs. It owns no
     parameter of its own; checkpoints keep saving the model. Compiling this, not the model, puts the loss into the
-    compiled graphs (measured on tiny in the study regime, one core: 1.32x per step over eager against 1.26x with
-    the loss left outside, the same interleaved run)."""
+    compiled graphs: 448 against 471 ms per step with the loss left outside (tiny in the study regime, one core, both
+    interleaved in one process on an AVX2-only EPYC). End-to-end figures, in separate processes: docs/performance.md."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
