@@ -26,7 +26,8 @@ from asyncpipe.model.gpt import lm_loss
 
 SETTINGS = ("auto", "true", "false")
 # auto on CPU: compile from 2000 steps. Measured (docs/performance.md, tiny in the study regime, one core): ~0.047 s
-# saved per step, a 40 s cold compile (break-even ~850 steps) or 3 s from the inductor cache. 2000, not 850, keeps
+# saved per step, a 40 s cold compile (break-even ~850 steps) or 3 s from the inductor cache; on an AVX2-only EPYC
+# 0.055 s, 42 s cold, break-even ~800 steps, end to end 1.03-1.22x at 1100 steps. 2000, not 850, keeps
 # the CPU study's 1100-step cells eager like their committed records (compiled numerics drift in the last bits).
 # auto on CUDA: eager until `make gpu-check` has measured compiled against eager there.
 AUTO_CPU_MIN_STEPS = 2000
