@@ -4,13 +4,14 @@ Tolerance. On the CPU kind that wrote a file the runs are deterministic (one thr
 to 1e-6 relative. On another CPU kind the vector units sum in another order: runs agree to ~1e-7 at step 2
 and drift after. Measured on an AVX2-only AMD EPYC against the reference: AdamW+EF within 1e-7 over 20 steps,
 Muon+EF and MoE+Muon up to 1.7e-4, SOAP (whose eigenbases amplify the last bits) 1.4e-4 at step 4 and 4.5e-3 by
-step 17. The cross-kind tolerance is therefore per config (`make_golden.other_cpu_rtol`): 1e-3, SOAP 2e-2. Each is at least 2x below the smallest difference between that config and any other pinned config that computes
+step 17. The cross-kind tolerance is therefore per config (`make_golden.other_cpu_rtol`): 1e-3, SOAP 2e-2. Each
+is at least 2x below the smallest difference between that config and any other pinned config that computes
 something else (EF vs adaptive EF at delay 1: 4.6e-3 at some step; SOAP vs AdamW at delay 1: 8.2e-2), which
 `test_the_loose_tolerance_still_tells_configs_apart` checks, so a real change still fails on any machine.
 A CPU kind (`cpu_kind`: model name and vector extensions) with its own file, `losses-<kind>.json` (written by
-`make_golden.py --this-cpu`, which refuses bits that differ from the reference by more than `make_golden.other_cpu_rtol`), is
-also held to its own bits at 1e-6. Regenerate the reference with `python tests/golden/make_golden.py` only when a
-change of results is intended (and say so in the commit).
+`make_golden.py --this-cpu`, which refuses bits that differ from the reference by more than
+`make_golden.other_cpu_rtol`), is also held to its own bits at 1e-6. Regenerate the reference with
+`python tests/golden/make_golden.py` only when a change of results is intended (and say so in the commit).
 """
 
 from __future__ import annotations

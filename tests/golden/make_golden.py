@@ -30,11 +30,6 @@ OTHER_CPU_RTOL = 1e-3  # another kind: see tests/test_golden.py for the measured
 # SOAP's eigenbases amplify the last-bit differences: 4.5e-3 by step 17 on an AVX2-only EPYC against the reference,
 # while its nearest other config is 8.2e-2 away. Muon, MoE and AdamW drift <= 1.7e-4 there.
 OTHER_CPU_RTOL_OF = {"sim_soap_d1": 2e-2}
-
-
-def other_cpu_rtol(name: str) -> float:
-    """How far a config may drift from the reference on another CPU kind over the pinned steps."""
-    return OTHER_CPU_RTOL_OF.get(name, OTHER_CPU_RTOL)
 STEPS = 20
 COMMON = [
     "precision=fp32", "device=cpu", f"train.steps={STEPS}", "train.micro_batch_size=4", "train.seq_len=32",
@@ -56,6 +51,11 @@ CONFIGS: dict[str, list[str]] = {
     "pipe_adamw_d0": ["engine=pipeline", "optimizer=adamw", "delay=0", *ADAMW],
     "pipe_muon_ef_d1": ["engine=pipeline", "optimizer=muon_ef", "delay=1", *MUON],
 }
+
+
+def other_cpu_rtol(name: str) -> float:
+    """How far a config may drift from the reference on another CPU kind over the pinned steps."""
+    return OTHER_CPU_RTOL_OF.get(name, OTHER_CPU_RTOL)
 
 
 def _cpuinfo() -> tuple[str, list[str]]:
