@@ -23,10 +23,10 @@ $(STAMP): pyproject.toml
 # Two workers (pytest-xdist), the SLURM tests on one of them (tests/conftest.py); PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q --durations=10 -n $(PYTEST_WORKERS) --dist loadgroup tests
+	$(BIN)/python -m pytest -q --durations=10 -n $(PYTEST_WORKERS) tests
 
 test-fast: install
-	$(BIN)/python -m pytest -q --durations=10 -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not slurm" tests
+	$(BIN)/python -m pytest -q --durations=10 -n $(PYTEST_WORKERS) -m "not slow and not slurm" tests
 
 # The main job on the embedded default: adamw and muon x sync / 1-step / 1-step+EF (seed 0), then its loss-gap
 # report. `asyncpipe sweep --file sweeps/smoke.yaml seed=0,1,2` extends the same sweep to 3 seeds.

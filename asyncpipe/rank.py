@@ -8,8 +8,6 @@ import contextlib
 import json
 import os
 import sys
-import threading
-import time
 import traceback
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -17,19 +15,6 @@ from typing import Any, Iterator, Optional
 from asyncpipe.errors import UserError
 from asyncpipe.runtime.signals import StopRequest
 from asyncpipe.status import INTERRUPTED, exit_code
-
-
-def _watch_parent() -> None:
-    """Exit when the launching process dies, so a killed launcher never leaves ranks behind."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -66,7 +51,6 @@ def main(spec_path: str) -> None:
         stop.signal_name = spec["stopped"]
     out = Path(spec["out"])
     rank = int(os.environ["RANK"])
-    _watch_parent()
     try:
         from omegaconf import OmegaConf
 

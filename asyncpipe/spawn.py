@@ -2,13 +2,14 @@
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and sees them through. Simulate replicas, pipeline ranks and the
 pipeline benchmark all start through `launch`. (A sweep's runs are started by `asyncpipe/sweep/local.py`.)
 
-Every rank runs ``python -m asyncpipe.rank SPEC`` and gets the same resolved configs from the spec file; it runs
+Every rank runs ``python -m asyncpipe.rank SPEC`` (a fork of a server that has its imports done, see
+`asyncpipe.forkserver`) and gets the same resolved configs from the spec file; it runs
 the spec's jobs back to back (process start and imports paid once), each through its `asyncpipe.trainer.Trainer`
 (whose rank 0 prepares the data: a missing corpus comes back as one user error). Results, errors and rank 0's
 step records come back as files in a temporary directory, so nothing depends on how this launcher itself was
 started.
 Stop signals sent here are forwarded to every rank (each checkpoints at the next agreed step and ends
-``interrupted``); a failing rank stops them all; ranks exit when this process dies (even by SIGKILL).
+``interrupted``); a failing rank stops them all; ranks are killed when this process dies (even by SIGKILL).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from asyncpipe import forkserver
 from asyncpipe.dist import free_port
 from asyncpipe.errors import UserError
 from asyncpipe.runtime.signals import SIGNALS
@@ -108,7 +110,8 @@ def launch(
                 RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
             )  # fmt: skip
-            procs.append(subprocess.Popen([sys.executable, "-m", "asyncpipe.rank", str(out / "spec.json")], env=env))
+            argv = [sys.executable, "-m", "asyncpipe.rank", str(out / "spec.json")]
+            procs.append(forkserver.start(argv, env=env, parent_death_signal=signal.SIGKILL))
         forwarding = _Forward(procs)
         try:
             _supervise(out, procs, len(jobs), on_step, timeout_s)

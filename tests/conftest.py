@@ -1,12 +1,13 @@
 """Shared fixtures: a per-session data root so every test reuses one prepared Hamlet dataset, and one SLURM test
-cluster for every SLURM test module (started on first use).
+cluster for every SLURM test module (started on first use); and how `make test` spreads the files over workers.
 
-`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`): most tests are one process on
-one core, so the second core was idle most of the time (serial, on an AVX2-only 2-core EPYC: 34 min 6 s, user time
-equal to wall time; on two workers 26 min 40 s and 28 min 9 s). The multi-process tests (pipelines, SLURM) then
-run beside another worker's test and take about twice as long, which is why the gain is ~20%, not 2x. Each test
-file goes to one worker (a module-scoped fixture runs once, not on every worker that got one of its tests), and
-every SLURM test to one worker (the `slurm` group), where the session's one cluster serves them all."""
+`make test` runs the suite on two pytest-xdist workers (`-n 2`): most tests are one process on one core, so the
+second core was idle most of the time. Each test file goes to one worker (its module fixtures, such as the
+pipeline parity launches, run once, not on every worker that got one of its tests), and every SLURM test file
+(`test_slurm*.py`) to one worker, where the session's one cluster serves them all: `pytest_xdist_make_scheduler`
+below. (xdist's own `--dist loadgroup` does not group under pytest 9, whose node ids no longer take the group
+suffix xdist writes: measured, a module fixture ran once per worker.) Files start longest first (SLURM, then files
+with `slow` tests), so no long file is left to run alone at the end."""
 
 from __future__ import annotations
 
@@ -19,12 +20,31 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _scope(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "slurm" if Path(path).name.startswith("test_slurm") else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduling with one scope per file, and one for all SLURM files."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return ByFile(config, log)
+
+
 def pytest_collection_modifyitems(items: list) -> None:
-    """Under xdist: a file's tests on one worker (module fixtures run once); SLURM tests, which share one cluster
-    per session, all on one worker."""
+    """Longest files first: the SLURM files, then files with a `slow` test, then the rest (a stable sort: each
+    file's tests stay together and in order)."""
+    rank: dict[str, int] = {}
     for item in items:
-        group = "slurm" if item.get_closest_marker("slurm") is not None else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        scope = _scope(item.nodeid)
+        weight = 0 if scope == "slurm" else 1 if item.get_closest_marker("slow") is not None else 2
+        rank[scope] = min(rank.get(scope, 2), weight)
+    items.sort(key=lambda item: rank[_scope(item.nodeid)])
 
 
 @pytest.fixture(scope="session", autouse=True)

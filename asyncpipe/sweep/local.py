@@ -7,7 +7,6 @@ its output to `RUN_DIR/launch.log`, and holds the run dir's lock for as long as 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from asyncpipe import forkserver
 from asyncpipe.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
 from asyncpipe.sweep.display import SweepDisplay
 from asyncpipe.sweep.expand import RunSpec, SweepPlan, run_overrides
@@ -46,15 +46,6 @@ POLL_S = 0.25
 
 def train_command(overrides: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "asyncpipe", "train", *overrides]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the sweep dies (even by SIGKILL), so no run outlives it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: the process-group kill on exit still applies
-        pass
 
 
 @dataclass
@@ -120,14 +111,13 @@ class LocalLauncher:
         log.write(f"--- {datetime.now().isoformat(timespec='seconds')} {' '.join(argv)}\n".encode())
         log.flush()
         try:
-            proc = subprocess.Popen(
+            proc = forkserver.start(
                 argv,
-                stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: killpg reaches the run's children too
                 pass_fds=(c.lock.fd,),  # the child holds the run lock even if this sweep dies
-                preexec_fn=_die_with_parent,
+                parent_death_signal=signal.SIGTERM,  # no run outlives the sweep, even a SIGKILLed one
                 env=self._env(),
             )
         except OSError as exc:

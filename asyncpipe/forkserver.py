@@ -1,0 +1,330 @@
+"""Starting asyncpipe's own child processes without paying their imports every time.
+
+A training process spends most of a short run importing: a 1-step `asyncpipe train` of the tiny model took 10.3 s
+on a 2-core EPYC, 8.2 s of it in imports (torch 2.5 s, torch._dynamo 2.1 s, which torch.optim's first optimizer
+imports). A sweep starts one such process per run and a pipeline run one per rank. `start` runs
+``python -m asyncpipe ...`` and ``python -m asyncpipe.rank ...`` as forks of a fork server that has imported torch,
+torch._dynamo, DeepSpeed and the trainer once for the process that starts them; any other command is an ordinary
+`subprocess.Popen`. (Not ``multiprocessing``'s forkserver: its children re-import the starter's ``__main__``
+script, which runs an unguarded script, such as a researcher's own, once more in every child.)
+
+A forked child behaves as the fresh process would: it gets the given environment, working directory, standard
+streams and extra file descriptors; its exit code, or the signal that ended it, is reported as Popen reports it; a
+new session and a signal on the starter's death (Linux's parent-death signal) work for both kinds of child. The
+starter's death is seen through a pipe, not through the parent pid: a forked child's parent is the fork server.
+
+Preloading is off, and every child a fresh interpreter, on a machine with a GPU (a CUDA context does not survive a
+fork, and the preloaded modules could create one) and where ``ASYNCPIPE_PRELOAD=0``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import glob
+import io
+import os
+import pickle
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from typing import IO, Any, Optional, Sequence, Union
+
+# What a training process or a rank imports before its first step (torch._dynamo: the first optimizer's).
+PRELOAD = ["torch", "torch._dynamo", "deepspeed", "omegaconf", "hydra", "asyncpipe.cli", "asyncpipe.run",
+           "asyncpipe.trainer", "asyncpipe.pipe.engine"]  # fmt: skip
+MODULES = ("asyncpipe", "asyncpipe.rank")  # the `python -m` targets that start from the fork server
+Stream = Union[None, int, IO[Any]]
+_MAX_MESSAGE = 1 << 20
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def enabled() -> bool:
+    """Whether children start from the fork server here (see the module docstring)."""
+    if os.environ.get("ASYNCPIPE_PRELOAD", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    return not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
+
+
+class _Server:
+    """This process's connection to a fork server: the one it started on first use, or, in a child forked by a
+    server, the connection that server gave it (so the ranks of a sweep's run fork from the sweep's server too).
+    A server ends when its last client (its starter and every child of it still running) has closed its socket."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sock: Optional[socket.socket] = None
+        self.proc: Optional[subprocess.Popen] = None
+
+    def request(self, job: tuple, fds: list[int]) -> int:
+        """Send one child's description and file descriptors; returns the forked child's pid."""
+        with self.lock:
+            if self.sock is None or (self.proc is not None and self.proc.poll() is not None):
+                self._start()
+            assert self.sock is not None
+            socket.send_fds(self.sock, [pickle.dumps(job)], fds)
+            reply = self.sock.recv(64)
+            if not reply:
+                raise OSError("the asyncpipe fork server ended")
+            return int(reply)
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", f"from asyncpipe.forkserver import serve; serve({theirs.fileno()})"],
+                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+            )  # fmt: skip
+        self.sock = ours
+
+
+_server = _Server()
+
+
+class Child:
+    """A child forked by the server, with the part of `subprocess.Popen`'s interface asyncpipe uses. Its exit
+    status arrives on a pipe (the server, its parent, reaps it); ``alive_w`` is the pipe whose closing tells it
+    that this process died."""
+
+    def __init__(self, pid: int, status_r: int, alive_w: Optional[int]) -> None:
+        self.pid, self._status_r, self._alive_w = pid, status_r, alive_w
+        self._code: Optional[int] = None
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.poll()
+
+    def poll(self) -> Optional[int]:
+        return self._wait(0.0)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        code = self._wait(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+        return code
+
+    def _wait(self, timeout: Optional[float]) -> Optional[int]:
+        if self._code is None and select.select([self._status_r], [], [], timeout)[0]:
+            data = os.read(self._status_r, 16)
+            self._code = int(data) if data else -signal.SIGKILL  # no status: the server itself was killed
+            os.close(self._status_r)
+            if self._alive_w is not None:
+                os.close(self._alive_w)
+                self._alive_w = None
+        return self._code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _fileno(stream: Stream, default: int) -> int:
+    if stream is None:
+        return default
+    return stream if isinstance(stream, int) else stream.fileno()
+
+
+def start(
+    argv: Sequence[str],
+    env: Optional[dict] = None,
+    stdout: Stream = None,
+    stderr: Stream = None,
+    start_new_session: bool = False,
+    pass_fds: Sequence[int] = (),
+    parent_death_signal: Optional[int] = None,
+) -> Union[Child, subprocess.Popen]:
+    """Start ``argv`` like ``subprocess.Popen(argv, stdin=DEVNULL, ...)``; ``stderr=subprocess.STDOUT`` joins the
+    two streams (a PIPE asks for a Popen). ``parent_death_signal``: the child gets this signal when the calling
+    process dies."""
+    argv = [str(a) for a in argv]
+    env = dict(os.environ if env is None else env)
+    module = argv[2] if len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m" else None
+    if module not in MODULES or not enabled() or subprocess.PIPE in (stdout, stderr):
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env, pass_fds=tuple(pass_fds),
+            start_new_session=start_new_session,
+            preexec_fn=None if parent_death_signal is None else lambda: _set_parent_death_signal(parent_death_signal),
+        )  # fmt: skip
+    devnull = os.open(os.devnull, os.O_RDWR)
+    status_r, status_w = os.pipe()
+    alive_r, alive_w = os.pipe() if parent_death_signal is not None else (-1, None)
+    try:
+        out = devnull if stdout == subprocess.DEVNULL else _fileno(stdout, 1)
+        err = out if stderr == subprocess.STDOUT else devnull if stderr == subprocess.DEVNULL else _fileno(stderr, 2)
+        fds = [status_w, devnull, out, err, *pass_fds, *([alive_r] if alive_w is not None else [])]
+        job = (module, argv[3:], env, os.getcwd(), list(pass_fds), start_new_session, parent_death_signal)
+        pid = _server.request(job, fds)
+    except BaseException:
+        os.close(status_r)
+        if alive_w is not None:
+            os.close(alive_w)
+        raise
+    finally:
+        for fd in (devnull, status_w, alive_r):
+            if fd >= 0:
+                os.close(fd)
+    return Child(pid, status_r, alive_w)
+
+
+def serve(fd: int) -> None:
+    """The fork server: import `PRELOAD`, then fork one child per request until no client is left. Each child
+    gets a connection of its own (its own children fork from here too); children are reaped here and their exit
+    status written to each one's status pipe."""
+    import importlib
+
+    # A Ctrl-C or a group kill is for the runs, not for the server that reports their exit status.
+    defaults = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # servers run on machines without a GPU only (`enabled`)
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    clients = [socket.socket(fileno=fd)]
+    status: dict[int, int] = {}  # child pid -> its status pipe
+    while clients:
+        for client in select.select(clients, [], [], 0.05)[0]:
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(client, _MAX_MESSAGE, 256)
+            except OSError:
+                msg, fds = b"", []
+            if not msg:  # this client is gone; its children live on (each watches its starter itself)
+                clients.remove(client)
+                client.close()
+                continue
+            status_w, *child_fds = fds
+            mine, childs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            pid = os.fork()
+            if pid == 0:
+                for other in (*clients, mine):
+                    other.close()
+                for other in (status_w, *status.values()):
+                    os.close(other)
+                for sig, handler in defaults.items():
+                    signal.signal(sig, handler)
+                _server.__init__()  # type: ignore[misc]
+                _server.sock = childs
+                _child(*pickle.loads(msg), fds=child_fds)
+            childs.close()
+            for child_fd in child_fds:
+                os.close(child_fd)
+            clients.append(mine)
+            status[pid] = status_w
+            client.send(str(pid).encode())
+        while status:
+            try:
+                pid, wstatus = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            w = status.pop(pid, None)
+            if w is not None:
+                try:
+                    os.write(w, str(os.waitstatus_to_exitcode(wstatus)).encode())
+                except OSError:  # the client is gone
+                    pass
+                os.close(w)
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the caller's own clean-up still applies
+        pass
+
+
+def _exit_code(err: SystemExit) -> int:
+    if err.code is None:
+        return 0
+    if isinstance(err.code, int):
+        return err.code & 0xFF
+    print(err.code, file=sys.stderr)
+    return 1
+
+
+def _child(module: str, args: list, env: dict, cwd: str, pass_fds: list, new_session: bool,
+           death_signal: Optional[int], fds: list) -> None:  # fmt: skip
+    """In the forked child: become ``python -m module args`` and exit as that process would."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    # `python -m` puts the working directory first, then PYTHONPATH (the starter's sys.path came with the fork).
+    extra = [p for p in dict.fromkeys(env.get("PYTHONPATH", "").split(os.pathsep)) if p and p not in sys.path]
+    sys.path[:0] = [cwd, *extra]
+    stdin, out, err, *rest = fds
+    for fd, target in ((stdin, 0), (out, 1), (err, 2)):
+        os.dup2(fd, target)
+    for fd in {stdin, out, err} - {0, 1, 2}:
+        os.close(fd)
+    # Passed descriptors keep their numbers, as Popen's pass_fds does (all moved out of the way first).
+    above = max([2, *pass_fds, *rest]) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in rest]
+    for fd in rest:
+        os.close(fd)
+    for fd, number in zip(moved, pass_fds):
+        os.dup2(fd, number)  # inheritable, as a passed descriptor is
+        os.close(fd)
+    alive = moved[len(pass_fds)] if death_signal is not None else None
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = sys.__stdout__ = _text(1, line=os.isatty(1), unbuffered=unbuffered)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = _text(2, line=True, unbuffered=unbuffered)  # type: ignore[misc]
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:  # the OpenMP runtime read it at import
+        sys.modules["torch"].set_num_threads(int(threads))
+    if new_session:
+        os.setsid()
+    if death_signal is not None:
+        threading.Thread(target=_signal_on_eof, args=(alive, death_signal), daemon=True).start()
+    code = 0
+    try:
+        sys.argv = [module, *args]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        code = _exit_code(exit_)
+    except KeyboardInterrupt:  # as CPython does: the traceback, then die of SIGINT
+        traceback.print_exc()
+        code = -signal.SIGINT
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+def _text(fd: int, line: bool, unbuffered: bool) -> io.TextIOWrapper:
+    raw = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
+    return io.TextIOWrapper(raw, line_buffering=line and not unbuffered, write_through=unbuffered,
+                            errors="backslashreplace" if fd == 2 else "strict")  # fmt: skip
+
+
+def _signal_on_eof(fd: int, sig: int) -> None:
+    """The starter holds the pipe's other end: end of file means it died."""
+    while os.read(fd, 1):
+        pass
+    os.kill(os.getpid(), sig)
