@@ -203,23 +203,26 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
         P, local = len(tl.busy), local_chunks(tl)
         versioned = any(e.version is not None for e in tl.events if e.kind in ("forward", "backward"))
         top, h = -0.42, (0.6 if versioned else 0.84)
+        # One bar collection per row, colour and shade (a collection per block took 12 s of a 12-stage picture).
+        bars: dict[tuple, list] = {}
         for e in tl.events:
             if e.end <= e.start:
                 continue
             light = e.chunk is not None and local.get((e.stage, e.chunk), 0) % 2 == 1
             light_seen |= light
             kinds.add(e.kind)
-            ax.broken_barh([(e.start, e.end - e.start)], (e.stage + top, h), facecolors=COLOR[e.kind],
-                           alpha=LIGHT if light else 1.0, edgecolor="white", linewidth=0.6)  # fmt: skip
+            span_ = (e.start, e.end - e.start)
+            bars.setdefault((e.stage + top, h, COLOR[e.kind], LIGHT if light else 1.0), []).append(span_)
             if versioned and e.version is not None:
                 versions.add(e.version)
-                ax.broken_barh([(e.start, e.end - e.start)], (e.stage + top + h + 0.03, 0.2),
-                               facecolors=VERSION_COLOR[e.version % len(VERSION_COLOR)], edgecolor="white",
-                               linewidth=0.6)  # fmt: skip
+                version_color = VERSION_COLOR[e.version % len(VERSION_COLOR)]
+                bars.setdefault((e.stage + top + h + 0.03, 0.2, version_color, 1.0), []).append(span_)
             if e.kind != "eval":
                 text = label(e, local) if e.kind == "step" else label(e, local)[1:]
                 _put_label(ax, e, text, px_per_unit, e.stage + top + h / 2, h * row_in * dpi,
                            "#222222" if light else "white", dpi)  # fmt: skip
+        for (y, height, color, alpha), spans in bars.items():
+            ax.broken_barh(spans, (y, height), facecolors=color, alpha=alpha, edgecolor="white", linewidth=0.6)
         for s, b, t in batch_starts(tl):
             bounds_seen = True
             ax.plot([t, t], [s - 0.5, s + 0.5], color="black", linewidth=1.3, linestyle=(0, (3, 2)))
