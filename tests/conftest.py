@@ -7,7 +7,8 @@ pipeline parity launches, run once, not on every worker that got one of its test
 (`test_slurm*.py`) to one worker, where the session's one cluster serves them all: `pytest_xdist_make_scheduler`
 below. (xdist's own `--dist loadgroup` does not group under pytest 9, whose node ids no longer take the group
 suffix xdist writes: measured, a module fixture ran once per worker.) Files start longest first (SLURM, then files
-with `slow` tests), so no long file is left to run alone at the end."""
+with `slow` tests), so no long file is left to run alone at the end. Timings: docs/performance.md, "The test
+suite"."""
 
 from __future__ import annotations
 
