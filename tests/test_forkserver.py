@@ -107,8 +107,7 @@ from asyncpipe import forkserver
 with open(sys.argv[1], "a") as marks:  # not guarded by __name__: a re-import would mark twice
     marks.write("ran\\n")
 forkserver.MODULES = (*forkserver.MODULES, "forkserver_probe")
-child = forkserver.start([sys.executable, "-m", "forkserver_probe", "sleep", "60"], stdout=subprocess.PIPE if False else None,
-                         parent_death_signal=9)
+child = forkserver.start([sys.executable, "-m", "forkserver_probe", "sleep", "60"], parent_death_signal=9)
 print(child.pid, flush=True)
 import time; time.sleep(60)
 """
@@ -116,12 +115,18 @@ import time; time.sleep(60)
 
 def test_a_child_dies_with_its_starter_and_the_starters_script_runs_once(tmp_path):
     script, marks = tmp_path / "starter.py", tmp_path / "marks"
-    script.write_text("import subprocess\n" + STARTER)
+    script.write_text(STARTER)
     starter = subprocess.Popen([sys.executable, str(script), str(marks)], stdout=subprocess.PIPE, text=True,
                                env=cli_env(PYTHONPATH=str(TESTS)))  # fmt: skip
     try:
-        child = int(starter.stdout.readline())  # the child's own first line is its pid too
-        assert int(starter.stdout.readline()) == child
+        # The starter prints the child's pid, the child its own: two equal lines (whatever else an import printed).
+        pids = []
+        while len(pids) < 2:
+            line = starter.stdout.readline()
+            assert line, "the starter ended early"
+            pids += [int(line)] if line.strip().isdigit() else []
+        child = pids[0]
+        assert pids[1] == child
         os.kill(starter.pid, signal.SIGKILL)
         starter.wait(timeout=30)
         deadline = time.monotonic() + 30
