@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from typing import IO, Any, Optional, Sequence, Union
 
@@ -40,7 +41,9 @@ PRELOAD = ["torch", "torch._dynamo", "deepspeed", "omegaconf", "hydra", "asyncpi
            "asyncpipe.trainer", "asyncpipe.pipe.engine"]  # fmt: skip
 MODULES = ("asyncpipe", "asyncpipe.rank")  # the `python -m` targets that start from the fork server
 Stream = Union[None, int, IO[Any]]
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the directory holding this asyncpipe
 _MAX_MESSAGE = 1 << 20
+SERVER_LOST = 255  # a child's exit code when its server died first (its real status is lost with the server)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -77,13 +80,22 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", f"from asyncpipe.forkserver import serve; serve({theirs.fileno()})"],
+                [sys.executable, "-c", f"import sys; sys.path.insert(0, {_ROOT!r}); "  # this very asyncpipe
+                 f"from asyncpipe.forkserver import serve; serve({theirs.fileno()})"],
                 stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
             )  # fmt: skip
         self.sock = ours
 
 
 _server = _Server()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 class Child:
@@ -109,14 +121,29 @@ class Child:
         return code
 
     def _wait(self, timeout: Optional[float]) -> Optional[int]:
-        if self._code is None and select.select([self._status_r], [], [], timeout)[0]:
+        if self._code is not None:
+            return self._code
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._status_r >= 0 and select.select([self._status_r], [], [], timeout)[0]:
             data = os.read(self._status_r, 16)
-            self._code = int(data) if data else -signal.SIGKILL  # no status: the server itself was killed
             os.close(self._status_r)
-            if self._alive_w is not None:
-                os.close(self._alive_w)
-                self._alive_w = None
+            self._status_r = -1
+            if data:
+                self._finish(int(data))
+        if self._code is None and self._status_r < 0:
+            # The server died (no status came): the child is an orphan now; it ends when its pid does.
+            while _running(self.pid):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.05)
+            self._finish(SERVER_LOST)
         return self._code
+
+    def _finish(self, code: int) -> None:
+        self._code = code
+        if self._alive_w is not None:
+            os.close(self._alive_w)
+            self._alive_w = None
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:

@@ -154,3 +154,18 @@ def test_other_commands_and_a_switched_off_server_start_fresh_processes(probe, m
     proc = forkserver.start([sys.executable, "-m", "forkserver_probe", "report", "0"], env=probe,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=60) == 0
+
+
+def test_a_child_outliving_a_killed_server_is_running_until_it_ends(probe):
+    proc = forkserver.start([sys.executable, "-m", "forkserver_probe", "sleep", "30"], env=probe,
+                            stdout=subprocess.DEVNULL)  # fmt: skip
+    server = forkserver._server.proc
+    assert server is not None
+    server.kill()
+    server.wait(timeout=30)
+    assert proc.poll() is None  # its status pipe ended with the server, but the child still runs
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == forkserver.SERVER_LOST  # its real status went with the server
+    again = forkserver.start([sys.executable, "-m", "forkserver_probe", "report", "0"], env=probe,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    assert again.wait(timeout=120) == 0  # a new server started
