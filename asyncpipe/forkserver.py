@@ -36,6 +36,8 @@ import time
 import traceback
 from typing import IO, Any, Optional, Sequence, Union
 
+from asyncpipe.runtime.signals import SIGNALS
+
 # What a training process or a rank imports before its first step (torch._dynamo: the first optimizer's).
 PRELOAD = ["torch", "torch._dynamo", "deepspeed", "omegaconf", "hydra", "asyncpipe.cli", "asyncpipe.run",
            "asyncpipe.trainer", "asyncpipe.pipe.engine"]  # fmt: skip
@@ -44,7 +46,7 @@ Stream = Union[None, int, IO[Any]]
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the directory holding this asyncpipe
 _MAX_MESSAGE = 1 << 20
 SERVER_LOST = 255  # a child's exit code when its server died first (its real status is lost with the server)
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+_STOP_SIGNALS = (*SIGNALS, signal.SIGHUP)  # the runs' stop signals, and a closed terminal's
 
 
 def enabled() -> bool:
