@@ -19,6 +19,10 @@ over the full (not causal) T x T matrix.
 
     .venv/bin/python benchmarks/gpu_check.py [--modes eager,compiled] [--steps 30] [--micro-batch-size 16] [--seq-len 1024]
     .venv/bin/python benchmarks/gpu_check.py --dry-run --steps 6 --micro-batch-size 2 --seq-len 64   # on a CPU
+
+A dry run compiles with `train.compile_backend=aot_eager` unless --compile-backend says otherwise: the compiled
+code paths run (dynamo and AOTAutograd trace the same graphs) without tens of seconds of CPU kernel compiling that
+say nothing about the GPU; tests/test_compile.py checks inductor's compiled training on the CPU.
 """
 
 from __future__ import annotations
@@ -60,10 +64,10 @@ def flops_per_token(model: Any, vocab: int, seq_len: int) -> float:
     return 6.0 * n_matmul + 12.0 * model.n_layer * model.d_model * seq_len
 
 
-def _cfg(overrides: list[str]) -> Any:
+def _cfg(overrides: list[str], backend: str = "inductor") -> Any:
     from asyncpipe.config import compose
 
-    return compose(["train.eval_every=100000", "run.dir=unused"] + overrides)
+    return compose(["train.eval_every=100000", "run.dir=unused", f"train.compile_backend={backend}"] + overrides)
 
 
 def _sync(device: str) -> None:
@@ -81,7 +85,7 @@ def _throughput(args: argparse.Namespace, log: Any, compiled: bool) -> dict:
     dev, model = ("cpu", "tiny") if args.dry_run else ("cuda", "135m")
     cfg = _cfg([f"model={model}", f"device={dev}", "precision=bf16", "optimizer=adamw", f"train.steps={args.steps}",
                 f"train.micro_batch_size={args.micro_batch_size}", f"train.seq_len={args.seq_len}",
-                "train.micro_batches=1", f"train.compile={compiled}"])  # fmt: skip
+                "train.micro_batches=1", f"train.compile={compiled}"], args.compile_backend)  # fmt: skip
     trainer = Trainer(cfg).engine
     warm = min(5, args.steps // 3)  # the first step compiles (train.compile=true): never timed
     losses = []
@@ -106,7 +110,7 @@ def _throughput(args: argparse.Namespace, log: Any, compiled: bool) -> dict:
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None}  # fmt: skip
     mfu_text = (f"MFU {mfu:.1%} of {peak:g} TFLOP/s" if mfu is not None
                 else f"MFU unknown ({name} not in the table; --peak-tflops)")  # fmt: skip
-    mode = "compiled" if compiled else "eager"
+    mode = f"compiled ({args.compile_backend})" if compiled else "eager"
     log(f"{model} bf16 simulator, {mode}: {tokens_per_s:,.0f} tokens/s, {mfu_text}; warm-up {warm} steps "
         f"{start - began:.1f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}")  # fmt: skip
     if not all(math.isfinite(x) for x in losses) or losses[-1] >= losses[0]:
@@ -141,7 +145,7 @@ def cpu_vs_cuda(log: Any, dry_run: bool = False) -> dict:
     return {"cpu": runs["cpu"], "cuda": runs["cuda"], "worst_rel": worst, "rtol": LOSS_RTOL}
 
 
-def pipeline(log: Any, dry_run: bool = False, modes: tuple = ("eager", "compiled")) -> dict:
+def pipeline(log: Any, dry_run: bool = False, modes: tuple = ("eager", "compiled"), backend: str = "inductor") -> dict:
     import torch
 
     if not dry_run and torch.cuda.device_count() < 2:
@@ -154,7 +158,7 @@ def pipeline(log: Any, dry_run: bool = False, modes: tuple = ("eager", "compiled
 
     dev = "cpu" if dry_run else "cuda"
     cfgs = [_cfg(["model=tiny", "engine=pipeline", f"device={dev}", "precision=fp32", "optimizer=adamw", "delay=1",
-                  "pipeline.stages=2", "train.steps=20", "train.micro_batches=4", f"train.compile={c == 'compiled'}"])
+                  "pipeline.stages=2", "train.steps=20", "train.micro_batches=4", f"train.compile={c == 'compiled'}"], backend)
             for c in modes]  # fmt: skip
     started = time.perf_counter()
     results = launch([Job(cfg, None, show_progress=False) for cfg in cfgs], timeout_s=480)
@@ -183,12 +187,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--modes", type=lambda v: tuple(m for m in v.split(",") if m), default=("eager", "compiled"),
                     help="eager,compiled (default: both; train.compile)")
+    ap.add_argument("--compile-backend", choices=("inductor", "aot_eager"), default=None,
+                    help="train.compile_backend of the compiled runs (default: inductor; aot_eager in a dry run)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, if not in the table")
     ap.add_argument("--dry-run", action="store_true", help="check this script on the CPU: tiny in place of 135m, "
                     "CPU in place of CUDA (the pipeline on 2 CPU processes); measures nothing (tests use it)")  # fmt: skip
     args = ap.parse_args(argv)
     if not args.modes or set(args.modes) - {"eager", "compiled"}:
         ap.error(f"--modes {','.join(args.modes)}: give eager, compiled or both")
+    args.compile_backend = args.compile_backend or ("aot_eager" if args.dry_run else "inductor")
     import torch
 
     if not torch.cuda.is_available() and not args.dry_run:
@@ -198,7 +205,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.perf_counter()
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     result = {"throughput": train_135m(args, log), "cpu_vs_cuda": cpu_vs_cuda(log, args.dry_run),
-              "pipeline": pipeline(log, args.dry_run, args.modes)}  # fmt: skip
+              "pipeline": pipeline(log, args.dry_run, args.modes, args.compile_backend)}  # fmt: skip
     result["wall_s"] = time.perf_counter() - started
     if args.dry_run:
         log(f"gpu-check dry run: ok in {result['wall_s']:.0f} s (nothing written)")

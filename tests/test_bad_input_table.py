@@ -99,6 +99,7 @@ CASES: dict[str, Case] = {
     "pipedream needs delay 1": Case(train("delay_profile=pipedream", "delay=0"), "use it with delay=1"),
     "unknown engine": Case(train("engine=warp"), "engine=warp is not allowed"),
     "unknown wandb mode": Case(train("tracker.wandb.mode=sometimes"), "tracker.wandb.mode=sometimes is not allowed"),
+    "unknown compile backend": Case(train("train.compile_backend=tvm"), "train.compile_backend=tvm is not allowed"),
     "config show, bad value": Case(["config", "show", "optimizer.eps=-1"], "optimizer.eps=-1.0 must be > 0"),
     "data prepare, bad value": Case(["data", "prepare", "data.val_fraction=1"], "data.val_fraction=1.0"),
     # -- keys, options and the override grammar

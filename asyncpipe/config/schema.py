@@ -102,6 +102,7 @@ class TrainConfig:
     diverge_loss: float = 20.0  # a train loss above this (or NaN/inf) ends the run as diverged
     log_every: int = 10  # progress line every N steps when not on a terminal
     compile: str = "auto"  # torch.compile the model / stage layers: auto (per device, asyncpipe.model.compile), true, false
+    compile_backend: str = "inductor"  # torch.compile backend: inductor, or aot_eager (graphs traced, kernels eager: a quick check)
 
 
 @dataclass

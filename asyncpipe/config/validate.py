@@ -20,6 +20,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 CLIP_MODES = ("global", "stage")
 BACKENDS = ("auto", "gloo", "nccl")
 PIPE_SCHEDULES = ("auto", "dualpipev")
+COMPILE_BACKENDS = ("inductor", "aot_eager")  # train.compile_backend (asyncpipe.model.compile.compile_modules)
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -46,6 +47,7 @@ def validate(cfg: DictConfig) -> None:
     _choice("pipeline.backend", p.backend, BACKENDS)
     _choice("pipeline.schedule", p.schedule, PIPE_SCHEDULES)
     _choice("tracker.wandb.mode", cfg.tracker.wandb.mode, WANDB_MODES)
+    _choice("train.compile_backend", t.compile_backend, COMPILE_BACKENDS)
     _need(cfg.delay >= 0, f"delay={cfg.delay} must be >= 0 (0 = synchronous, 1 = PipeDream-2BW)")
     _need(o.lr > 0, f"optimizer.lr={o.lr} must be > 0")
     _need(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay} must be >= 0")

@@ -74,7 +74,7 @@ class SimulatorEngine:
         self.train_forward = TrainingForward(self.model)
         self.clock = CompileClock(wanted(t.compile, self.device, t.steps))
         if self.clock.compiled:
-            compile_modules([self.train_forward])
+            compile_modules([self.train_forward], t.compile_backend)
         self.step = 0
         self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len * self.world
         self.comm = Comm(self.world)  # the default process group (set up by the trainer when world > 1)

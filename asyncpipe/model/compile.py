@@ -63,9 +63,12 @@ class TrainingForward(torch.nn.Module):
         return lm_loss(self.model(ids), targets)
 
 
-def compile_modules(modules: Iterable[Optional[torch.nn.Module]]) -> None:
+def compile_modules(modules: Iterable[Optional[torch.nn.Module]], backend: str = "inductor") -> None:
     """Compile each module in place (state dict unchanged); None entries (other stages' layers) are skipped.
-    MoE layers inside run eagerly (their dispatch shapes depend on the routing)."""
+    MoE layers inside run eagerly (their dispatch shapes depend on the routing). ``backend``
+    (`train.compile_backend`): inductor generates kernels (what trains faster); aot_eager traces the same forward
+    and backward graphs (dynamo, AOTAutograd) and runs them with eager kernels: seconds instead of tens of seconds
+    of kernel compiling on a CPU, to check a compiled-mode code path rather than its speed."""
     from asyncpipe.model.moe import moe_layers
 
     for module in modules:
@@ -73,7 +76,7 @@ def compile_modules(modules: Iterable[Optional[torch.nn.Module]]) -> None:
             continue
         for moe in moe_layers(module):
             moe.forward = torch.compiler.disable(moe.forward)  # type: ignore[method-assign]
-        module.compile(dynamic=False)
+        module.compile(dynamic=False, backend=backend)
 
 
 @contextlib.contextmanager

@@ -60,7 +60,7 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     if compiled:  # train.compile: each of this stage's layers in place (state dict unchanged)
         from asyncpipe.model.compile import compile_modules
 
-        compile_modules(layers)
+        compile_modules(layers, t.compile_backend)
     engine_cls: Any = ScheduledPipelineEngine
     module_cls: Any = StagedModule
     if v_shape:
