@@ -1,0 +1,107 @@
+"""Where a training step's time goes, eager against compiled (`train.compile`): the ceiling on what compiling can buy.
+
+torch.compile fuses the elementwise work (norms, RoPE, SiLU, the loss, their backwards) into generated kernels; the
+matrix multiplications and the attention kernel stay calls into ATen in both modes. So the eager step's time in
+those calls bounds the speed-up: even a compiler that made everything else free could not beat
+
+    eager step / (matmul + attention of the eager step)
+
+Each mode runs in a fresh process (as `compile_speed.py`), in the CPU study's regime (its STUDY overrides): build
+the trainer, 5 warm-up steps (the compiled run compiles there, from the inductor cache when warm), ``--steps``
+timed steps (their median is the step time), then 5 steps under torch.profiler, whose self CPU time per operator
+is split into matmul (aten::mm, addmm, bmm), attention (the SDPA kernels, forward and backward) and the rest.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_profile.py            # ~2 min with a warm cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compile_speed import STUDY  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "compile-profile-tiny.json"
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm")
+PROFILED_STEPS = 5
+
+
+def _kind(op: str) -> str:
+    if op in MATMUL:
+        return "matmul"
+    if op.startswith("aten::_scaled_dot_product") or op.startswith("aten::_flash_attention"):
+        return "attention"
+    return "rest"
+
+
+def one_mode(mode: str, steps: int) -> dict:
+    """This process: the step time of one mode and its profile split, in ms per step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from asyncpipe.config import compose
+    from asyncpipe.trainer import Trainer
+
+    cfg = compose([*STUDY, "train.steps=1100", f"train.compile={mode == 'compiled'}"])
+    engine = Trainer(cfg).engine
+    for _ in range(5):
+        engine.train_step()
+    step_s = statistics.median(engine.train_step().step_time for _ in range(steps))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(PROFILED_STEPS):
+            engine.train_step()
+    split = {"matmul": 0.0, "attention": 0.0, "rest": 0.0}
+    for event in prof.key_averages():
+        split[_kind(event.key)] += event.self_cpu_time_total / 1e3 / PROFILED_STEPS  # us -> ms per step
+    return {"mode": mode, "step_ms": step_s * 1e3, "profiled_ms": split, "threads": torch.get_num_threads(),
+            "load": os.getloadavg()[0]}  # fmt: skip
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40, help="timed steps per mode (their median is the step time)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--one", choices=("eager", "compiled"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(one_mode(args.one, args.steps)))
+        return 0
+    from asyncpipe.track.provenance import cpu_model, git_state
+
+    runs = {}
+    for mode in ("eager", "compiled"):
+        out = subprocess.run([sys.executable, __file__, "--one", mode, "--steps", str(args.steps)],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        runs[mode] = run = json.loads(out.stdout.strip().splitlines()[-1])
+        p = run["profiled_ms"]
+        print(f"{mode:8s} {run['step_ms']:6.1f} ms/step; profiled: matmul {p['matmul']:6.1f}, attention "
+              f"{p['attention']:6.1f}, rest {p['rest']:6.1f} ms  (load {run['load']:.2f})", flush=True)  # fmt: skip
+    eager, compiled = runs["eager"]["profiled_ms"], runs["compiled"]["profiled_ms"]
+    eager_total = sum(eager.values())
+    result = {
+        "runs": runs,
+        "speedup": runs["eager"]["step_ms"] / runs["compiled"]["step_ms"],
+        "ceiling": eager_total / (eager["matmul"] + eager["attention"]),
+        "aten_share_compiled": (compiled["matmul"] + compiled["attention"]) / sum(compiled.values()),
+        "git": git_state(Path(__file__)),
+        "cpu": cpu_model(),
+    }  # fmt: skip
+    print(f"compiled / eager: {result['speedup']:.2f}x; ceiling if all but matmul and attention were free: "
+          f"{result['ceiling']:.2f}x; matmul + attention are {result['aten_share_compiled']:.0%} of a compiled step")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
