@@ -6,12 +6,13 @@ those calls bounds the speed-up: even a compiler that made everything else free 
 
     eager step / (matmul + attention of the eager step)
 
-Each mode runs in a fresh process (as `compile_speed.py`), in the CPU study's regime (its STUDY overrides): build
+Each mode runs in a fresh process (as `compile_speed.py`), eager then compiled, ``--rounds`` times (this VM's
+speed drifts between processes, so the rounds show the spread), in the CPU study's regime (its STUDY overrides): build
 the trainer, 5 warm-up steps (the compiled run compiles there, from the inductor cache when warm), ``--steps``
 timed steps (their median is the step time), then 5 steps under torch.profiler, whose self CPU time per operator
 is split into matmul (aten::mm, addmm, bmm), attention (the SDPA kernels, forward and backward) and the rest.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_profile.py            # ~2 min with a warm cache
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_profile.py            # ~4 min with a warm cache
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def one_mode(mode: str, steps: int) -> dict:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="timed steps per mode (their median is the step time)")
+    ap.add_argument("--rounds", type=int, default=3, help="eager then compiled, each a fresh process, this many times")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--one", choices=("eager", "compiled"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -75,26 +77,29 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     from asyncpipe.track.provenance import cpu_model, git_state
 
-    runs = {}
-    for mode in ("eager", "compiled"):
-        out = subprocess.run([sys.executable, __file__, "--one", mode, "--steps", str(args.steps)],
-                             capture_output=True, text=True, check=True)  # fmt: skip
-        runs[mode] = run = json.loads(out.stdout.strip().splitlines()[-1])
-        p = run["profiled_ms"]
-        print(f"{mode:8s} {run['step_ms']:6.1f} ms/step; profiled: matmul {p['matmul']:6.1f}, attention "
-              f"{p['attention']:6.1f}, rest {p['rest']:6.1f} ms  (load {run['load']:.2f})", flush=True)  # fmt: skip
-    eager, compiled = runs["eager"]["profiled_ms"], runs["compiled"]["profiled_ms"]
-    eager_total = sum(eager.values())
-    result = {
-        "runs": runs,
-        "speedup": runs["eager"]["step_ms"] / runs["compiled"]["step_ms"],
-        "ceiling": eager_total / (eager["matmul"] + eager["attention"]),
-        "aten_share_compiled": (compiled["matmul"] + compiled["attention"]) / sum(compiled.values()),
-        "git": git_state(Path(__file__)),
-        "cpu": cpu_model(),
-    }  # fmt: skip
-    print(f"compiled / eager: {result['speedup']:.2f}x; ceiling if all but matmul and attention were free: "
-          f"{result['ceiling']:.2f}x; matmul + attention are {result['aten_share_compiled']:.0%} of a compiled step")
+    runs = []
+    for round_ in range(1, args.rounds + 1):
+        for mode in ("eager", "compiled"):
+            out = subprocess.run([sys.executable, __file__, "--one", mode, "--steps", str(args.steps)],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            run = {"round": round_, **json.loads(out.stdout.strip().splitlines()[-1])}
+            runs.append(run)
+            p = run["profiled_ms"]
+            print(f"round {round_} {mode:8s} {run['step_ms']:6.1f} ms/step; profiled: matmul {p['matmul']:6.1f}, "
+                  f"attention {p['attention']:6.1f}, rest {p['rest']:6.1f} ms  (load {run['load']:.2f})", flush=True)
+    rounds = []
+    for round_ in range(1, args.rounds + 1):
+        eager, compiled = (next(r for r in runs if r["round"] == round_ and r["mode"] == m) for m in ("eager", "compiled"))
+        e, c = eager["profiled_ms"], compiled["profiled_ms"]
+        rounds.append({"speedup": eager["step_ms"] / compiled["step_ms"],
+                       "ceiling": sum(e.values()) / (e["matmul"] + e["attention"]),
+                       "aten_share_compiled": (c["matmul"] + c["attention"]) / sum(c.values())})  # fmt: skip
+    result = {"runs": runs, "rounds": rounds, "git": git_state(Path(__file__)), "cpu": cpu_model()}
+    for key, text in (("speedup", "compiled / eager step time"), ("ceiling", "ceiling (all but matmul and attention "
+                      "free)"), ("aten_share_compiled", "matmul + attention share of a compiled step")):  # fmt: skip
+        values = [r[key] for r in rounds]
+        shown = [f"{v:.0%}" if key == "aten_share_compiled" else f"{v:.2f}x" for v in values]
+        print(f"{text}: {', '.join(shown)} (per round)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
