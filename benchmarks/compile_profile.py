@@ -94,7 +94,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         rounds.append({"speedup": eager["step_ms"] / compiled["step_ms"],
                        "ceiling": sum(e.values()) / (e["matmul"] + e["attention"]),
                        "aten_share_compiled": (c["matmul"] + c["attention"]) / sum(c.values())})  # fmt: skip
-    result = {"runs": runs, "rounds": rounds, "git": git_state(Path(__file__)), "cpu": cpu_model()}
+    result = {"runs": runs, "rounds": rounds, "git": git_state(Path(__file__).parent), "cpu": cpu_model()}
     for key, text in (("speedup", "compiled / eager step time"), ("ceiling", "ceiling (all but matmul and attention "
                       "free)"), ("aten_share_compiled", "matmul + attention share of a compiled step")):  # fmt: skip
         values = [r[key] for r in rounds]
