@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 
 # --durations=10: the slowest ten tests, so a test that grows is seen (issue 29: the suite stays under 10 min).
 # Two workers (pytest-xdist), the SLURM tests on one of them (tests/conftest.py); PYTEST_WORKERS=0 runs serially.
+# Three were measured slower on 2 cores (7:55 against 7:14; docs/performance.md, "The test suite").
 PYTEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -q --durations=10 -n $(PYTEST_WORKERS) tests

@@ -40,3 +40,27 @@ def test_the_compiled_simulator_sentence_is_the_benchmarks_json() -> None:
     for variant, name in (("delay0", "delay 0"), ("delay1_ef", "delay 1 + EF")):
         expected = rf"{re.escape(name)}:\s+{eager[variant] * 1e3:.1f} against {compiled[variant] * 1e3:.1f} ms"
         assert re.search(expected, DOC), expected
+
+
+def test_the_compile_ceiling_sentence_is_the_profiles_json() -> None:
+    bench = json.loads((RESULTS / "compile-profile-tiny.json").read_text())
+    rounds = bench["rounds"]
+    assert bench["git"] is not None and not bench["git"]["dirty"]
+    assert f"`benchmarks/compile_profile.py` at {bench['git']['commit'][:7]}" in DOC
+    assert "compiled / eager step time " + ", ".join(f"{r['speedup']:.2f}x" for r in rounds) in DOC
+    assert "could not beat " + ", ".join(f"{r['ceiling']:.2f}x" for r in rounds) in DOC
+    shares = sorted(round(100 * r["aten_share_compiled"]) for r in rounds)
+    assert (f"{shares[0]}%" if shares[0] == shares[-1] else f"{shares[0]}-{shares[-1]}%") + " of a compiled step" in DOC
+
+
+def test_the_fast_host_end_to_end_table_is_the_benchmarks_json() -> None:
+    bench = json.loads((RESULTS / "compile_speed-tiny-1100-avx2-fast.json").read_text())
+    labels = {"eager A": "eager A", "compiled cold": "compiled, cold cache", "compiled warm": "compiled, warm cache",
+              "eager B": "eager B"}  # fmt: skip
+    for run in bench["runs"]:
+        row = (f"| {labels[run['run']]} | {run['wall_s']:.1f} s | {run['tokens_per_s'] / 1e3:.1f}k | "
+               f"{run['steady_step_s'] * 1e3:.1f} ms |")  # fmt: skip
+        assert row in DOC, row
+    sp = bench["speedup"]
+    assert (f"**{sp['eager first (A / warm)']:.2f}x** eager first, **{sp['compiled first (B / warm)']:.2f}x** compiled "
+            f"first; cold **{sp['cold, eager first (A / cold)']:.2f}x**") in DOC.replace("\n", " ")
