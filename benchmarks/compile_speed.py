@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Optional
 
 STUDY = ["model=tiny", "data=shakespeare", "tokenizer=byte", "train.seq_len=128", "train.micro_batch_size=8",
@@ -83,7 +84,10 @@ def main(argv: Optional[list[str]] = None) -> int:
               "cold, eager first (A / cold)": by["eager A"]["wall_s"] / by["compiled cold"]["wall_s"]}  # fmt: skip
     for name, r in ratios.items():
         print(f"end-to-end speed-up at {args.steps} steps, {name}: {r:.2f}x")
-    result = {"steps": args.steps, "model": args.model, "runs": runs, "speedup": ratios}
+    from asyncpipe.track.provenance import cpu_model, git_state
+
+    result = {"steps": args.steps, "model": args.model, "runs": runs, "speedup": ratios,
+              "git": git_state(Path(__file__).parent), "cpu": cpu_model()}  # fmt: skip
     if args.extrapolate:
         n = args.extrapolate
         est = {r["run"]: r["wall_s"] - args.steps * r["steady_step_s"] + n * r["steady_step_s"] for r in runs}
