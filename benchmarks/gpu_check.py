@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncpipe.config.validate import COMPILE_BACKENDS
+
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "gpu-check.json"
 LOSS_RTOL = 2e-3  # CPU vs CUDA, fp32, per step of the first 5
@@ -187,7 +189,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--modes", type=lambda v: tuple(m for m in v.split(",") if m), default=("eager", "compiled"),
                     help="eager,compiled (default: both; train.compile)")
-    ap.add_argument("--compile-backend", choices=("inductor", "aot_eager"), default=None,
+    ap.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default=None,
                     help="train.compile_backend of the compiled runs (default: inductor; aot_eager in a dry run)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, if not in the table")
     ap.add_argument("--dry-run", action="store_true", help="check this script on the CPU: tiny in place of 135m, "
