@@ -37,7 +37,7 @@ PROFILED_STEPS = 5
 def _kind(op: str) -> str:
     if op in MATMUL:
         return "matmul"
-    if op.startswith("aten::_scaled_dot_product") or op.startswith("aten::_flash_attention"):
+    if op.startswith(("aten::_scaled_dot_product", "aten::_flash_attention")):
         return "attention"
     return "rest"
 
@@ -75,21 +75,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.one:
         print(json.dumps(one_mode(args.one, args.steps)))
         return 0
+    from asyncpipe.track.files import atomic_write_json
     from asyncpipe.track.provenance import cpu_model, git_state
 
-    runs = []
+    runs, rounds = [], []
     for round_ in range(1, args.rounds + 1):
+        pair = {}
         for mode in ("eager", "compiled"):
             out = subprocess.run([sys.executable, __file__, "--one", mode, "--steps", str(args.steps)],
                                  capture_output=True, text=True, check=True)  # fmt: skip
-            run = {"round": round_, **json.loads(out.stdout.strip().splitlines()[-1])}
+            pair[mode] = run = {"round": round_, **json.loads(out.stdout.strip().splitlines()[-1])}
             runs.append(run)
             p = run["profiled_ms"]
             print(f"round {round_} {mode:8s} {run['step_ms']:6.1f} ms/step; profiled: matmul {p['matmul']:6.1f}, "
                   f"attention {p['attention']:6.1f}, rest {p['rest']:6.1f} ms  (load {run['load']:.2f})", flush=True)
-    rounds = []
-    for round_ in range(1, args.rounds + 1):
-        eager, compiled = (next(r for r in runs if r["round"] == round_ and r["mode"] == m) for m in ("eager", "compiled"))
+        eager, compiled = pair["eager"], pair["compiled"]
         e, c = eager["profiled_ms"], compiled["profiled_ms"]
         rounds.append({"speedup": eager["step_ms"] / compiled["step_ms"],
                        "ceiling": sum(e.values()) / (e["matmul"] + e["attention"]),
@@ -101,9 +101,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         shown = [f"{v:.0%}" if key == "aten_share_compiled" else f"{v:.2f}x" for v in values]
         print(f"{text}: {', '.join(shown)} (per round)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(args.out)
+    atomic_write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 
