@@ -6,16 +6,16 @@ those calls bounds the speed-up: even a compiler that made everything else free 
 
     eager step / (matmul + attention of the eager step)
 
-Each mode runs in a fresh process (as `compile_speed.py`), eager then compiled, ``--rounds`` times (this VM's
-speed drifts between processes, so the rounds show the spread), in the CPU study's regime (its STUDY overrides): build
-the trainer, 5 warm-up steps (the compiled run compiles there, from the inductor cache when warm), ``--steps``
-timed steps (their median is the step time), then 5 steps under torch.profiler, whose self CPU time per operator
-is split into matmul (aten::mm, addmm, bmm), attention (the SDPA kernels, forward and backward) and the rest.
-
-Each round also runs a bare loop the same way, eager and compiled (the yardstick issue 29 quotes): the same model,
-initialisation, data and micro-batches, `torch.optim.AdamW`, and per micro-batch ``lm_loss(model(x), y)`` (compiled
-with `torch.compile` as one function) and its backward, then the optimizer step: no delayed weights, clipping,
-compensation, metrics or run directory. Simulator / bare step time says what asyncpipe itself costs in each mode.
+Every round is a fresh process in the CPU study's regime (its STUDY overrides) measuring four modes: the simulator
+eager and compiled, and a bare loop eager and compiled (the yardstick issue 29 quotes: the same model,
+initialisation, data and micro-batches, `torch.optim.AdamW`, per micro-batch ``lm_loss(model(x), y)`` compiled with
+`torch.compile` as one function and its backward, then the optimizer step; no delayed weights, clipping,
+compensation, metrics or run directory). Each mode takes 5 warm-up steps (the compiled ones compile there, from the
+inductor cache when warm); then the modes take their ``--steps`` timed steps in turn, one step each, so they share
+the machine's state (this VM's speed drifts within and between processes: the ratios within a round are the paired
+figures, the rounds show the spread); the median is each mode's step time. Last, 5 steps of each under
+torch.profiler, whose self CPU time per operator is split into matmul (aten::mm, addmm, bmm), attention (the SDPA
+kernels, forward and backward) and the rest. Simulator / bare step time says what asyncpipe itself costs per mode.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_profile.py            # ~4 min with a warm cache
 """
@@ -75,12 +75,9 @@ def _bare_step(engine, compiled: bool):
     return step
 
 
-def one_mode(mode: str, steps: int) -> dict:
-    """This process: the step time of one mode and its profile split, in ms per step."""
+def _stepper(mode: str):
+    """A function running one training step of ``mode`` and returning its wall time in seconds."""
     import time
-
-    import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from asyncpipe.config import compose
     from asyncpipe.trainer import Trainer
@@ -88,55 +85,70 @@ def one_mode(mode: str, steps: int) -> dict:
     compiled = mode.endswith("compiled")
     cfg = compose([*STUDY, "train.steps=1100", f"train.compile={compiled and not mode.startswith('bare')}"])
     engine = Trainer(cfg).engine
-    if mode.startswith("bare"):
-        bare = _bare_step(engine, compiled)
+    if not mode.startswith("bare"):
+        return lambda: engine.train_step().step_time
+    bare = _bare_step(engine, compiled)
 
-        def step() -> float:
-            began = time.perf_counter()
-            bare()
-            return time.perf_counter() - began
-    else:
+    def step() -> float:
+        began = time.perf_counter()
+        bare()
+        return time.perf_counter() - began
 
-        def step() -> float:
-            return engine.train_step().step_time
+    return step
 
-    for _ in range(5):
-        step()
-    step_s = statistics.median(step() for _ in range(steps))
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(PROFILED_STEPS):
+
+def one_round(steps: int) -> list[dict]:
+    """This process: every mode's step time, their timed steps taken in turn (one step of each mode, then the
+    next), so each mode sees the same machine; then each mode's profile split, in ms per step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    steppers = {mode: _stepper(mode) for mode in MODES}
+    for step in steppers.values():
+        for _ in range(5):  # warm-up; the compiled modes compile here
             step()
-    split = {"matmul": 0.0, "attention": 0.0, "rest": 0.0}
-    for event in prof.key_averages():
-        split[_kind(event.key)] += event.self_cpu_time_total / 1e3 / PROFILED_STEPS  # us -> ms per step
-    return {"mode": mode, "step_ms": step_s * 1e3, "profiled_ms": split, "threads": torch.get_num_threads(),
-            "load": os.getloadavg()[0]}  # fmt: skip
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for _ in range(steps):
+        for mode, step in steppers.items():
+            times[mode].append(step())
+    runs = []
+    for mode, step in steppers.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(PROFILED_STEPS):
+                step()
+        split = {"matmul": 0.0, "attention": 0.0, "rest": 0.0}
+        for event in prof.key_averages():
+            split[_kind(event.key)] += event.self_cpu_time_total / 1e3 / PROFILED_STEPS  # us -> ms per step
+        runs.append({"mode": mode, "step_ms": statistics.median(times[mode]) * 1e3, "profiled_ms": split,
+                     "threads": torch.get_num_threads(), "load": os.getloadavg()[0]})  # fmt: skip
+    return runs
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="timed steps per mode (their median is the step time)")
-    ap.add_argument("--rounds", type=int, default=3, help="eager then compiled, each a fresh process, this many times")
+    ap.add_argument("--rounds", type=int, default=3, help="this many fresh processes, each measuring every mode")
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.one:
-        print(json.dumps(one_mode(args.one, args.steps)))
+    if args.one_round:
+        print(json.dumps(one_round(args.steps)))
         return 0
     from asyncpipe.track.files import atomic_write_json
     from asyncpipe.track.provenance import cpu_model, git_state
 
     runs, rounds = [], []
     for round_ in range(1, args.rounds + 1):
+        out = subprocess.run([sys.executable, __file__, "--one-round", "--steps", str(args.steps)],
+                             capture_output=True, text=True, check=True)  # fmt: skip
         pair = {}
-        for mode in MODES:
-            out = subprocess.run([sys.executable, __file__, "--one", mode, "--steps", str(args.steps)],
-                                 capture_output=True, text=True, check=True)  # fmt: skip
-            pair[mode] = run = {"round": round_, **json.loads(out.stdout.strip().splitlines()[-1])}
+        for run in json.loads(out.stdout.strip().splitlines()[-1]):
+            pair[run["mode"]] = run = {"round": round_, **run}
             runs.append(run)
             p = run["profiled_ms"]
-            print(f"round {round_} {mode:13s} {run['step_ms']:6.1f} ms/step; profiled: matmul {p['matmul']:6.1f}, "
-                  f"attention {p['attention']:6.1f}, rest {p['rest']:6.1f} ms  (load {run['load']:.2f})", flush=True)
+            print(f"round {round_} {run['mode']:13s} {run['step_ms']:6.1f} ms/step; profiled: matmul "
+                  f"{p['matmul']:6.1f}, attention {p['attention']:6.1f}, rest {p['rest']:6.1f} ms  "
+                  f"(load {run['load']:.2f})", flush=True)  # fmt: skip
         ms = {mode: run["step_ms"] for mode, run in pair.items()}
         e, c = pair["eager"]["profiled_ms"], pair["compiled"]["profiled_ms"]
         rounds.append({"speedup": ms["eager"] / ms["compiled"],
