@@ -64,3 +64,14 @@ def test_the_fast_host_end_to_end_table_is_the_benchmarks_json() -> None:
     sp = bench["speedup"]
     assert (f"**{sp['eager first (A / warm)']:.2f}x** eager first, **{sp['compiled first (B / warm)']:.2f}x** compiled "
             f"first; cold **{sp['cold, eager first (A / cold)']:.2f}x**") in DOC.replace("\n", " ")
+
+
+def test_the_bare_loop_sentence_is_the_profiles_json() -> None:
+    rounds = json.loads((RESULTS / "compile-profile-tiny.json").read_text())["rounds"]
+
+    def listed(key: str) -> str:
+        return ", ".join(f"{r[key]:.2f}x" for r in rounds)
+
+    assert f"the bare loop's compiled speed-up {listed('bare_speedup')}" in DOC
+    assert f"simulator / bare loop step time {listed('over_bare_eager')} eager" in DOC
+    assert f"and {listed('over_bare_compiled')} compiled" in DOC
