@@ -17,7 +17,8 @@ figures, the rounds show the spread); the median is each mode's step time. Last,
 torch.profiler, whose self CPU time per operator is split into matmul (aten::mm, addmm, bmm), attention (the SDPA
 kernels, forward and backward) and the rest. Simulator / bare step time says what asyncpipe itself costs per mode.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_profile.py            # ~4 min with a warm cache
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_profile.py --rounds 5  # ~5 min with a warm cache
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_profile.py --model small --steps 12
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compile_speed import STUDY  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results" / "compile-profile-tiny.json"
+RESULTS = Path(__file__).resolve().parent / "results"  # compile-profile-{model}.json
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm")
 MODES = ("eager", "compiled", "bare eager", "bare compiled")
 PROFILED_STEPS = 5
@@ -56,7 +57,8 @@ def _bare_step(engine, compiled: bool):
 
     cfg = engine.cfg
     model = GPT(cfg.model, engine.vocab_size, seed=cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.optimizer.lr), weight_decay=float(cfg.optimizer.weight_decay))
+    lr, decay = float(cfg.optimizer.lr), float(cfg.optimizer.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=decay)
 
     def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return lm_loss(model(x), y)
@@ -75,7 +77,7 @@ def _bare_step(engine, compiled: bool):
     return step
 
 
-def _stepper(mode: str):
+def _stepper(mode: str, model: str):
     """A function running one training step of ``mode`` and returning its wall time in seconds."""
     import time
 
@@ -83,7 +85,8 @@ def _stepper(mode: str):
     from asyncpipe.trainer import Trainer
 
     compiled = mode.endswith("compiled")
-    cfg = compose([*STUDY, "train.steps=1100", f"train.compile={compiled and not mode.startswith('bare')}"])
+    cfg = compose([*STUDY, f"model={model}", "train.steps=1100",
+                   f"train.compile={compiled and not mode.startswith('bare')}"])  # fmt: skip
     engine = Trainer(cfg).engine
     if not mode.startswith("bare"):
         return lambda: engine.train_step().step_time
@@ -97,13 +100,13 @@ def _stepper(mode: str):
     return step
 
 
-def one_round(steps: int) -> list[dict]:
+def one_round(steps: int, model: str) -> list[dict]:
     """This process: every mode's step time, their timed steps taken in turn (one step of each mode, then the
     next), so each mode sees the same machine; then each mode's profile split, in ms per step."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    steppers = {mode: _stepper(mode) for mode in MODES}
+    steppers = {mode: _stepper(mode, model) for mode in MODES}
     for step in steppers.values():
         for _ in range(5):  # warm-up; the compiled modes compile here
             step()
@@ -128,19 +131,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="timed steps per mode (their median is the step time)")
     ap.add_argument("--rounds", type=int, default=3, help="this many fresh processes, each measuring every mode")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--model", default="tiny", help="model preset (conf/model), in the study's regime otherwise")
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/compile-profile-{model}.json")
     ap.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one_round:
-        print(json.dumps(one_round(args.steps)))
+        print(json.dumps(one_round(args.steps, args.model)))
         return 0
     from asyncpipe.track.files import atomic_write_json
     from asyncpipe.track.provenance import cpu_model, git_state
 
     runs, rounds = [], []
     for round_ in range(1, args.rounds + 1):
-        out = subprocess.run([sys.executable, __file__, "--one-round", "--steps", str(args.steps)],
-                             capture_output=True, text=True, check=True)  # fmt: skip
+        command = [sys.executable, __file__, "--one-round", "--steps", str(args.steps), "--model", args.model]
+        out = subprocess.run(command, capture_output=True, text=True, check=True)
         pair = {}
         for run in json.loads(out.stdout.strip().splitlines()[-1]):
             pair[run["mode"]] = run = {"round": round_, **run}
@@ -157,7 +161,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                        "bare_speedup": ms["bare eager"] / ms["bare compiled"],
                        "over_bare_eager": ms["eager"] / ms["bare eager"],
                        "over_bare_compiled": ms["compiled"] / ms["bare compiled"]})  # fmt: skip
-    result = {"runs": runs, "rounds": rounds, "git": git_state(Path(__file__).parent), "cpu": cpu_model()}
+    result = {"model": args.model, "steps": args.steps, "runs": runs, "rounds": rounds,
+              "git": git_state(Path(__file__).parent), "cpu": cpu_model()}  # fmt: skip
     for key, text in (("speedup", "compiled / eager step time"), ("ceiling", "ceiling (all but matmul and attention "
                       "free)"), ("aten_share_compiled", "matmul + attention share of a compiled step"),
                       ("bare_speedup", "bare loop: eager / compiled step time"),
@@ -166,9 +171,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         values = [r[key] for r in rounds]
         shown = [f"{v:.0%}" if key == "aten_share_compiled" else f"{v:.2f}x" for v in values]
         print(f"{text}: {', '.join(shown)} (per round)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.out, result)
-    print(f"wrote {args.out}")
+    out_path = args.out or RESULTS / f"compile-profile-{args.model}.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_path, result)
+    print(f"wrote {out_path}")
     return 0
 
 
