@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ from compile_speed import STUDY  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"  # compile-profile-{model}.json
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm")
 MODES = ("eager", "compiled", "bare eager", "bare compiled")
+TOKEN_DIMS = ("train.seq_len", "train.micro_batch_size", "train.micro_batches")  # their product: tokens per step
 PROFILED_STEPS = 5
 
 
@@ -127,14 +129,38 @@ def one_round(steps: int, model: str) -> list[dict]:
     return runs
 
 
+def table(models: tuple[str, ...] = ("tiny", "small")) -> str:
+    """The markdown table of the committed profiles (docs/performance.md holds it; a test re-renders it)."""
+    head = ("| model | eager step (tok/s) | compiled step (tok/s) | compiled speed-up, per round | ceiling | "
+            "bare loop's compiled speed-up | simulator / bare loop step, eager | the same, compiled | measured at |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for model in models:
+        bench = json.loads((RESULTS / f"compile-profile-{model}.json").read_text())
+        tokens = math.prod(int(o.split("=")[1]) for o in STUDY if o.split("=")[0] in TOKEN_DIMS)
+        step = {mode: statistics.median(r["step_ms"] for r in bench["runs"] if r["mode"] == mode) for mode in MODES}
+
+        def per_round(key: str) -> str:
+            return ", ".join(f"{r[key]:.2f}x" for r in bench["rounds"])
+
+        lines.append(f"| {model} | {step['eager']:.0f} ms ({tokens / step['eager'] * 1e3:.0f}) | "
+                     f"{step['compiled']:.0f} ms ({tokens / step['compiled'] * 1e3:.0f}) | {per_round('speedup')} | "
+                     f"{per_round('ceiling')} | {per_round('bare_speedup')} | {per_round('over_bare_eager')} | "
+                     f"{per_round('over_bare_compiled')} | {bench['git']['commit'][:7]} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="timed steps per mode (their median is the step time)")
     ap.add_argument("--rounds", type=int, default=3, help="this many fresh processes, each measuring every mode")
     ap.add_argument("--model", default="tiny", help="model preset (conf/model), in the study's regime otherwise")
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/compile-profile-{model}.json")
+    ap.add_argument("--table", action="store_true", help="print the committed profiles' table (no measuring)")
     ap.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.table:
+        print(table())
+        return 0
     if args.one_round:
         print(json.dumps(one_round(args.steps, args.model)))
         return 0

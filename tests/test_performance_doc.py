@@ -75,3 +75,30 @@ def test_the_bare_loop_sentence_is_the_profiles_json() -> None:
     assert f"the bare loop's compiled speed-up {listed('bare_speedup')}" in DOC
     assert f"simulator / bare loop step time {listed('over_bare_eager')} eager" in DOC
     assert f"and {listed('over_bare_compiled')} compiled" in DOC
+
+
+def test_the_compile_profile_table_is_the_committed_profiles() -> None:
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from compile_profile import table
+
+    assert table() in DOC
+    small = json.loads((RESULTS / "compile-profile-small.json").read_text())
+    assert not small["git"]["dirty"] and f"at {small['git']['commit'][:7]}, same host" in DOC
+    shares = sorted(round(100 * r["aten_share_compiled"]) for r in small["rounds"])
+    assert f"matmul and attention are {shares[0]}-{shares[-1]}% of a compiled step" in DOC
+
+
+def test_the_readme_compile_line_is_the_committed_profiles() -> None:
+    readme = " ".join((REPO / "README.md").read_text().split())
+
+    def span(values: list[float], fmt: str) -> str:
+        low, high = fmt.format(min(values)), fmt.format(max(values))
+        return low if low == high else f"{low}-{high}"
+
+    rounds = {m: json.loads((RESULTS / f"compile-profile-{m}.json").read_text())["rounds"] for m in ("tiny", "small")}
+    speed = {m: span([r["speedup"] for r in rs], "{:.2f}") + "x" for m, rs in rounds.items()}
+    share = {m: span([100 * r["aten_share_compiled"] for r in rs], "{:.0f}") + "%" for m, rs in rounds.items()}
+    assert f"{speed['tiny']} per step for tiny and {speed['small']} for small" in readme
+    assert f"matmul and attention are {share['tiny']} and {share['small']} of a compiled step" in readme
