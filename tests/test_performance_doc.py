@@ -11,6 +11,12 @@ DOC = (REPO / "docs" / "performance.md").read_text()
 RESULTS = REPO / "benchmarks" / "results"
 
 
+def _span(values: list[float], fmt: str) -> str:
+    """A figure range as the docs write it: "74-76" (or "75" when both ends print alike)."""
+    low, high = fmt.format(min(values)), fmt.format(max(values))
+    return low if low == high else f"{low}-{high}"
+
+
 def _row(schedule: str) -> list[str]:
     rows = [line for line in DOC.splitlines() if line.startswith(f"| {schedule} | ") and "compiled" in line]
     assert len(rows) == 1, rows
@@ -49,8 +55,7 @@ def test_the_compile_ceiling_sentence_is_the_profiles_json() -> None:
     assert f"`benchmarks/compile_profile.py` at {bench['git']['commit'][:7]}" in DOC
     assert "compiled / eager step time " + ", ".join(f"{r['speedup']:.2f}x" for r in rounds) in DOC
     assert "could not beat " + ", ".join(f"{r['ceiling']:.2f}x" for r in rounds) in DOC
-    shares = sorted(round(100 * r["aten_share_compiled"]) for r in rounds)
-    assert (f"{shares[0]}%" if shares[0] == shares[-1] else f"{shares[0]}-{shares[-1]}%") + " of a compiled step" in DOC
+    assert _span([100 * r["aten_share_compiled"] for r in rounds], "{:.0f}") + "% of a compiled step" in DOC
 
 
 def test_the_fast_host_end_to_end_table_is_the_benchmarks_json() -> None:
@@ -86,19 +91,15 @@ def test_the_compile_profile_table_is_the_committed_profiles() -> None:
     assert table() in DOC
     small = json.loads((RESULTS / "compile-profile-small.json").read_text())
     assert not small["git"]["dirty"] and f"at {small['git']['commit'][:7]}, same host" in DOC
-    shares = sorted(round(100 * r["aten_share_compiled"]) for r in small["rounds"])
-    assert f"matmul and attention are {shares[0]}-{shares[-1]}% of a compiled step" in DOC
+    shares = _span([100 * r["aten_share_compiled"] for r in small["rounds"]], "{:.0f}")
+    assert f"matmul and attention are {shares}% of a compiled step" in DOC
 
 
 def test_the_readme_compile_line_is_the_committed_profiles() -> None:
     readme = " ".join((REPO / "README.md").read_text().split())
 
-    def span(values: list[float], fmt: str) -> str:
-        low, high = fmt.format(min(values)), fmt.format(max(values))
-        return low if low == high else f"{low}-{high}"
-
     rounds = {m: json.loads((RESULTS / f"compile-profile-{m}.json").read_text())["rounds"] for m in ("tiny", "small")}
-    speed = {m: span([r["speedup"] for r in rs], "{:.2f}") + "x" for m, rs in rounds.items()}
-    share = {m: span([100 * r["aten_share_compiled"] for r in rs], "{:.0f}") + "%" for m, rs in rounds.items()}
+    speed = {m: _span([r["speedup"] for r in rs], "{:.2f}") + "x" for m, rs in rounds.items()}
+    share = {m: _span([100 * r["aten_share_compiled"] for r in rs], "{:.0f}") + "%" for m, rs in rounds.items()}
     assert f"{speed['tiny']} per step for tiny and {speed['small']} for small" in readme
     assert f"matmul and attention are {share['tiny']} and {share['small']} of a compiled step" in readme
