@@ -52,6 +52,15 @@ def world_of(cfg: DictConfig) -> int:
     return cfg.pipeline.data_parallel * (cfg.pipeline.stages if cfg.engine == "pipeline" else 1)
 
 
+def rank_environ(rank: int, world: int, port: int) -> dict[str, str]:
+    """torchrun's rank environment for local rank ``rank`` of ``world`` on this machine (every rank sees this
+    process's GPUs; rank r uses visible GPU r, `asyncpipe.runtime.device.pick_device`)."""
+    return {
+        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    }  # fmt: skip
+
+
 class _Forward:
     """While active (main thread only), stop signals sent to the launcher go to every rank; the launcher keeps
     waiting for them to checkpoint and finish."""
@@ -105,11 +114,7 @@ def launch(
         port = free_port()
         procs = []
         for r in range(world):
-            env = dict(os.environ)
-            env.update(
-                RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
-            )  # fmt: skip
+            env = dict(os.environ, **rank_environ(r, world, port), OMP_NUM_THREADS=str(threads))
             argv = [sys.executable, "-m", "asyncpipe.rank", str(out / "spec.json")]
             procs.append(forkserver.start(argv, env=env, parent_death_signal=signal.SIGKILL))
         forwarding = _Forward(procs)

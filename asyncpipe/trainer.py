@@ -1,5 +1,5 @@
 """`Trainer`: the one owner of a run in this process. It builds, once and in this order, the device
-(`runtime.device.pick_device`), the process group (`dist.init_process_group`, plus DeepSpeed's comm for
+(`runtime.device.pick_device`: which GPU this rank uses), the process group (`dist.init_process_group`, plus DeepSpeed's comm for
 engine=pipeline), the prepared data (rank 0 prepares, the others wait), the engine (`runtime.engine.Engine`:
 `SimulatorEngine` or `PipelineEngineAdapter`) and the validation batches; `run` is the run's one loop: resume ->
 steps -> evaluation cadence, divergence, checkpoints and the stop agreement -> summary, with rank 0's tracker
@@ -46,9 +46,7 @@ def _join_process_group(cfg: DictConfig, device: Any, local: int) -> None:
     if missing and not torch.distributed.is_initialized():
         need = " and ".join(missing)
         raise UserError(f"a multi-process run needs {need} in the environment (the rendezvous of rank 0)")
-    os.environ.setdefault("LOCAL_RANK", str(local))  # DeepSpeed's PipelineModule reads it
-    if device.type == "cuda":
-        torch.cuda.set_device(local)
+    os.environ.setdefault("LOCAL_RANK", str(local))  # DeepSpeed's PipelineModule reads it (CUDA: `pick_device` set it)
     pipeline = cfg.engine == "pipeline"
     backend = backend_for(device.type, cfg.pipeline.backend if pipeline else "auto")
     if pipeline:
@@ -107,7 +105,7 @@ class Trainer:
                 "engine=pipeline ranks need RANK and WORLD_SIZE in the environment (torchrun, SLURM, asyncpipe)"
             )
         self.say = log if rank == 0 else _silent
-        device = pick_device(cfg.device)  # the run's one device choice
+        device = pick_device(cfg.device)  # the run's one device choice (on CUDA: made current, LOCAL_RANK set)
         if world > 1 or cfg.engine == "pipeline":  # DeepSpeed needs torch.distributed even for one rank
             _join_process_group(cfg, device, local)
         data_dir = _prepared_data(cfg, rank, world, self.say)

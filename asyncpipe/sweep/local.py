@@ -1,6 +1,11 @@
 """Running a sweep's runs on this machine (`launcher=local`): each run is an `asyncpipe train` child process,
 one at a time or `parallel` at once. (The ranks inside one run are started by `asyncpipe/spawn.py`.)
 
+With `parallel` > 1 and GPUs visible, runs that train on CUDA get disjoint GPUs: a run of W ranks (`gpus` below)
+starts once W GPUs are free and sees only those (CUDA_VISIBLE_DEVICES), so parallel runs spread over the GPUs
+instead of all using cuda:0; runs that need more GPUs than this machine shows start alone with all of them (and
+stop at their own clear error). With `parallel=1` a run sees every GPU, as started.
+
 Each run is its own process group (so Ctrl-C or a kill of the sweep takes down the run's whole tree), writes
 its output to `RUN_DIR/launch.log`, and holds the run dir's lock for as long as it lives.
 """
@@ -20,6 +25,7 @@ from typing import Callable, Optional, Sequence
 
 from asyncpipe import forkserver
 from asyncpipe.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
+from asyncpipe.runtime.device import visible_gpus
 from asyncpipe.sweep.display import SweepDisplay
 from asyncpipe.sweep.expand import RunSpec, SweepPlan, run_overrides
 from asyncpipe.sweep.state import (
@@ -55,6 +61,7 @@ class _Active:
     proc: subprocess.Popen
     lock: DirLock
     log: object
+    gpus: tuple[str, ...] = ()  # the GPUs this run was given (CUDA_VISIBLE_DEVICES), back to the pool when it ends
 
 
 def _outcome(run_dir: Path, returncode: int) -> str:
@@ -84,7 +91,9 @@ class LocalLauncher:
         retry_failed: bool = False,
         command: RunCommand = train_command,
         display: Optional[SweepDisplay] = None,
+        gpus: Optional[dict[str, int]] = None,
     ) -> None:
+        """``gpus``: run name -> GPUs it uses (its ranks when it trains on CUDA, 0 on CPU); unknown runs: none."""
         self.plan, self.sweep_dir = plan, Path(sweep_dir)
         self.parallel = max(1, int(parallel))
         self.retry_failed = retry_failed
@@ -92,14 +101,32 @@ class LocalLauncher:
         self.display = display or SweepDisplay(f"sweep {plan.name}")
         self.states = {s.name: RunState(s.name, PENDING, note="waiting") for s in plan.runs}
         self.active: dict[str, _Active] = {}
+        self.needs = dict(gpus or {})
+        self.pool = visible_gpus() if self.parallel > 1 and any(self.needs.values()) else []
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, gpus: Sequence[str] = ()) -> dict[str, str]:
         env = dict(os.environ)
         # Runs at once share the cores; without this each would start one thread per core.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return env
 
-    def _start(self, spec: RunSpec) -> None:
+    def _free_gpus(self) -> list[str]:
+        taken = {g for job in self.active.values() for g in job.gpus}
+        return [g for g in self.pool if g not in taken]
+
+    def _gpus_for(self, spec: RunSpec) -> Optional[tuple[str, ...]]:
+        """The GPUs ``spec`` gets now (empty: no split, it sees what this sweep sees), or None: wait for some."""
+        need = self.needs.get(spec.name, 0)
+        if not self.pool or need <= 0:
+            return ()
+        free = self._free_gpus()
+        if need > len(self.pool):  # more than this machine shows: alone, with all of them (its error says why)
+            return tuple(self.pool) if len(free) == len(self.pool) else None
+        return tuple(free[:need]) if need <= len(free) else None
+
+    def _start(self, spec: RunSpec, gpus: tuple[str, ...] = ()) -> None:
         run_dir = self.sweep_dir / spec.name
         c = claim(run_dir, self.retry_failed)
         if not c.start:
@@ -118,7 +145,7 @@ class LocalLauncher:
                 start_new_session=True,  # own process group: killpg reaches the run's children too
                 pass_fds=(c.lock.fd,),  # the child holds the run lock even if this sweep dies
                 parent_death_signal=signal.SIGTERM,  # no run outlives the sweep, even a SIGKILLed one
-                env=self._env(),
+                env=self._env(gpus),
             )
         except OSError as exc:
             log.close()
@@ -126,7 +153,7 @@ class LocalLauncher:
             write_launch_record(run_dir, -1, FAILED)
             self.states[spec.name] = RunState(spec.name, FAILED, note=f"could not start: {exc}")
             return
-        self.active[spec.name] = _Active(spec, run_dir, proc, c.lock, log)
+        self.active[spec.name] = _Active(spec, run_dir, proc, c.lock, log, gpus)
         self.states[spec.name] = RunState(spec.name, RUNNING, note=c.note)
 
     def _reap(self) -> None:
@@ -196,7 +223,10 @@ class LocalLauncher:
         with self.display:
             while queue or self.active:
                 while queue and len(self.active) < self.parallel:
-                    self._start(queue.popleft())
+                    gpus = self._gpus_for(queue[0])
+                    if gpus is None:  # its GPUs are still in use: wait for a run to end
+                        break
+                    self._start(queue.popleft(), gpus)
                 self._reap()
                 self.display.update(list(self.states.values()))
                 if self.active:

@@ -164,7 +164,10 @@ def run_sweep(
         slurm = SlurmLauncher(plan, sweep_dir, cfgs, launcher, retry_failed, command, display)
         states = slurm.run(wait=wait)
     else:
-        local = LocalLauncher(plan, sweep_dir, int(launcher.parallel), retry_failed, command, display)
+        from asyncpipe.spawn import world_of
+
+        gpus = {s.name: 0 if cfgs[s.name].device == "cpu" else world_of(cfgs[s.name]) for s in plan.runs}
+        local = LocalLauncher(plan, sweep_dir, int(launcher.parallel), retry_failed, command, display, gpus)
         states = local.run()
     return SweepResult(sweep_dir, plan, states)
 

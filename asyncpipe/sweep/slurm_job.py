@@ -1,7 +1,7 @@
 """What runs inside each task of a SLURM job: `SlurmRun`, a submitit Checkpointable around `asyncpipe train`.
 
-Every task exports torch.distributed's env from SLURM (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK) and runs
-the same command a local sweep runs, in a child process. On timeout/preemption submitit calls `checkpoint()`,
+Every task gives its run torch.distributed's env from SLURM (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK; SLURM's
+CUDA_VISIBLE_DEVICES untouched, see `task_rank_env`) and runs the same command a local sweep runs, in a child process. On timeout/preemption submitit calls `checkpoint()`,
 which lets the run save and stop, then requeues the job; any restart (also `scontrol requeue`) adds resume=true.
 
 Every task records itself in `RUN_DIR/tasks/rank-R.json` (node, attempt, exit code). When a multi-task run fails,
@@ -54,6 +54,26 @@ def failure_note(lost: list[dict], failed: list[dict]) -> str:
     parts = [f"rank {r['rank']} on {r['node'] or 'an unknown node'} lost (no exit status)" for r in lost]
     parts += [f"rank {r['rank']} on {r['node']} exited with code {r['exit_code']}" for r in failed]
     return "; ".join(parts)
+
+
+def task_rank_env(num_tasks: int) -> dict[str, str]:
+    """torch.distributed's rank environment of this task (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+    MASTER_ADDR/PORT) from SLURM's, for a run of several tasks (one task: nothing).
+
+    CUDA_VISIBLE_DEVICES is left as SLURM set it (the node's GPUs of this job, or this task's own under a
+    per-task binding): the rank picks its GPU among those (`asyncpipe.runtime.device.pick_device`). submitit's
+    own export would replace it with the bare local rank, which names another job's GPU when SLURM gave this one
+    GPUs 4,5, and leaves rank 1 asking for cuda:1 of a single visible GPU."""
+    if num_tasks <= 1:
+        return {}
+    from submitit.helpers import TorchDistributedEnvironment
+
+    dist_env = TorchDistributedEnvironment()
+    return {
+        "MASTER_ADDR": dist_env.master_addr, "MASTER_PORT": str(dist_env.master_port), "RANK": str(dist_env.rank),
+        "WORLD_SIZE": str(dist_env.world_size), "LOCAL_RANK": str(dist_env.local_rank),
+        "LOCAL_WORLD_SIZE": str(dist_env.local_world_size),
+    }  # fmt: skip
 
 
 def _ignore_usr2() -> None:
@@ -118,7 +138,6 @@ class SlurmRun(Checkpointable):
 
     def __call__(self) -> dict:
         import submitit
-        from submitit.helpers import TorchDistributedEnvironment
 
         job_env = submitit.JobEnvironment()
         # A previous attempt of this job may have left its result behind before being requeued.
@@ -127,9 +146,7 @@ class SlurmRun(Checkpointable):
         argv = list(self.argv)
         if restarted and "resume=true" not in argv:
             argv.append("resume=true")
-        if job_env.num_tasks > 1:
-            TorchDistributedEnvironment().export(set_cuda_visible_devices=self.gpus > 0, overwrite=True)
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), **self.env)
+        env = dict(os.environ, **task_rank_env(job_env.num_tasks), OMP_NUM_THREADS=str(self.threads), **self.env)
         run_dir = Path(self.run_dir)
         rank, world = job_env.global_rank, job_env.num_tasks
         attempt = f"{job_env.job_id}.{os.environ.get('SLURM_RESTART_COUNT') or 0}"
