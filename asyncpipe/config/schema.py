@@ -97,7 +97,10 @@ class TrainConfig:
     eval_every: int = 25  # evaluate on val every N steps (and at the end)
     eval_batches: int = 8  # micro-batches per evaluation
     warmup_frac: float = 0.1  # linear warm-up share of steps
-    min_lr_frac: float = 0.1  # cosine decays to this fraction of the peak lr
+    min_lr_frac: float = 0.1  # the schedule decays to this fraction of the peak lr (at the last step)
+    lr_schedule: str = "cosine"  # cosine: warm-up, cosine decay; wsd: warm-up, constant, linear decay (asyncpipe/lr_schedule.py)
+    decay_frac: float = 0.2  # wsd: share of train.steps in the final linear decay (rounded to whole steps)
+    warmup_steps: Optional[int] = None  # warm-up in steps (None = warmup_frac x steps); wsd needs it: every length then shares warm-up and stable phase
     grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
     diverge_loss: float = 20.0  # a train loss above this (or NaN/inf) ends the run as diverged
     log_every: int = 10  # progress line every N steps when not on a terminal

@@ -11,7 +11,8 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from asyncpipe.config.keys import leaves
-from asyncpipe.errors import ConfigError
+from asyncpipe.errors import ConfigError, UserError
+from asyncpipe.lr_schedule import SCHEDULES, LRSchedule
 
 ENGINES = ("simulate", "pipeline")
 DELAY_PROFILES = ("uniform", "pipedream")
@@ -58,6 +59,7 @@ def validate(cfg: DictConfig) -> None:
         _need(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
     _need(0 <= t.warmup_frac < 1, f"train.warmup_frac={t.warmup_frac} must be in [0, 1)")
     _need(0 <= t.min_lr_frac <= 1, f"train.min_lr_frac={t.min_lr_frac} must be in [0, 1]")
+    check_lr_schedule(t)
     _need(t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 = off)")
     _need(
         t.seq_len <= m.max_seq_len,
@@ -149,6 +151,21 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`; did you mean 'x'?` for the closest choice, or nothing."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def check_lr_schedule(t: DictConfig) -> None:
+    """`train.lr_schedule` and its keys: wsd needs its warm-up in steps (so every length shares it), and the
+    warm-up may not run into the decay (`asyncpipe.lr_schedule.LRSchedule`)."""
+    _choice("train.lr_schedule", t.lr_schedule, SCHEDULES)
+    _need(0 < t.decay_frac < 1, f"train.decay_frac={t.decay_frac} must be in (0, 1)")
+    _need(t.warmup_steps is None or t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be >= 0 (or null)")
+    _need(t.lr_schedule != "wsd" or t.warmup_steps is not None,
+          "train.lr_schedule=wsd needs train.warmup_steps (its warm-up in steps, e.g. 10% of the shortest run's "
+          "steps), so runs of every train.steps share warm-up and stable phase")  # fmt: skip
+    try:
+        LRSchedule.of(t)
+    except UserError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_known_keys(cfg: DictConfig, prefix: str = "") -> None:

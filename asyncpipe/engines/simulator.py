@@ -27,7 +27,7 @@ from asyncpipe.optim import (
     compensate_grads,
     delays_for,
     forward_weights,
-    lr_factor,
+    LRSchedule,
 )
 from asyncpipe.registry import describe
 from asyncpipe.runtime.device import autocast_context
@@ -73,6 +73,7 @@ class SimulatorEngine:
         # diagnostics call the model itself, eagerly); the first step pays the compile.
         self.train_forward = TrainingForward(self.model)
         self.clock = CompileClock(wanted(t.compile, self.device, t.steps))
+        self.lr_schedule = LRSchedule.of(t)
         if self.clock.compiled:
             compile_modules([self.train_forward], t.compile_backend)
         self.step = 0
@@ -100,7 +101,7 @@ class SimulatorEngine:
         """One optimizer step (every step lands at once: ``sync`` is for engines that can defer)."""
         start = time.perf_counter()
         t = self.cfg.train
-        lr_scale = lr_factor(self.step, t.steps, t.warmup_frac, t.min_lr_frac)
+        lr_scale = self.lr_schedule.factor(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * lr_scale
         with self.delayed.stale(), forward_weights(self.optimizer):

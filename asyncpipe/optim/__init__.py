@@ -1,19 +1,20 @@
 """Optimisation for delayed (asynchronous-pipeline) training: the optimizer registry (AdamW, Muon + AdamW,
 NAdam, SOAP: each module declares itself in `asyncpipe.registry`), stale weights for a k-step delay, the staleness mitigations (`compensation`: EF and the rest,
-wrapping any optimizer), the lr schedule and clipping."""
+wrapping any optimizer), clipping, and the lr schedule (`asyncpipe.lr_schedule`, re-exported)."""
 
+from asyncpipe.lr_schedule import LRSchedule, lr_factor
 from asyncpipe.optim.clip import clip_grads, grad_sq_norm
 from asyncpipe.optim.compensation import compensate_grads, forward_weights
 from asyncpipe.optim.combined import CombinedOptimizer
 from asyncpipe.optim.delay import DelayedWeights, delays_for
 from asyncpipe.optim.ef import ErrorFeedback
 from asyncpipe.optim.registry import available, block_matrices, build_optimizer, register
-from asyncpipe.optim.schedule import lr_factor
 
 __all__ = [
     "CombinedOptimizer",
     "DelayedWeights",
     "ErrorFeedback",
+    "LRSchedule",
     "available",
     "block_matrices",
     "build_optimizer",

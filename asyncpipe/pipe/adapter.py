@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 from omegaconf import DictConfig
 
 from asyncpipe.dist import Comm
+from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.model.compile import CompileClock, eager, wanted
 from asyncpipe.registry import describe
 from asyncpipe.runtime.device import use_bf16
@@ -73,8 +74,8 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     optimizer = build_optimizer(module, cfg.optimizer, compensation=cfg.compensation, delays=cfg.delay, pipeline=True)
     ds_config = deepspeed_config(t.micro_batch_size, t.micro_batches, p.data_parallel, use_bf16(device, cfg.precision))
     settings = PipeSettings(
-        delay=cfg.delay, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip, warmup_frac=t.warmup_frac,
-        min_lr_frac=t.min_lr_frac, trace=p.trace, defer_step=p.defer_step,
+        delay=cfg.delay, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip,
+        lr_schedule=LRSchedule.of(t), trace=p.trace, defer_step=p.defer_step,
     )  # fmt: skip
     mpu = module.mpu()
     engine = engine_cls(

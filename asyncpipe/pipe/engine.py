@@ -22,7 +22,7 @@ from deepspeed.runtime.pipe import schedule as ds_schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from asyncpipe.model import pop_moe_sums
-from asyncpipe.optim import clip_grads, compensate_grads, grad_sq_norm, lr_factor
+from asyncpipe.optim import clip_grads, compensate_grads, grad_sq_norm
 from asyncpipe.pipe import memory
 from asyncpipe.pipe import schedule as sched
 from asyncpipe.pipe.actmem import ActivationMeter
@@ -290,7 +290,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         compensate_grads(self.optimizer, dict(zip(params, self.stash.weights(self._batch_version(b)))))
         src = self.stash.latest if src_version is None else src_version
         self.stash.begin_update(src, src + 1 if dst_version is None else dst_version)
-        scale = lr_factor(b, s.total_steps, s.warmup_frac, s.min_lr_frac)
+        scale = s.lr_schedule.factor(b)
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * scale
         self.optimizer.step()

@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 from deepspeed.runtime.pipe.module import PipelineModule
 
+from asyncpipe.lr_schedule import LRSchedule
+
 
 def init_deepspeed_comm(backend: str) -> None:
     """DeepSpeed's comm over torch.distributed's default group (set up by the trainer beforehand).
@@ -70,8 +72,7 @@ class PipeSettings:
     delay: int  # 0: DeepSpeed's 1F1B with flush; 1: 2BW
     total_steps: int
     max_norm: float  # train.grad_clip (0 = off)
+    lr_schedule: LRSchedule  # the run's lr multiplier per step (train.lr_schedule)
     clip: str = "global"  # global: norm over all stages; stage: each stage its own
-    warmup_frac: float = 0.1
-    min_lr_frac: float = 0.1
     defer_step: Optional[bool] = None  # None: defer when a cross-stage norm is needed (2BW only)
     trace: bool = False  # record (instruction, micro-batch, start, end) per instruction
