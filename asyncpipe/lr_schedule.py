@@ -11,6 +11,7 @@ sweep's budget families read it too, so it imports neither torch nor the optimiz
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -54,6 +55,10 @@ class LRSchedule:
         warmup = int(warmup_steps) if warmup_steps is not None else int(train.warmup_frac * train.steps)
         return cls(str(getattr(train, "lr_schedule", "cosine")), int(train.steps), warmup, float(train.min_lr_frac),
                    float(getattr(train, "decay_frac", 0.2)))  # fmt: skip
+
+    def at_steps(self, steps: int) -> "LRSchedule":
+        """The same schedule for a run of ``steps`` (wsd: the same warm-up and stable phase, its own decay)."""
+        return dataclasses.replace(self, steps=steps)
 
     @property
     def decay_steps(self) -> int:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from asyncpipe.dist import Comm, rank_env
 from asyncpipe.errors import UserError
+from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.runtime import checkpoint, diverged
 from asyncpipe.runtime.engine import Engine, Log, Setup
 from asyncpipe.runtime.signals import StopRequest
@@ -109,7 +110,9 @@ class Trainer:
         if world > 1 or cfg.engine == "pipeline":  # DeepSpeed needs torch.distributed even for one rank
             _join_process_group(cfg, device, local)
         data_dir = _prepared_data(cfg, rank, world, self.say)
-        vocab = vocab_size_for(cfg.model, load_manifest(data_dir))
+        manifest = load_manifest(data_dir)
+        vocab = vocab_size_for(cfg.model, manifest)
+        self.train_tokens = int(manifest["tokens"]["train"])  # one epoch: a summary's `epochs` is tokens / this
         self.setup = Setup(rank, world, local, device, data_dir, vocab, self.say)
         self.engine = _build_engine(cfg, self.setup, run_dir)
         # The validation set, built once: every run of a study is scored on the same tokens (data seed 0, not the
@@ -141,7 +144,8 @@ class Trainer:
         if first is not None:
             raise UserError(first)
         if state is None:
-            self.say("resume=true but no complete checkpoint: starting from step 0")
+            where = "the parent's checkpoint (run.branch_from)" if cfg.run.branch_from is not None else "step 0"
+            self.say(f"resume=true but no complete checkpoint: starting from {where}")
         else:
             engine.load_state_dict(state)
             self.say(f"resumed from {path} at step {engine.step}")
@@ -155,7 +159,59 @@ class Trainer:
         return checkpoint.save(
             run_dir, engine.step, engine.state_dict(), checkpoint.fingerprint_of(self.cfg), rank=engine.rank,
             world=engine.world, barrier=engine.comm.barrier, keep=self.cfg.checkpoint.keep,
+            pinned=self.branch_points(),
         )  # fmt: skip
+
+    # -- budget branches (wsd): shorter runs start from a longer run's stable phase --------------------
+    def branch_points(self) -> set[int]:
+        """The steps `checkpoint.branches` asks to keep: the decay starts of those shorter runs."""
+        branches = list(self.cfg.checkpoint.branches)
+        schedule = LRSchedule.of(self.cfg.train) if branches else None
+        return {schedule.at_steps(int(n)).decay_start for n in branches} if schedule is not None else set()
+
+    def branch(self, parent: Path) -> Path:
+        """`run.branch_from`: every rank loads its part of the parent's newest complete checkpoint at or before this
+        run's decay start (up to there a longer wsd run with these settings is this run, bit for bit); rank 0
+        starts this run's metrics with the parent's up to that step and records the branch (branch.json). A
+        problem on any rank is a `UserError` on all of them, raised before anything is written."""
+        from asyncpipe.session.rundir import check_branch
+        from asyncpipe.track import RunDir, atomic_write_json
+        from asyncpipe.track.files import BRANCH_RECORD
+
+        engine, cfg = self.engine, self.cfg
+        at = LRSchedule.of(cfg.train).decay_start
+        path, state, error = None, None, None
+        try:
+            check_branch(parent, cfg)
+            path = checkpoint.latest_complete(parent, world=engine.world, log=self.say, at_most=at)
+            if path is None:
+                raise UserError(f"run.branch_from={parent} has no complete checkpoint at or before step {at} (this "
+                                f"run's decay start); run it first with checkpoint.branches=[{cfg.train.steps}]")
+            state = checkpoint.load(path, checkpoint.fingerprint_of(cfg), rank=engine.rank, ignore=("steps",))
+        except UserError as err:
+            error = str(err)
+        first = next((e for e in engine.comm.gather(error) if e), None)
+        if first is not None:
+            raise UserError(first)
+        engine.load_state_dict(state)
+        self.say(f"branched from {path} at step {engine.step} (this run's decay starts at step {at})")
+        if engine.rank == 0 and self.run_dir is not None:
+            RunDir(self.run_dir).truncate_metrics(engine.step, records=RunDir(parent).read_metrics())
+            atomic_write_json(Path(self.run_dir) / BRANCH_RECORD,
+                              {"parent": str(parent), "step": engine.step, "checkpoint": str(path)})  # fmt: skip
+        return path
+
+    def branch_summary(self) -> dict:
+        """`branch_of` (the parent run dir) and `branch_step` for a branch's summary (from its branch.json)."""
+        from asyncpipe.track.files import BRANCH_RECORD, read_json_object
+
+        if self.cfg.run.branch_from is None or self.run_dir is None:
+            return {}
+        try:
+            record = read_json_object(Path(self.run_dir) / BRANCH_RECORD)
+        except (OSError, UserError):
+            return {"branch_of": str(self.cfg.run.branch_from)}
+        return {"branch_of": record.get("parent"), "branch_step": record.get("step")}
 
     # -- the run ----------------------------------------------------------------------------------------
     def run(self, stop: Optional[StopRequest] = None, on_step: Optional[Callable[[dict], None]] = None,
@@ -172,12 +228,14 @@ class Trainer:
             if run_dir is None:
                 raise UserError("resume=true needs a run dir to resume from (run.dir)")
             self.resume(run_dir)
+        if engine.step == 0 and cfg.run.branch_from is not None:
+            self.branch(Path(cfg.run.branch_from))
         start = engine.step
         tracker = Tracker(cfg, run_dir, rank=rank) if run_dir is not None and rank == 0 else None
         status, final_val = FAILED, math.nan
         progress = Progress(t.steps, start, t.log_every, engine.describe()) if rank == 0 and show_progress else None
         book = Book(tracker, engine.tokens_per_step, t.diverge_loss, progress, on_step)
-        every, save_s = cfg.checkpoint.every, []
+        every, save_s, pins = cfg.checkpoint.every, [], self.branch_points()
         installed = contextlib.nullcontext(stop) if stop is not None else StopRequest()
         try:
             with installed as stop:
@@ -192,7 +250,7 @@ class Trainer:
                 for step in range(start + 1, t.steps + 1) if status == COMPLETED else ():
                     last = step == t.steps
                     eval_now = step % t.eval_every == 0 or last
-                    save_now = bool(every) and step % every == 0 and not last and run_dir is not None
+                    save_now = (bool(every) and step % every == 0 or step in pins) and not last and run_dir is not None
                     engine.train_step(sync=eval_now or save_now)
                     seen = engine.agree(stop.requested)
                     blown = seen.loss is not None and diverged(seen.loss, t.diverge_loss)
@@ -235,6 +293,8 @@ class Trainer:
             "steps": done,
             "wall_time": time.perf_counter() - self.started,
             "exit_code": exit_code(status),
+            "epochs": done * engine.tokens_per_step / self.train_tokens,  # passes over the train split (> 1: data repeated)
+            **(self.branch_summary() if rank == 0 else {}),
             **({"checkpoint_save_s": save_s} if save_s else {}),
             **extra,
         }

@@ -125,6 +125,7 @@ class RunConfig:
     dir: str = "runs/${now:%Y%m%d-%H%M%S}-${model.name}-${run_tag:${optimizer.name},${optimizer.ef.enabled},${compensation.name}}-d${delay}"  # run directory
     name: Optional[str] = None  # display name (default: the run dir's name)
     variant: Optional[str] = None  # the sweep file variant this run belongs to (set by `asyncpipe sweep`; report columns)
+    branch_from: Optional[str] = None  # wsd: a longer run's dir; start from its checkpoint at this run's decay start (sweep budgets:)
 
 
 @dataclass
@@ -145,6 +146,7 @@ class TrackerConfig:
 class CheckpointConfig:
     every: int = 0  # steps between checkpoints (0 = only when SIGTERM/SIGUSR1/SIGUSR2 arrives)
     keep: int = 2  # complete checkpoints kept
+    branches: List[int] = field(default_factory=list)  # wsd: train.steps of shorter runs branching off this one; their decay starts are checkpointed and kept
 
 
 @dataclass

@@ -60,6 +60,7 @@ def validate(cfg: DictConfig) -> None:
     _need(0 <= t.warmup_frac < 1, f"train.warmup_frac={t.warmup_frac} must be in [0, 1)")
     _need(0 <= t.min_lr_frac <= 1, f"train.min_lr_frac={t.min_lr_frac} must be in [0, 1]")
     check_lr_schedule(t)
+    check_branches(cfg)
     _need(t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 = off)")
     _need(
         t.seq_len <= m.max_seq_len,
@@ -166,6 +167,22 @@ def check_lr_schedule(t: DictConfig) -> None:
         LRSchedule.of(t)
     except UserError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_branches(cfg: DictConfig) -> None:
+    """A budget branch (`run.branch_from`) and its parent (`checkpoint.branches`) share a wsd stable phase."""
+    t, branches = cfg.train, list(cfg.checkpoint.branches)
+    if cfg.run.branch_from is not None or branches:
+        key = "run.branch_from" if cfg.run.branch_from is not None else "checkpoint.branches"
+        _need(t.lr_schedule == "wsd", f"{key} needs train.lr_schedule=wsd (runs of different lengths share only a "
+              f"wsd schedule's steps before its decay; got {t.lr_schedule})")  # fmt: skip
+    bad = [b for b in branches if not 1 <= b < t.steps]
+    _need(not bad, f"checkpoint.branches={branches}: each is the train.steps of a shorter run, in [1, train.steps={t.steps})")
+    for steps in branches:
+        try:
+            LRSchedule.of(t).at_steps(steps)
+        except UserError as err:
+            raise ConfigError(f"checkpoint.branches: a run of {steps} steps: {err}") from None
 
 
 def check_known_keys(cfg: DictConfig, prefix: str = "") -> None:

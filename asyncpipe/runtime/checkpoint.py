@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 import torch
 
@@ -57,8 +57,10 @@ def save(
     world: int = 1,
     barrier: Optional[Callable[[], None]] = None,
     keep: int = 2,
+    pinned: Collection[int] = (),
 ) -> Path:
-    """Write this rank's part; rank 0 marks the checkpoint complete once all ranks have written (after `barrier`)."""
+    """Write this rank's part; rank 0 marks the checkpoint complete once all ranks have written (after `barrier`).
+    Checkpoints at a ``pinned`` step are never pruned (where shorter runs branch off: `checkpoint.branches`)."""
     target = step_dir(run_dir, step)
     target.mkdir(parents=True, exist_ok=True)
     _atomic_torch_save({"format": FORMAT, "fingerprint": fingerprint, "rank": rank, "world": world, "state": state},
@@ -70,7 +72,7 @@ def save(
         tmp = target / f".{MARKER}.tmp"
         tmp.write_text(json.dumps(marker, indent=1))
         os.replace(tmp, target / MARKER)
-        prune(run_dir, keep)
+        prune(run_dir, keep, pinned)
     if barrier is not None:
         barrier()
     return target
@@ -81,9 +83,18 @@ def _complete_dirs(run_dir: Path) -> list[Path]:
     return sorted(root.glob("step_*")) if root.is_dir() else []
 
 
-def prune(run_dir: Path, keep: int) -> None:
-    """Keep the newest `keep` complete checkpoints; drop older complete and incomplete ones below them."""
-    dirs = _complete_dirs(run_dir)
+def step_of(path: Path) -> int:
+    """The step of a checkpoint directory (``step_00000042`` -> 42; -1 for a name that holds no number)."""
+    try:
+        return int(Path(path).name.split("_", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def prune(run_dir: Path, keep: int, pinned: Collection[int] = ()) -> None:
+    """Keep the newest `keep` complete checkpoints and those at a `pinned` step; drop older complete and incomplete
+    ones below them."""
+    dirs = [d for d in _complete_dirs(run_dir) if step_of(d) not in set(pinned)]
     complete = [d for d in dirs if (d / MARKER).exists()]
     keep_set = set(complete[-keep:])
     newest_kept = min(keep_set) if keep_set else None
@@ -93,9 +104,13 @@ def prune(run_dir: Path, keep: int) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = print) -> Optional[Path]:
-    """The newest checkpoint whose marker and every rank part exist; incomplete newer ones are reported."""
+def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = print,
+                    at_most: Optional[int] = None) -> Optional[Path]:  # fmt: skip
+    """The newest checkpoint whose marker and every rank part exist (at step ``at_most`` or earlier, when given);
+    incomplete newer ones are reported."""
     for d in reversed(_complete_dirs(run_dir)):
+        if at_most is not None and step_of(d) > at_most:
+            continue
         missing = [f"rank{r}.pt" for r in range(world) if not (d / f"rank{r}.pt").exists()]
         if not (d / MARKER).exists() or missing:
             what = f"missing {', '.join(missing)}" if missing else "no completion marker"
@@ -128,22 +143,23 @@ def read_marker(step_path: Path) -> dict:
     return marker
 
 
-def _check_fingerprint(where: Path, theirs: Any, ours: dict) -> None:
+def _check_fingerprint(where: Path, theirs: Any, ours: dict, ignore: Collection[str] = ()) -> None:
     if not isinstance(theirs, dict):
         raise UserError(f"checkpoint {where} has no fingerprint; it was not written by asyncpipe")
-    diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k) and k not in ignore)
     if diff:
         detail = ", ".join(f"{k}: {theirs.get(k)!r} != {ours.get(k)!r}" for k in diff)
         raise UserError(f"checkpoint {where} belongs to a different run ({detail})")
 
 
-def load(path: Path, fingerprint: dict, rank: int = 0) -> dict:
-    """This rank's state from a complete checkpoint; refuses a corrupt file or one written for another setup.
+def load(path: Path, fingerprint: dict, rank: int = 0, ignore: Collection[str] = ()) -> dict:
+    """This rank's state from a complete checkpoint; refuses a corrupt file or one written for another setup (the
+    fingerprint keys in ``ignore`` may differ: a budget branch loads a longer run's checkpoint, ``steps``).
 
     The marker's fingerprint is compared before the part is opened, and the part is read with weights_only=True:
     a hostile file can fail to load, never execute."""
     path = Path(path)
-    _check_fingerprint(path / MARKER, read_marker(path).get("fingerprint"), fingerprint)
+    _check_fingerprint(path / MARKER, read_marker(path).get("fingerprint"), fingerprint, ignore)
     part = path / f"rank{rank}.pt"
     if not part.is_file():
         raise UserError(f"checkpoint part {part} is missing or not a regular file")
@@ -155,7 +171,7 @@ def load(path: Path, fingerprint: dict, rank: int = 0) -> dict:
                         "delete it to resume from an earlier one") from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise UserError(f"{part} is not an asyncpipe checkpoint")
-    _check_fingerprint(part, blob.get("fingerprint"), fingerprint)
+    _check_fingerprint(part, blob.get("fingerprint"), fingerprint, ignore)
     return blob["state"]
 
 

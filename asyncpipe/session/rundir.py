@@ -49,6 +49,26 @@ def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, An
             if old.get(k) != new.get(k) and not changes_no_result(k)]  # fmt: skip
 
 
+BRANCH_MAY_DIFFER = ("train.steps",)  # a budget branch is its parent's run at another length, nothing else
+
+
+def check_branch(parent: Path, cfg: DictConfig) -> None:
+    """`run.branch_from=parent`: the parent's recorded settings must equal this run's but for `train.steps` (and the
+    keys that cannot change a result), or the branch would not be the run its settings describe."""
+    path = Path(parent) / CONFIG_FILE
+    try:
+        recorded, _ = load_untrusted_yaml(read_untrusted(path), str(path))
+    except FileNotFoundError:
+        raise UserError(f"run.branch_from={parent} is not a run dir (no {CONFIG_FILE}); run the parent first") from None
+    if not isinstance(recorded, dict):
+        raise UserError(f"{path} is not a run config (a YAML mapping); run.branch_from needs the parent's run dir")
+    diff = [d for d in changed_settings(recorded, cfg) if d[0] not in BRANCH_MAY_DIFFER]
+    if diff:
+        shown = ", ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in diff[:4]) + (", ..." if len(diff) > 4 else "")
+        raise UserError(f"run.branch_from={parent} ran other settings ({shown}); a branch differs from its parent "
+                        "only in train.steps")
+
+
 MAX_SEED = 2**32 - 1  # numpy's generators take 0..2**32-1; torch's take less once the model mixes in a layer index
 
 

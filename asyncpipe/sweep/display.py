@@ -56,6 +56,9 @@ def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[s
     if slurm:
         table.add_column("job")
         table.add_column("slurm")
+    branches = any(s.branch_of for s in states)
+    if branches:
+        table.add_column("branch of", overflow="fold")
     table.add_column("note", overflow="fold")
     for s in states:
         style = _STYLE.get(s.state, "")
@@ -65,6 +68,8 @@ def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[s
             row.append(fmt_eta((eta or {}).get(s.name)) if s.state == RUNNING else "")
         if slurm:
             row += [s.job_id or "", s.slurm_state or ""]
+        if branches:
+            row.append(s.branch_of or "")
         row.append(s.note)
         table.add_row(*row)
     return table

@@ -29,8 +29,11 @@ def features(cfg: Any) -> dict[str, Any]:
 
 
 def tokens_of(cfg: Any) -> int:
+    """The tokens a run trains itself (a budget branch: its decay only, `asyncpipe.sweep.budgets.trained_steps`)."""
+    from asyncpipe.sweep.budgets import trained_steps
+
     t = cfg.train
-    return int(t.steps * t.micro_batch_size * t.micro_batches * t.seq_len * cfg.pipeline.data_parallel)
+    return int(trained_steps(cfg) * t.micro_batch_size * t.micro_batches * t.seq_len * cfg.pipeline.data_parallel)
 
 
 def _mtime(path: Path) -> float:
@@ -55,6 +58,8 @@ def recorded_rates(root: Path) -> list[tuple[dict, float]]:
             summary = read_json_object(path)
             tokens, wall = summary.get("tokens"), summary.get("wall_time")
             if summary.get("status") != "completed" or not _positive(tokens) or not _positive(wall):
+                continue
+            if summary.get("branch_of") is not None:  # a budget branch's tokens include its parent's steps
                 continue
             cfg, _ = load_untrusted_yaml(read_untrusted(path.parent / "config.yaml"), str(path.parent / "config.yaml"))
         except (OSError, UserError):

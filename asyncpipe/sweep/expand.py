@@ -37,6 +37,9 @@ class RunSpec:
     swept: tuple[str, ...]  # the grid's `key=value` for this run, in grid order
     overrides: tuple[str, ...]  # fixed + swept + per + variant overrides (no run.dir / resume / wandb group)
     variant: Optional[str] = None  # the sweep file's variant name (also set as run.variant)
+    budget: Optional[float] = None  # budgets: this rung's multiple of train.steps
+    parent: Optional[str] = None  # budgets: the run this rung branches from (its family's longest rung)
+    branches: tuple[int, ...] = ()  # budgets, the longest rung: train.steps of the rungs that branch from it
 
 
 @dataclass
@@ -48,6 +51,7 @@ class SweepPlan:
     runs: list[RunSpec] = field(default_factory=list)
     variants: dict[str, list[str]] = field(default_factory=dict)  # name -> overrides, crossed with the grid
     per: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # key -> value -> overrides
+    budgets: list[float] = field(default_factory=list)  # multiples of train.steps, one rung each (one run, branched)
 
 
 def _key_of(text: str) -> str:
@@ -163,12 +167,13 @@ def expand(
     grid_keys: Sequence[str] = (),
     variants: Optional[dict[str, list[str]]] = None,
     per: Optional[dict[str, dict[str, list[str]]]] = None,
+    budgets: Sequence[float] = (),
 ) -> SweepPlan:
     """Expand overrides into one run per point of the grid (Hydra's order), crossed with
     the named `variants` (each a list of overrides, in order), plus the `per` overrides of each point's values
     (per[key][value]: overrides for runs whose `key` is `value`). `grid_keys` are grid axes even with one value
     (a sweep file's grid), so extending them later keeps the fixed overrides unchanged. A later override of a
-    key replaces an earlier one, as in Hydra."""
+    key replaces an earlier one, as in Hydra. `budgets`: each run becomes a family of rungs (`rungs`)."""
     launcher = [o for o in overrides if is_launcher_key(o)]
     run_overrides = [o for o in overrides if not is_launcher_key(o)]
     for text in run_overrides:
@@ -220,6 +225,7 @@ def expand(
     plan.base = [o.input_line for key, (o, _) in last.items() if not swept[key]]
     plan.variants = variants
     plan.per = per
+    plan.budgets = sorted(float(b) for b in budgets)
     for key, table in per.items():
         allowed = list(dict.fromkeys(given.get(key, [])))  # per: values of a narrowed grid are simply unused
         if not allowed:
@@ -243,11 +249,54 @@ def expand(
                     "remove the repeated value"
                 )
             seen[run_name] = label
-            own = tuple(variants[vname]) + (f"{VARIANT_KEY}='{vname}'",) if vname is not None else ()
+            own = tuple(variants[vname]) if vname is not None else ()
+            if plan.budgets:
+                plan.runs.extend(rungs(RunSpec(run_name, grid_part, fixed_part + grid_part + extra + own, vname),
+                                       plan.budgets))  # fmt: skip
+                continue
+            own += (f"{VARIANT_KEY}='{vname}'",) if vname is not None else ()
             plan.runs.append(RunSpec(run_name, grid_part, fixed_part + grid_part + extra + own, vname))
     if not plan.runs:
         raise UserError("the sweep expands to no runs")
     return plan
+
+
+def rungs(spec: RunSpec, budgets: Sequence[float]) -> list[RunSpec]:
+    """One run per budget (a multiple of the run's `train.steps`): the longest first, which runs from step 0 and
+    keeps a checkpoint where each shorter one's decay starts (`branches`); the others branch from it (`parent`).
+    Run dirs `NAME,budget=B`; columns `VARIANT(xB)` (the 1x rung keeps the variant's name, or `xB` without one)."""
+    given = [o for o in spec.overrides if _key_of(o) == "train.steps"]
+    if not given:
+        raise UserError("budgets: are multiples of train.steps: set train.steps in the sweep's overrides (or a variant)")
+    base_text = given[-1].split("=", 1)[1]
+    try:
+        base = int(base_text)
+    except ValueError:
+        raise UserError(f"budgets: train.steps={base_text} is not a whole number of steps") from None
+    steps = {}
+    for b in budgets:
+        if abs(b * base - round(b * base)) > 1e-6 or round(b * base) < 1:
+            raise UserError(f"budgets: {b:g} x train.steps={base} = {b * base:g} is not a whole number of steps >= 1")
+        steps[b] = round(b * base)
+    longest = max(budgets)
+
+    def name(b: float) -> str:
+        return sanitize(f"budget={b:g}" if spec.name == "run" else f"{spec.name},budget={b:g}")
+
+    def column(b: float) -> str:
+        if spec.variant is None:
+            return f"x{b:g}"
+        return spec.variant if b == 1 else f"{spec.variant}(x{b:g})"
+
+    out = []
+    for b in sorted(budgets, key=lambda b: (b != longest, b)):  # the longest (the one run from step 0) first
+        overrides = (*spec.overrides, f"train.steps={steps[b]}", f"{VARIANT_KEY}='{column(b)}'")
+        if b == longest:
+            branches = tuple(steps[o] for o in budgets if o != longest)
+            out.append(RunSpec(name(b), spec.swept, overrides, spec.variant, budget=b, branches=branches))
+        else:
+            out.append(RunSpec(name(b), spec.swept, overrides, spec.variant, budget=b, parent=name(longest)))
+    return out
 
 
 def quote(value: str) -> str:
@@ -260,6 +309,10 @@ def quote(value: str) -> str:
 def run_overrides(plan: SweepPlan, spec: RunSpec, run_dir: Path, resume: bool) -> list[str]:
     """The full override list of one run: its grid point plus run.dir, the W&B group and resume."""
     extra = [f"run.dir={quote(str(run_dir))}"]
+    if spec.parent is not None:  # budgets: a cooldown branch from its family's longest rung
+        extra.append(f"run.branch_from={quote(str(Path(run_dir).parent / spec.parent))}")
+    if spec.branches:
+        extra.append(f"checkpoint.branches=[{','.join(map(str, spec.branches))}]")
     if not any(_key_of(o) == "tracker.wandb.group" for o in spec.overrides):
         extra.append(f"tracker.wandb.group={plan.name}")
     if resume:

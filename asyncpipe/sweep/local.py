@@ -160,7 +160,7 @@ class LocalLauncher:
         for name, job in list(self.active.items()):
             code = job.proc.poll()
             if code is None:
-                fresh = run_state(job.run_dir, name)
+                fresh = run_state(job.run_dir, name, parent=job.spec.parent)
                 for key in ("step", "steps", "val_loss", "val_step"):
                     setattr(self.states[name], key, getattr(fresh, key))
                 continue
@@ -168,7 +168,7 @@ class LocalLauncher:
             job.log.close()
             status = _outcome(job.run_dir, code)
             job.lock.release()
-            final = run_state(job.run_dir, name)
+            final = run_state(job.run_dir, name, parent=job.spec.parent)
             final.state = status
             if status == FAILED and not final.note:
                 final.note = f"exit code {code}, see {name}/launch.log"
@@ -219,14 +219,33 @@ class LocalLauncher:
             if in_main:
                 signal.signal(signal.SIGTERM, previous)
 
+    def _next(self, queue: "deque[RunSpec]") -> Optional[RunSpec]:
+        """The first queued run that may start: a budget branch waits until its parent has completed, and is left
+        pending (with why) once its parent can no longer complete in this sweep."""
+        for spec in list(queue):
+            parent = self.states.get(spec.parent) if spec.parent is not None else None
+            if parent is None or parent.state == COMPLETED:
+                queue.remove(spec)
+                return spec
+            waiting = spec.parent in self.active or any(q.name == spec.parent for q in queue)
+            if not waiting:
+                queue.remove(spec)
+                self.states[spec.name] = RunState(spec.name, PENDING, note=f"not started: it branches from "
+                                                  f"{spec.parent}, which is {parent.state}")  # fmt: skip
+        return None
+
     def _loop(self, queue: "deque[RunSpec]") -> list[RunState]:
         with self.display:
             while queue or self.active:
                 while queue and len(self.active) < self.parallel:
-                    gpus = self._gpus_for(queue[0])
-                    if gpus is None:  # its GPUs are still in use: wait for a run to end
+                    spec = self._next(queue)
+                    if spec is None:
                         break
-                    self._start(queue.popleft(), gpus)
+                    gpus = self._gpus_for(spec)
+                    if gpus is None:  # its GPUs are still in use: wait for a run to end
+                        queue.appendleft(spec)
+                        break
+                    self._start(spec, gpus)
                 self._reap()
                 self.display.update(list(self.states.values()))
                 if self.active:

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence, TextIO
 from omegaconf import DictConfig
 
 from asyncpipe.errors import UserError
+from asyncpipe.sweep.budgets import family_costs, render_costs
 from asyncpipe.sweep.display import SweepDisplay, print_table
 from asyncpipe.sweep.expand import SweepPlan, expand, run_overrides
 from asyncpipe.sweep.sweepfile import SweepFile, load_sweep_file
@@ -59,12 +60,14 @@ def plan_sweep(
     `out`, the grid keys of a sweep of that name already there stay grid keys (`seed=5` extends its seeds)."""
     overrides = list(overrides)
     sf = load_sweep_file(Path(file)) if file is not None else SweepFile(None, [])
-    plan = expand(sf.overrides + overrides, name or sf.name, grid_keys=sf.grid_keys, variants=sf.variants, per=sf.per)
+    plan = expand(sf.overrides + overrides, name or sf.name, grid_keys=sf.grid_keys, variants=sf.variants, per=sf.per,
+                  budgets=sf.budgets)
     where = Path(out) / plan.name if out is not None else None
     old = load_sweep_manifest(where) if where is not None and (where / SWEEP_MANIFEST).exists() else None
     if old and set(old.get("grid", {})) - set(plan.grid):
         keys = [*sf.grid_keys, *old["grid"]]
-        plan = expand(sf.overrides + overrides, plan.name, grid_keys=keys, variants=sf.variants, per=sf.per)
+        plan = expand(sf.overrides + overrides, plan.name, grid_keys=keys, variants=sf.variants, per=sf.per,
+                      budgets=sf.budgets)
     return plan
 
 
@@ -106,6 +109,9 @@ def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -
     merged_manifest(sweep_dir, plan)
     for spec in plan.runs:  # a re-run must know each run's state: refuse an unreadable record before starting any
         read_summary(sweep_dir / spec.name)
+    if launcher.name == "slurm" and plan.budgets:
+        raise UserError("budgets: branches wait for their family's longest run, which launcher=local does and "
+                        "launcher=slurm does not yet; run the sweep with launcher=local")  # fmt: skip
     if launcher.name == "slurm":
         from asyncpipe.sweep.slurm import require_slurm, task_layout
 
@@ -135,7 +141,8 @@ def dry_run_sweep(
 
     plan = plan_sweep(overrides, file, name, out)
     _, cfgs, launcher = check_sweep(plan, Path(out))
-    return render(plan.name, estimates(plan, cfgs, launcher, Path(out)))
+    cost = render_costs(family_costs(plan, cfgs))
+    return render(plan.name, estimates(plan, cfgs, launcher, Path(out))) + (f"\n{cost}" if cost else "")
 
 
 def run_sweep(
@@ -157,7 +164,10 @@ def run_sweep(
         display.expected = {r["name"]: r["seconds"] for r in estimates(plan, cfgs, launcher, Path(out)).rows}
     except (OSError, ValueError):  # an estimate is a nicety: never a reason not to launch
         pass
-    write_manifest(sweep_dir, plan)
+    cost = render_costs(family_costs(plan, cfgs))
+    write_manifest(sweep_dir, plan, **({"budget_cost": cost} if cost else {}))
+    if cost:
+        print(cost, flush=True)
     if launcher.name == "slurm":
         from asyncpipe.sweep.slurm import SlurmLauncher
 
@@ -187,7 +197,8 @@ def sweep_states(sweep_dir: Path) -> tuple[dict, list[RunState]]:
         from asyncpipe.sweep.slurm import slurm_states
 
         slurm = slurm_states(jobs)
-    return manifest, [run_state(sweep_dir / r["dir"], r["name"], slurm) for r in runs]
+    return manifest, [run_state(sweep_dir / r["dir"], r["name"], slurm, parent=r.get("parent") if isinstance(
+        r.get("parent"), str) else None) for r in runs]  # fmt: skip
 
 
 def sweep_status(sweep_dir: Path, stream: Optional[TextIO] = None) -> list[RunState]:

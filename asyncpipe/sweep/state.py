@@ -19,7 +19,9 @@ from typing import Any, Optional
 from asyncpipe.errors import UserError
 from asyncpipe.sweep.expand import SweepPlan
 from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, PENDING, QUEUED, RUNNING
-from asyncpipe.track.files import LAUNCH_RECORD, RETIRED, SWEEP_MANIFEST, atomic_write_json, read_json_object
+from asyncpipe.track.files import (
+    BRANCH_RECORD, LAUNCH_RECORD, RETIRED, SWEEP_MANIFEST, atomic_write_json, read_json_object,
+)
 from asyncpipe.track.lock import DirLock
 
 SLURM_RECORD = "slurm_job.json"
@@ -53,6 +55,7 @@ class RunState:
     job_id: Optional[str] = None
     slurm_state: Optional[str] = None
     note: str = ""
+    branch_of: Optional[str] = None  # budgets: the run this one branches from, and the step (`parent @ step`)
 
 
 def _tail_records(run_dir: Path, span: int = 65536) -> list[dict]:
@@ -130,9 +133,19 @@ def file_state(run_dir: Path, locked: Optional[bool] = None) -> str:
     return INTERRUPTED if started else PENDING
 
 
-def run_state(run_dir: Path, name: str, slurm_states: Optional[dict[str, str]] = None) -> RunState:
-    """Everything `sweep status` shows for one run; `slurm_states` maps job id -> SLURM state."""
-    state = RunState(name=name, state=file_state(run_dir))
+def branch_label(run_dir: Path, parent: Optional[str]) -> Optional[str]:
+    """`parent @ step` for a budget branch (the step from its branch.json once it has branched), else None."""
+    if not parent:
+        return None
+    step = (read_json(run_dir / BRANCH_RECORD) or {}).get("step")
+    return f"{parent} @ {step}" if _int(step) is not None else parent
+
+
+def run_state(run_dir: Path, name: str, slurm_states: Optional[dict[str, str]] = None,
+              parent: Optional[str] = None) -> RunState:  # fmt: skip
+    """Everything `sweep status` shows for one run; `slurm_states` maps job id -> SLURM state; `parent`: the run a
+    budget branch starts from (the sweep's manifest says)."""
+    state = RunState(name=name, state=file_state(run_dir), branch_of=branch_label(run_dir, parent))
     summary = read_json(run_dir / "summary.json") or {}
     final = summary.get("final_val_loss")
     state.final_val_loss = float(final) if _int(final) is not None else None
@@ -246,8 +259,10 @@ def manifest_dict(plan: SweepPlan, created: Optional[str] = None) -> dict:
         "variants": {k: list(v) for k, v in plan.variants.items()},
         "per": plan.per,
         "launcher_overrides": list(plan.launcher),
+        **({"budgets": list(plan.budgets)} if plan.budgets else {}),
         "runs": [
-            {"name": r.name, "dir": r.name, "swept": list(r.swept), "overrides": list(r.overrides), "variant": r.variant}
+            {"name": r.name, "dir": r.name, "swept": list(r.swept), "overrides": list(r.overrides), "variant": r.variant,
+             **({"budget": r.budget, "parent": r.parent} if r.budget is not None else {})}
             for r in plan.runs
         ],
     }
@@ -289,12 +304,15 @@ def merged_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
             per={k: {**old.get("per", {}).get(k, {}), **v} for k, v in {**old.get("per", {}), **new["per"]}.items()},
             runs=old.get("runs", []) + added,
         )
+        if old.get("budgets") or new.get("budgets"):
+            new["budgets"] = sorted(set(old.get("budgets") or []) | set(new.get("budgets") or []))
     return new
 
 
-def write_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
-    """Write (or check and extend) `sweep.json` (see `merged_manifest`)."""
-    new = merged_manifest(sweep_dir, plan)
+def write_manifest(sweep_dir: Path, plan: SweepPlan, **extra: Any) -> dict:
+    """Write (or check and extend) `sweep.json` (see `merged_manifest`); `extra`: more top-level entries (a budget
+    sweep's cost against separate runs)."""
+    new = {**merged_manifest(sweep_dir, plan), **extra}
     sweep_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(sweep_dir / SWEEP_MANIFEST, new)
     return new

@@ -29,6 +29,13 @@ variant of a study (time to a target loss), e.g.
       1-step+EF(x1.5): [delay=1, optimizer.ef.enabled=true, train.steps=1650]   # 1.5x the fixed train.steps=1100
 
 A variant's settings come last, so they replace the fixed `overrides:` and `per:` values of the same key.
+
+Budgets from one run: `budgets: [1, 1.25, 1.5, 1.75, 2, 2.5]` (multiples of the run's `train.steps`, with
+`train.lr_schedule=wsd`) gives every grid point and variant one rung per budget (run dir `...,budget=1.25`, column
+`VARIANT(x1.25)`; the 1x rung keeps the variant's name). The longest rung is the one run from step 0; it keeps a
+checkpoint at each shorter rung's decay start (`checkpoint.branches`), and each shorter rung is a cooldown branch
+from there (`run.branch_from`), equal bit for bit to that rung trained alone. Six rungs at decay_frac 0.2 cost
+1.6x the longest rung's steps instead of 4x (`asyncpipe sweep --dry-run` prints both).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Any, Optional
 
 from asyncpipe.errors import UserError
 
-KEYS = ("name", "description", "grid", "variants", "per", "overrides")
+KEYS = ("name", "description", "grid", "variants", "per", "overrides", "budgets")
 MAX_FILE = 1 << 20  # a sweep file is a page of YAML; a megabyte is far beyond any study
 
 
@@ -50,6 +57,7 @@ class SweepFile:
     grid_keys: list[str] = field(default_factory=list)
     variants: dict[str, list[str]] = field(default_factory=dict)
     per: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    budgets: list[float] = field(default_factory=list)  # rungs as multiples of train.steps (one run, branched)
 
 
 def _items(where: str, value: Any) -> list[str]:
@@ -58,6 +66,19 @@ def _items(where: str, value: Any) -> list[str]:
     if not isinstance(value, list) or any(isinstance(v, (dict, list)) for v in value):
         raise UserError(f"{where} must be a list of key=value overrides")
     return [str(v) for v in value]
+
+
+def _budgets(path: Path, value: Any) -> list[float]:
+    """`budgets:`: distinct positive numbers (multiples of train.steps), in increasing order."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not value:
+        raise UserError(f"{path}: budgets must be a list of multiples of train.steps, e.g. [1, 1.25, 1.5, 2]")
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e6 for v in value):
+        raise UserError(f"{path}: budgets: {value} must be positive numbers (multiples of train.steps)")
+    if len(set(value)) != len(value):
+        raise UserError(f"{path}: budgets: {value} repeats a budget")
+    return sorted(float(v) for v in value)
 
 
 def _scalar(value: Any) -> str:
@@ -130,6 +151,7 @@ def load_sweep_file(path: Path) -> SweepFile:
         overrides.append(f"{key}={_scalar(values)}")
     out = SweepFile(name=str(data["name"]) if data.get("name") is not None else None, overrides=overrides,
                     grid_keys=[str(k) for k in grid])  # fmt: skip
+    out.budgets = _budgets(path, data.get("budgets"))
     for name, items in variants.items():
         out.variants[str(name)] = _items(f"{path}: variant {name}", items or [])
     for key, table in per.items():

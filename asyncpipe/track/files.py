@@ -14,7 +14,7 @@ import stat
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from asyncpipe.errors import UserError
 
@@ -26,6 +26,7 @@ PROVENANCE_FILE = "provenance.json"  # the code, machine and command a run came 
 LAUNCH_RECORD = "launch.json"  # a sweep's record of the run's last launch (exit code, failed ranks)
 SWEEP_LOCK = ".lock"  # held by the sweep or job running the run (track.lock.DirLock.sweep)
 WRITER_LOCK = ".writer.lock"  # held by the process writing the run dir (track.lock.DirLock.writer)
+BRANCH_RECORD = "branch.json"  # a budget branch's parent run and the step it started from (trainer.Trainer.branch)
 SWEEP_MANIFEST = "sweep.json"  # a sweep dir's manifest: grid, variants, every run's overrides
 RETIRED = ".retired"  # in a sweep dir: failed attempts moved aside by --retry-failed (not runs of the sweep)
 _SECRET_ENV = "WANDB_API_KEY"
@@ -314,9 +315,10 @@ class RunDir:
             return []
         return parse_metrics_lines(text, str(self.metrics_path))
 
-    def truncate_metrics(self, after_step: int) -> int:
-        """Drop records with step > after_step (a resume from that checkpoint); returns how many were dropped."""
-        records = self.read_metrics()
+    def truncate_metrics(self, after_step: int, records: Optional[list[dict]] = None) -> int:
+        """Drop records with step > after_step (a resume from that checkpoint); returns how many were dropped.
+        ``records``: start from these instead of this run's own (a budget branch starts with its parent's)."""
+        records = self.read_metrics() if records is None else records
         kept = [r for r in records if r.get("step") is None or r["step"] <= after_step]
         text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept)
         atomic_write_text(self.metrics_path, text)
