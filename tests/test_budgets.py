@@ -213,3 +213,77 @@ def test_a_budget_sweep_runs_branches_after_their_parent_and_extends(tmp_path: P
     proc = asyncpipe("train", *SWEEP_TINY, "delay=0", "seed=0", "train.steps=6", f"run.dir={alone}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert read_summary(alone)["final_val_loss"] == read_summary(sweep / "seed=0,variant=sync,budget=1.5")["final_val_loss"]
+
+
+# -- enough data: data=mix, epochs in every summary, the report's warning ------------------------------------
+STUDY_TOKENS_2_5X = 2750 * 8 * 4 * 128  # the study regime's 2.5x rung: 1100 x 2.5 steps of 8 x 4 x 128 tokens
+
+
+def test_the_mix_holds_the_study_regimes_longest_rung_within_one_epoch() -> None:
+    """data=mix (Shakespeare's plays + the KJV's chapters + torch's docstrings, byte tokens): its train split is
+    larger than the 11.26M tokens of the 2.5x rung, so no study run repeats data; the parts keep their own
+    document units and nothing overlaps between train and val."""
+    from asyncpipe.config import compose
+    from asyncpipe.data import ensure_prepared, load_manifest
+
+    cfg = compose(["model=tiny", "data=mix", "tokenizer=byte"])
+    manifest = load_manifest(ensure_prepared(cfg.data, cfg.tokenizer))
+    assert manifest["tokens"]["train"] > STUDY_TOKENS_2_5X == 11_264_000
+    assert STUDY_TOKENS_2_5X / manifest["tokens"]["train"] < 0.9 and manifest["tokens"]["val"] > 1_000_000
+    parts = {s["name"].split("/", 1)[0] for s in manifest["sources"]}
+    assert parts == {"shakespeare", "kjv", "torchdoc"}
+
+
+@pytest.mark.parametrize("sources, needle", [
+    ("[hamlet]", "data=mix needs data.sources: distinct parts among shakespeare, kjv, torchdoc"),
+    ("[kjv,kjv]", "data=mix needs data.sources: distinct parts"),
+    ("[]", "data=mix needs data.sources"),
+])  # fmt: skip
+def test_a_bad_mix_is_one_line(sources: str, needle: str, tmp_path: Path) -> None:
+    from asyncpipe.data.corpora import load_corpus
+
+    with pytest.raises(UserError) as err:
+        load_corpus("mix", [s for s in sources.strip("[]").split(",") if s], tmp_path)
+    assert needle in str(err.value)
+
+
+def test_every_summary_counts_epochs_and_the_report_warns_of_repeated_data(family: dict, tmp_path: Path) -> None:
+    """The 8-step runs train 8 x 2 x 2 x 16 = 512 tokens; epochs = 512 / Hamlet's train split. A record claiming
+    1.4 epochs makes the report warn; one under 1 does not."""
+    import shutil
+
+    from asyncpipe.config import compose
+    from asyncpipe.data import dataset_dir, load_manifest
+    from asyncpipe.report import build_report
+    from asyncpipe.track import RunDir
+
+    cfg = compose(TINY)
+    train = load_manifest(dataset_dir(cfg.data, cfg.tokenizer))["tokens"]["train"]
+    assert family["alone8"][1]["epochs"] == 8 * 2 * 2 * 16 / train
+    root = tmp_path / "sweeps" / "s"
+    root.mkdir(parents=True)
+    for name in ("alone6", "alone8"):
+        shutil.copytree(family[name][0], root / name, ignore=shutil.ignore_patterns("checkpoints", ".*lock"))
+    assert not [w for w in build_report(root).warnings if "repeated data" in w]
+    summary = RunDir(root / "alone8").read_summary()
+    RunDir(root / "alone8").write_summary({**summary, "epochs": 1.4})
+    warned = [w for w in build_report(root).warnings if "repeated data" in w]
+    assert warned == ["1 run(s) repeated data: up to 1.40 epochs of their train split (alone8); compare them with "
+                      "care, or train on a larger corpus (data=mix)"]
+
+
+def test_the_performance_doc_states_the_committed_sweeps_cost() -> None:
+    """docs/performance.md's step figures are what `asyncpipe sweep --dry-run` computes for sweeps/budgets_cost.yaml."""
+    from asyncpipe.sweep import plan_sweep
+    from asyncpipe.sweep.budgets import family_costs
+    from asyncpipe.sweep.runner import compose_runs
+
+    repo = Path(__file__).resolve().parents[1]
+    plan = plan_sweep(file=repo / "sweeps" / "budgets_cost.yaml")
+    cfgs, _ = compose_runs(plan, repo / "runs" / "unused")
+    (cost,) = family_costs(plan, cfgs)
+    doc = (repo / "docs" / "performance.md").read_text()
+    assert (f"{cost.branched:.2f} run-equivalents\n({cost.branched / cost.longest:.2f}x the longest rung alone) "
+            f"against {cost.separate:.2f} for six separate runs ({cost.separate / cost.longest:.2f}x)") in doc
+    assert "sweeps/budgets_cost.yaml --out runs/budgets            # 42.7 s" in doc and "1.23x the wall time" in doc
+    assert 42.7 / 34.8 == pytest.approx(1.23, abs=0.005)

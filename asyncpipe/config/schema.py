@@ -81,8 +81,8 @@ class TokenizerConfig:
 
 @dataclass
 class DataConfig:
-    name: str = MISSING  # corpus: hamlet, shakespeare, kjv, docs
-    sources: List[str] = field(default_factory=list)  # corpus-specific extras (e.g. docs packages)
+    name: str = MISSING  # corpus: hamlet, shakespeare, kjv, docs, mix
+    sources: List[str] = field(default_factory=list)  # docs: Debian packages; mix: its parts (shakespeare, kjv, torchdoc)
     val_fraction: float = 0.1  # share of documents held out for validation
     root: str = "${oc.env:ASYNCPIPE_DATA,data_cache}"  # prepared token files live under here
     split_seed: int = 0  # seed of the document-level train/val split

@@ -6,7 +6,9 @@ independent enough that holding one out is a fair test (a scene, a play, a chapt
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import re
@@ -16,7 +18,7 @@ from typing import Callable
 
 from asyncpipe.errors import UserError
 
-CORPORA = ("hamlet", "shakespeare", "kjv", "docs")
+CORPORA = ("hamlet", "shakespeare", "kjv", "docs", "mix")
 
 Progress = Callable[[str], None]
 
@@ -112,3 +114,54 @@ def load_kjv() -> Corpus:
         chapters.setdefault(key, []).append(f"{verse['verse']} {verse['text'].strip()}")
     docs = [f"{book} {ch}\n" + "\n".join(verses) + "\n" for (book, ch), verses in chapters.items()]
     return Corpus("kjv", docs, [source_entry(path.name, raw)])
+
+
+# --- torchdoc: the installed torch's docstrings ------------------------------------------------------------
+
+
+def module_docstrings(source: str) -> str:
+    """The docstrings of a Python module's text (module, classes, functions, in `ast.walk` order), one paragraph
+    each; "" when it has none or does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ""
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docs = [ast.get_docstring(n) for n in ast.walk(tree) if isinstance(n, kinds)]
+    return "\n\n".join(d.strip() for d in docs if d and d.strip())
+
+
+def load_torch_docstrings() -> Corpus:
+    """The docstrings of the installed torch (pinned by the Makefile's TORCH_VERSION), one document per module,
+    tests left out: English technical prose read from the package itself, nothing downloaded. The source entry
+    names torch's version and hashes the text, so a different torch shows in the dataset's manifest."""
+    root = package_dir("torch", "torch")
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        if {"test", "tests", "testing"} & set(path.relative_to(root).parts):
+            continue
+        text = module_docstrings(path.read_text(encoding="utf-8", errors="replace"))
+        if text:
+            docs.append(f"{path.relative_to(root.parent).with_suffix('').as_posix().replace('/', '.')}\n\n{text}\n")
+    blob = "".join(docs).encode("utf-8")
+    return Corpus("torchdoc", docs, [source_entry(f"torch-{importlib.metadata.version('torch')}-docstrings", blob)])
+
+
+# --- mix: a declared mixture --------------------------------------------------------------------------------
+
+MIX_PARTS: dict[str, Callable[[], Corpus]] = {"shakespeare": load_shakespeare, "kjv": load_kjv,
+                                              "torchdoc": load_torch_docstrings}  # fmt: skip
+
+
+def load_mix(parts: list[str]) -> Corpus:
+    """`data=mix`: the documents of each named part, in order (each keeps its own document unit, so the train/val
+    split holds out whole plays, chapters and modules); Hamlet is left out, as it is one of Shakespeare's plays."""
+    unknown = [p for p in parts if p not in MIX_PARTS]
+    if not parts or unknown or len(set(parts)) != len(parts):
+        raise UserError(f"data=mix needs data.sources: distinct parts among {', '.join(MIX_PARTS)} (got {list(parts)})")
+    docs, sources = [], []
+    for part in parts:
+        corpus = MIX_PARTS[part]()
+        docs += corpus.documents
+        sources += [{**entry, "name": f"{part}/{entry['name']}"} for entry in corpus.sources]
+    return Corpus("mix", docs, sources)

@@ -70,6 +70,7 @@ def assemble(
     cells, groups, warnings = compute_cells(runs, curves, grouping, named, reference, target)
     warnings += [f"run {r}: {n}" for r, n in zip(runs["run"], runs["note"]) if n]
     warnings += untuned_lr_warnings(runs)
+    warnings += repeated_data_warnings(runs)
     codes = runs["code"].astype(object).fillna("unrecorded") if "code" in runs else pd.Series(dtype=object)
     if codes.nunique() > 1:
         warnings.append(f"the runs come from {codes.nunique()} different code states (commit, dirty flag or library "
@@ -84,6 +85,18 @@ def assemble(
     if out_dir is not None:
         write_files(report, out_dir, plots)
     return report
+
+
+def repeated_data_warnings(runs: pd.DataFrame) -> list[str]:
+    """One warning naming the runs that trained more than one epoch of their train split (summary `epochs` > 1):
+    they saw data again, which a run of that length on enough data would not."""
+    epochs = pd.to_numeric(runs["epochs"], errors="coerce")
+    over = runs[epochs > 1]
+    if over.empty:
+        return []
+    names = ", ".join(over["run"].head(5)) + (", ..." if len(over) > 5 else "")
+    return [f"{len(over)} run(s) repeated data: up to {epochs.max():.2f} epochs of their train split ({names}); "
+            "compare them with care, or train on a larger corpus (data=mix)"]
 
 
 def untuned_lr_warnings(runs: pd.DataFrame) -> list[str]:

@@ -42,7 +42,7 @@ AXES = {
     "seed": "seed",
 }
 RUN_COLUMNS = ["run", "path", *AXES, "variant", "variant_named", "sweep", "status", "final_tokens", "summary_val_loss",
-               "note", "config", "train", "code"]
+               "note", "config", "train", "code", "epochs", "branch_of"]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
 
 
@@ -119,6 +119,8 @@ def run_record(
     row["status"] = status
     row["final_tokens"] = (summary or {}).get("tokens", last_tokens)
     row["summary_val_loss"] = (summary or {}).get("final_val_loss")
+    row["epochs"] = (summary or {}).get("epochs")  # passes over the train split (records before issue 37: none)
+    row["branch_of"] = (summary or {}).get("branch_of")  # a budget branch's parent run dir
     return row, curve
 
 
@@ -208,7 +210,7 @@ def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
     summary = None
     if os.path.lexists(run / SUMMARY_FILE):
         summary = read_json_object(run / SUMMARY_FILE)
-        for key in ("tokens", "final_val_loss", "wall_time", "steps"):
+        for key in ("tokens", "final_val_loss", "wall_time", "steps", "epochs", "branch_step"):
             _number(summary.get(key), key, str(run / SUMMARY_FILE))
         if not isinstance(summary.get("status", ""), (str, type(None))):
             raise DamagedRun(f"{run / SUMMARY_FILE}: status is {summary['status']!r}, not a name")
