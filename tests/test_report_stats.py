@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from asyncpipe.report.stats import (Interval, fieller_ratio, ratio_resolved, ratio_seeds_needed, seeds_to_resolve,
+from asyncpipe.report.stats import (Interval, fieller_ratio, power_at, ratio_resolved, ratio_seeds_needed, seeds_to_resolve,
                                     t_interval, t_quantile, verdict)
 from asyncpipe.report.target import along_curve, net_speedup, seed_tokens
 from asyncpipe.report.throughput import load_bench, throughput
@@ -60,13 +60,14 @@ def test_fieller_is_unbounded_when_the_denominator_may_be_zero():
     assert iv.fmt("+.2f").endswith("[unbounded]")
 
 
-def test_seeds_to_resolve_by_hand():
-    # mean 1, sd 1: n=6 gives t_5/sqrt(6) = 1.049 >= 1, n=7 gives t_6/sqrt(7) = 0.925 < 1.
-    assert seeds_to_resolve(1.0, 1.0) == 7
-    # mean 0.5, sd 1: t_16/sqrt(17) = 0.514 >= 0.5, t_17/sqrt(18) = 0.497 < 0.5.
-    assert T_975[16] / math.sqrt(17) >= 0.5 > T_975[17] / math.sqrt(18)
-    assert seeds_to_resolve(0.5, 1.0) == 18
-    assert seeds_to_resolve(0.9, 1.0, target=0.4) == 18  # the distance to the target is what counts
+def test_seeds_to_resolve_at_80_percent_power_matches_published_sample_sizes():
+    """A paired two-sided 5% t-test at 80% power needs n = 10 for an effect of 1 sd (power 0.8031; 9 seeds give
+    0.7480) and n = 34 for 0.5 sd (0.8078; 33 give 0.7954): G*Power's figures for dz = 1 and 0.5. The plug-in rule
+    "the n at which the observed interval just clears 0" said 7 and 18."""
+    assert power_at(10, 1.0) == pytest.approx(0.8031, abs=1e-4) and power_at(9, 1.0) == pytest.approx(0.7480, abs=1e-4)
+    assert power_at(34, 0.5) == pytest.approx(0.8078, abs=1e-4) and power_at(33, 0.5) == pytest.approx(0.7954, abs=1e-4)
+    assert seeds_to_resolve(1.0, 1.0) == 10 and seeds_to_resolve(0.5, 1.0) == 34
+    assert seeds_to_resolve(0.9, 1.0, target=0.4) == 34  # the distance to the target is what counts
     assert seeds_to_resolve(0.0, 1.0) is None and seeds_to_resolve(1.0, math.nan) is None
 
 
@@ -83,7 +84,8 @@ def test_verdict_text():
     clear = Interval(0.48, 0.37, 0.60, 3, "t")
     assert verdict(clear) == ""
     open_ = Interval(0.13, -0.07, 0.33, 3, "t")
-    assert verdict(open_, needed=4) == "not resolved (3 seeds; ~4 seeds would resolve it at this spread)"
+    assert verdict(open_, needed=4) == ("not resolved (3 seeds; ~4 seeds would resolve it with 80% power at this mean "
+                                        "and spread)")
     assert verdict(clear, 0.5, 9, 100, "%").startswith("not resolved vs 50% (3 seeds; ~9 seeds")
     assert clear.fmt(".0f", 100, "%") == "48% [37%, 60%]"
 

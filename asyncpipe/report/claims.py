@@ -33,7 +33,7 @@ class Claim:
     variant: str
     interval: Interval
     target: float = 0.0
-    needed: int | None = None  # seeds that would resolve it at the observed spread (when not resolved)
+    needed: int | None = None  # seeds that would resolve it with 80% power at the observed mean and spread
     note: str = ""  # "" when resolved, else "not resolved ..."
     clears_zero: bool | None = None  # a closure: whether it is resolved above/below 0 (its note may be the target's)
 

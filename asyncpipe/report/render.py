@@ -21,8 +21,9 @@ CONVENTION = ("Intervals are 95%, paired by seed over the seeds the compared col
               "closed, one optimizer's gap over another's, a token ratio) is the ratio of the means with Fieller's "
               "interval (every r for which the paired t-interval of numerator − r × denominator contains 0; "
               "'unbounded' when the denominator's own interval reaches 0). \"Not resolved\": the interval contains 0 "
-              "(or 1x, or the stated target). The seeds that would resolve a claim: the smallest n with "
-              "t_{n-1} · sd / √n < |mean − target| at the observed spread.")
+              "(or 1x, or the stated target). The seeds that would resolve a claim: the smallest n at which the "
+              "paired two-sided 5% t-test rejects 0 (or the target) with 80% power if the observed mean and spread "
+              "were the truth.")
 
 
 def md_table(frame: pd.DataFrame) -> str:

@@ -1,7 +1,7 @@
 """One takeaway sentence per optimizer (and table), built only from the claims' 95% intervals: what the plain
 delayed column costs, what each mitigation recovers, and, where a ladder of budgets exists, the net wall-clock
 speed-up. A clause says only what its interval supports: an interval that contains 0 (or the stated target) is
-said to be "not resolved", with the seeds that would resolve it at the observed spread."""
+said to be "not resolved", with the seeds that would resolve it with 80% power at the observed mean and spread."""
 
 from __future__ import annotations
 
