@@ -126,20 +126,22 @@ def report(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Also draw the loss and gap plots (the slow part)."),
     merge: bool = typer.Option(False, "--merge", help="Pool the sweeps' runs that share a column name and every "
                                "compared setting into one cell (seeds unioned; a seed twice in a cell is refused)."),
-    target: Optional[float] = typer.Option(None, "--target", help="The % of a gap a mitigation should close "
-                                           "(e.g. 85): the takeaways say whether each closure is resolved against it."),
+    target: Optional[str] = typer.Option(None, "--target", help="The % of a gap a mitigation should close (e.g. 85), "
+                                         "or 'paper': each optimizer's closure in the paper's table (and its gap "
+                                         "ratios); the takeaways judge each closure against it by its interval."),
     bench: Optional[List[Path]] = typer.Option(None, "--bench", help="A `bench pipeline` result file (repeatable): "
                                                "2BW's measured throughput ratio for the net speed-up (else the ideal)."),
 ) -> None:
     """Takeaways, loss-gap tables with 95% intervals (sync / 1-step / 1-step+EF per optimizer, or a sweep file's
     variants), time to sync's loss and net wall-clock speed-up, plots."""
+    from asyncpipe.report.build import parse_target
     from asyncpipe.report.command import report_command
 
     if out is not None:
         writable_dir(out, "--out")
     report_command(sweep_dirs or [], out, wandb_project=wandb_project, group=group, log_wandb=log_wandb,
                    say=typer.echo, baseline=baseline, reference=reference, plots=plots, merge=merge,
-                   target=None if target is None else target / 100, bench=bench or [])  # fmt: skip
+                   target=parse_target(target), bench=bench or [])  # fmt: skip
 
 
 @app.command()

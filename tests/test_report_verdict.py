@@ -94,7 +94,7 @@ def test_time_to_target_across_budgets_and_net_speedup(tmp_path):
     assert any("reaches sync's loss later (net speed-up 0.83x [0.83, 0.83])" in t for t in report.takeaways)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Time to target" in md and "smallest budget whose final val loss" in md
-    assert "| 2 | 4 | 1.250 (ideal (m+P-1)/m) | 0.83x [0.83, 0.83] |" in md
+    assert "| 2 | 4 | 1.250 (ideal (m+P-1)/m) | 0.83x [0.83, 0.83] (1.250, ideal (m+P-1)/m) |" in md
     assert "| 8 | 32 |" in md and "(wallclock.png)" in md and (tmp_path / "out" / "wallclock.png").exists()
 
 

@@ -18,6 +18,7 @@ from asyncpipe.report.groups import Grouping, classify, natural
 from asyncpipe.config.tuned import at_tuned_lr, tuned_lr
 from asyncpipe.report.load import concat_runs, load_sweep, named_variants, read_manifest, sweep_label
 from asyncpipe.report.merge import load_merged
+from asyncpipe.report.paper import PAPER
 from asyncpipe.report.render import to_markdown
 from asyncpipe.report.tables import GroupTable, compute_cells, variant_order
 from asyncpipe.report.target import Ladder, ladders
@@ -49,6 +50,7 @@ class Report:
     takeaways: list[str] = field(default_factory=list)  # one sentence per optimizer, first in every output
     sweep_dirs: list[Path] = field(default_factory=list)
     wandb_message: str = ""  # what log_report_to_wandb did, for the console
+    target: float | str | None = None  # what closures were judged against: a fraction, "paper", or None
 
     @property
     def group_keys(self) -> list[str]:
@@ -58,10 +60,11 @@ class Report:
 def assemble(
     runs: pd.DataFrame, curves: pd.DataFrame, source: str, out_dir: Path | None,
     named: list[str] | None = None, reference: str | None = None, command: str = "", sweeps: list[dict] | None = None,
-    plots: bool = True, target: float | None = None, bench: list[dict] | None = None,
+    plots: bool = True, target: float | str | None = None, bench: list[dict] | None = None,
 ) -> Report:
     """Tables from the frames, then (when out_dir is given) every report file (the plots only with `plots`).
-    `target`: the fraction of a gap a mitigation should close (judged in the takeaways); `bench`: load_bench()."""
+    `target`: the fraction of a gap a mitigation should close, or "paper" (each optimizer's closure in the paper's
+    table, asyncpipe.report.paper), judged in the takeaways; `bench`: load_bench()."""
     grouping = classify(list(zip(runs["run"], runs["config"], runs["optimizer"], runs["variant"], runs["variant_named"])))
     if reference is not None and reference not in set(runs["variant"]):
         raise UserError(f"--reference {reference!r} is not a column of this report; columns: "
@@ -78,10 +81,11 @@ def assemble(
     report = Report(source, runs, curves, cells, grouping, groups, warnings, out_dir,
                     command=command or f"asyncpipe report {source}", sweeps=sweeps or [])  # fmt: skip
     report.claims = [c for g in groups for c in g.claims]
+    report.target = target
     report.bench = bench or []
     # Only what answers "how much longer": several budgets, or a target reached (not a bare "≥ 1.00x").
     report.ladders = [lad for lad in ladders(runs, curves, grouping, groups) if len(lad.columns) > 1 or lad.reached]
-    report.takeaways = takeaways(report.claims, report.ladders, report.bench, target, len(groups) > 1)
+    report.takeaways = takeaways(report.claims, report.ladders, report.bench, len(groups) > 1)
     if out_dir is not None:
         write_files(report, out_dir, plots)
     return report
@@ -97,6 +101,27 @@ def repeated_data_warnings(runs: pd.DataFrame) -> list[str]:
     names = ", ".join(over["run"].head(5)) + (", ..." if len(over) > 5 else "")
     return [f"{len(over)} run(s) repeated data: up to {epochs.max():.2f} epochs of their train split ({names}); "
             "compare them with care, or train on a larger corpus (data=mix)"]
+
+
+def target_arg(target: float | str) -> str:
+    """`--target` as typed: `paper`, or the fraction as a percentage."""
+    return str(target) if target == PAPER else f"{float(target) * 100:g}"
+
+
+def parse_target(text: str | None) -> float | str | None:
+    """`--target 85` (a percentage, as a fraction) or `--target paper`; anything else is one line."""
+    if text is None:
+        return None
+    if text.strip().lower() == PAPER:
+        return PAPER
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 100:
+        raise UserError(f"--target {text}: give a percentage in (0, 100] (e.g. 85) or 'paper' (each optimizer's "
+                        "closure in the paper's table)")  # fmt: skip
+    return value / 100
 
 
 def untuned_lr_warnings(runs: pd.DataFrame) -> list[str]:
@@ -121,7 +146,7 @@ def _source_order(runs: pd.DataFrame, named: list[str]) -> list[str]:
 
 def build_report(
     sweep_dir: Path | Sequence[Path], out_dir: Path | None = None, baseline: Path | None = None,
-    reference: str | None = None, plots: bool = True, merge: bool = False, target: float | None = None,
+    reference: str | None = None, plots: bool = True, merge: bool = False, target: float | str | None = None,
     bench: Sequence[Path] = (),
 ) -> Report:
     """The report of every run under `sweep_dir` (default out_dir: sweep_dir/report).
@@ -132,7 +157,7 @@ def build_report(
     measure the gaps against (e.g. `cpu_study:1-step`: PipeDream vs 2BW, same seed). `plots=False` writes the
     tables only (the plots take most of a report's time). `merge`: runs of several sweeps that share a column
     name and every compared setting form one cell (seeds pooled; asyncpipe.report.merge). `target`: the fraction
-    of a gap a mitigation should close; `bench`: `bench pipeline` result files for the throughput ratios."""
+    of a gap a mitigation should close, or "paper" (the paper's own closure per optimizer); `bench`: `bench pipeline` result files for the throughput ratios."""
     dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
     if not dirs:
         raise UserError("give at least one sweep directory")
@@ -144,7 +169,7 @@ def build_report(
     command = "asyncpipe report " + " ".join(map(str, dirs)) + (f" --baseline {baseline}" if baseline else "")
     command += f" --reference '{reference}'" if reference else ""
     command += " --merge" if merge else ""
-    command += f" --target {target * 100:g}" if target is not None else ""
+    command += f" --target {target_arg(target)}" if target is not None else ""
     command += "".join(f" --bench {b}" for b in bench)
     manifests = [m for m in map(read_manifest, sources) if m]
     extra = {"plots": plots, "target": target, "bench": load_bench(list(bench))}

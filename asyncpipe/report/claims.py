@@ -4,8 +4,10 @@
 - effect: a mitigated column (EF, weight prediction, ...) minus its plain delayed column (1-step), same seed;
 - vs EF: a mitigation other than lambda-1 EF minus the lambda-1 EF column (lambda 2 - lambda 1, method - EF);
 - closed: % of the plain column's gap the mitigation closes, (gap_plain - gap_method) / gap_plain as a ratio of
-  means with Fieller's interval, optionally judged against a stated target;
-- gap ratio: one optimizer's gap over another's for the same column (seeds paired by number).
+  means with Fieller's interval, optionally judged against a goal: a stated fraction, or with `--target paper` the
+  paper's own closure for that optimizer (asyncpipe.report.paper);
+- gap ratio: one optimizer's gap over another's for the same column (seeds paired by number); with `--target
+  paper`, also set against the paper's ratio of the same two optimizers by its interval.
 
 A column's role comes from its runs' settings (delay, delay profile, EF and its lambda, compensation, train.steps),
 not its name, so `EF(lam=2)` of one sweep finds `main:1-step` and `main:1-step+EF` of another. Only columns with the
@@ -18,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from asyncpipe.report.paper import PAPER, Goal, gap_ratio, goal
 from asyncpipe.report.stats import (Interval, fieller_ratio, diff_seeds_needed, ratio_resolved, ratio_seeds_needed,
                                     t_interval, verdict)
 
@@ -36,6 +39,8 @@ class Claim:
     needed: int | None = None  # seeds that would resolve it with 80% power at the observed mean and spread
     note: str = ""  # "" when resolved, else "not resolved ..."
     clears_zero: bool | None = None  # a closure: whether it is resolved above/below 0 (its note may be the target's)
+    goal: str = ""  # what `target` is: "the 85% target", "the paper's 90% (adamw, 360M: ...)"
+    versus: str = ""  # a gap ratio set against the paper's: "below the paper's 23.17x (...)"
 
     @property
     def percent(self) -> bool:
@@ -52,7 +57,8 @@ class Claim:
         iv = self.interval
         return {"table": self.table, "optimizer": self.optimizer, "kind": self.kind, "claim": self.label,
                 "variant": self.variant, "value": iv.value, "lo": iv.lo, "hi": iv.hi, "n": iv.n, "method": iv.kind,
-                "target": self.target, "resolved": not self.note, "seeds_to_resolve": self.needed, "note": self.note}
+                "target": self.target, "goal": self.goal, "resolved": not self.note, "seeds_to_resolve": self.needed,
+                "note": self.note, "versus": self.versus}
 
 
 def meta_of(cell_runs: Any) -> dict[str, Any]:
@@ -115,8 +121,9 @@ def _diff_claim(table: str, opt: str, kind: str, label: str, variant: str, a: di
 
 
 def closure_claim(table: str, opt: str, variant: str, plain: str, by_seed: dict[str, dict], reference: str,
-                  target: float | None) -> Claim | None:  # fmt: skip
-    """% of `plain`'s gap that `variant` closes, over the seeds all three columns share."""
+                  target: Goal | None) -> Claim | None:  # fmt: skip
+    """% of `plain`'s gap that `variant` closes, over the seeds all three columns share, judged against 0 and
+    `target` (a stated fraction or the paper's figure for this optimizer)."""
     ref, base, own = by_seed.get(reference, {}), by_seed[plain], by_seed[variant]
     seeds = [s for s in own if s in base and s in ref]
     if not seeds:
@@ -125,19 +132,21 @@ def closure_claim(table: str, opt: str, variant: str, plain: str, by_seed: dict[
     den = _diffs(base, ref, seeds)  # gap_plain
     iv = fieller_ratio(num, den)
     notes, needed = [], None
-    for goal in [0.0] + ([target] if target is not None else []):
-        if not ratio_resolved(num, den, goal):
-            needed = ratio_seeds_needed(num, den, goal)
-            note = verdict(iv, goal, needed, 100, "%", resolved=False)
-            notes.append(note.replace("not resolved (", "not resolved vs 0% (") if goal == 0.0 else note)
+    for goal_ in [0.0] + ([target.value] if target is not None else []):
+        if not ratio_resolved(num, den, goal_):
+            needed = ratio_seeds_needed(num, den, goal_)
+            note = verdict(iv, goal_, needed, 100, "%", resolved=False)
+            notes.append(note.replace("not resolved (", "not resolved vs 0% (") if goal_ == 0.0 else note)
     return Claim(table, opt, "closed", f"{variant} closes of {plain}'s gap", variant, iv,
-                 target if target is not None else 0.0, needed, "; ".join(notes), ratio_resolved(num, den, 0.0))
+                 target.value if target is not None else 0.0, needed, "; ".join(notes), ratio_resolved(num, den, 0.0),
+                 target.name() if target is not None else "")  # fmt: skip
 
 
 def group_claims(table: str, stats: dict[str, dict[str, dict]], meta: dict[str, dict[str, dict]], reference: str,
-                 order: list[str], target: float | None = None) -> list[Claim]:  # fmt: skip
+                 order: list[str], target: float | str | None = None, model: str | None = None) -> list[Claim]:  # fmt: skip
     """Claims of one table. stats[optimizer][variant] has `_by_seed` ({seed: compared val loss}; empty when the
-    cell has runs sharing a seed); meta[optimizer][variant] the column's settings (meta_of)."""
+    cell has runs sharing a seed); meta[optimizer][variant] the column's settings (meta_of). `target`: a fraction
+    or `paper` (each optimizer's closure in the paper's table, on `model`'s kind: dense or MoE)."""
     claims: list[Claim] = []
     stats = {opt: {v: row for v, row in cells.items() if not other_budget(meta[opt], v, reference)}
              for opt, cells in stats.items()}  # fmt: skip
@@ -159,15 +168,29 @@ def group_claims(table: str, stats: dict[str, dict[str, dict]], meta: dict[str, 
             if ef and by_seed.get(ef):
                 claims.append(_diff_claim(table, opt, "vs EF", f"{v} − {ef}", v, by_seed[v], by_seed[ef]))
             if plain and by_seed.get(plain) and ref and plain != reference:
-                claim = closure_claim(table, opt, v, plain, by_seed, reference, target)
+                claim = closure_claim(table, opt, v, plain, by_seed, reference, goal(target, str(opt), model))
                 if claim is not None:
                     claims.append(claim)
-    claims += gap_ratio_claims(table, stats, reference)
+    claims += gap_ratio_claims(table, stats, reference, target == PAPER, model)
     return claims
 
 
-def gap_ratio_claims(table: str, stats: dict[str, dict[str, dict]], reference: str) -> list[Claim]:
-    """For each column two optimizers share: the larger mean gap over the smaller, seeds paired by number."""
+def versus_paper(num: list[float], den: list[float], iv: Interval, top: str, bottom: str, model: str | None) -> str:
+    """A gap ratio set against the paper's ratio of the same optimizers by its interval (the t-test of
+    num - r·den at the paper's r, which agrees with Fieller's interval): below, above, or consistent with it."""
+    paper = gap_ratio(top, bottom, model)
+    if paper is None or not iv.known:
+        return ""
+    where = f"the paper's {paper:.1f}x ({top} / {bottom} 1-step gap)"
+    if not ratio_resolved(num, den, paper):
+        return f"consistent with {where}"
+    return f"{'below' if iv.value < paper else 'above'} {where}"
+
+
+def gap_ratio_claims(table: str, stats: dict[str, dict[str, dict]], reference: str, paper: bool = False,
+                     model: str | None = None) -> list[Claim]:  # fmt: skip
+    """For each column two optimizers share: the larger mean gap over the smaller, seeds paired by number (with
+    `paper`, set against the paper's ratio of the two)."""
     opts = list(stats)
     out = []
     for i, a in enumerate(opts):
@@ -189,6 +212,9 @@ def gap_ratio_claims(table: str, stats: dict[str, dict[str, dict]], reference: s
                 iv = fieller_ratio(num, den)
                 ok = ratio_resolved(num, den, 1.0)
                 needed = None if ok else ratio_seeds_needed(num, den, 1.0)
-                out.append(Claim(table, f"{names[0]}/{names[1]}", "gap ratio", f"{v}: {names[0]}'s gap / {names[1]}'s",
-                                 v, iv, 1.0, needed, verdict(iv, 1.0, needed, 1, "x", ok)))  # fmt: skip
+                claim = Claim(table, f"{names[0]}/{names[1]}", "gap ratio", f"{v}: {names[0]}'s gap / {names[1]}'s",
+                              v, iv, 1.0, needed, verdict(iv, 1.0, needed, 1, "x", ok))  # fmt: skip
+                if paper:
+                    claim.versus = versus_paper(num, den, iv, str(names[0]), str(names[1]), model)
+                out.append(claim)
     return out

@@ -9,6 +9,7 @@ import pandas as pd
 
 from asyncpipe.report.groups import fmt_value
 from asyncpipe.report.load import COMPLETED, accounting
+from asyncpipe.report.paper import PAPER, SOURCE, table_lines
 from asyncpipe.report.tables import GroupTable, matched_values
 from asyncpipe.report.target import speedup_table, tokens_table
 
@@ -76,7 +77,8 @@ def provenance_table(report: Any) -> pd.DataFrame:
 
 def claims_table(report: Any) -> pd.DataFrame:
     rows = [{"table": c.table, "optimizer": c.optimizer, "claim": c.label, "95% interval": c.shown(),
-             "n": c.interval.n, "resolved": c.note or "yes"} for c in report.claims]  # fmt: skip
+             "n": c.interval.n, "resolved": (c.note or "yes") + (f"; {c.versus}" if c.versus else "")}
+            for c in report.claims]  # fmt: skip
     return pd.DataFrame(rows).set_index("table") if rows else pd.DataFrame()
 
 
@@ -105,8 +107,12 @@ def to_markdown(report: Any) -> str:
     claims = claims_table(report)
     if not claims.empty:
         parts += ["## Intervals\n", CONVENTION + "\n", md_table(claims) + "\n"]
+    if report.target == PAPER:
+        parts += ["## Targets: the paper's own figures\n", f"Closures and gap ratios are judged against {SOURCE}, "
+                  "derived in code from its table (a closure is (1-step − EF) / (1-step − sync)):\n",
+                  "\n".join(f"- {line}" for line in table_lines()) + "\n"]  # fmt: skip
     if report.ladders:
-        parts += ["## Time to target\n", TARGET_RULE + "\n", md_table(tokens_table(report.ladders)) + "\n",
+        parts += ["## Time to target\n", TARGET_RULE + "\n", md_table(tokens_table(report.ladders, report.bench)) + "\n",
                   "Net wall-clock speed-up over synchronous training = throughput ratio ÷ token ratio (the throughput "
                   "ratio taken as exact; the interval is the token ratio's):\n",
                   md_table(speedup_table(report.ladders, report.bench)) + "\n"]  # fmt: skip
@@ -188,7 +194,7 @@ def render_terminal(report: Any) -> Any:
     for group in report.groups:
         items.append(_rich_table(group.table, group.title, matched_note(group).replace("**", "").replace("`", "")))
     if report.ladders:
-        items.append(_rich_table(tokens_table(report.ladders), "Time to sync's final val loss"))
+        items.append(_rich_table(tokens_table(report.ladders, report.bench), "Time to sync's final val loss"))
         items.append(_rich_table(speedup_table(report.ladders, report.bench), "Net wall-clock speed-up over sync"))
     items += [Text(line.replace("`", "")) for line in report.grouping.describe()]
     items += [Text(NOISE), *([Text(dirty_note(report))] if dirty_note(report) else [])]

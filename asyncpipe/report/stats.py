@@ -158,7 +158,8 @@ def verdict(interval: Interval, target: float = 0.0, needed: int | None = None, 
             unit: str = "", resolved: bool | None = None) -> str:  # fmt: skip
     """"" when the claim clears `target` (`resolved`, default: the interval excludes it); else "not resolved[ vs
     TARGET] (~N seeds would resolve it)"."""
-    where = f" vs {target * scale:g}{unit}" if target != 0 else ""
+    shown = f"{target * scale:.0f}" if unit == "%" else f"{target * scale:g}"
+    where = f" vs {shown}{unit}" if target != 0 else ""
     if interval.n >= 2 and math.isinf(interval.lo) and math.isinf(interval.hi):  # Fieller, denominator may be 0
         return f"not resolved{where} ({interval.n} seeds: the denominator's own interval reaches 0)"
     if interval.excludes(target) if resolved is None else resolved:

@@ -101,10 +101,11 @@ def _cell(runs: pd.DataFrame, values: dict[str, float]) -> dict:
 
 def compute_cells(
     runs: pd.DataFrame, curves: pd.DataFrame, grouping: Grouping, named: list[str] | None, reference: str | None = None,
-    target: float | None = None,
+    target: float | str | None = None,
 ) -> tuple[pd.DataFrame, list[GroupTable], list[str]]:
     """The long-form table (gaps.csv: one row per table, optimizer and variant), the display tables (with their
-    claims' intervals; `target`: a stated fraction of the gap a mitigation should close), and warnings."""
+    claims' intervals; `target`: a stated fraction of the gap a mitigation should close, or `paper`: each
+    optimizer's closure in the paper's table, asyncpipe.report.paper), and warnings."""
     present = list(runs["variant"].unique())
     order = variant_order(present, named)
     reference = reference or (order[0] if named else "sync")
@@ -159,7 +160,8 @@ def compute_cells(
             group_rows.extend(stats[v] for v in sorted(stats, key=order.index))
             all_stats[optimizer] = stats
         title = ", ".join(f"{k.removesuffix('.name')}={fmt_value(v)}" for k, v in key.items())
-        claims = group_claims(title, all_stats, all_meta, reference, order, target)
+        model = str(grouping.value(first, "model.name"))
+        claims = group_claims(title, all_stats, all_meta, reference, order, target, model)
         for row in group_rows:
             row.pop("_by_seed")
         rows.extend(group_rows)

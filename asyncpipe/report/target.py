@@ -97,6 +97,11 @@ class Ladder:
     def net(self, thr: Throughput) -> str:
         return net_speedup(self.ratio, self.bound, thr.vs_1f1b)
 
+    def throughput(self, bench: list[dict]) -> Throughput:
+        """2BW's (2BW + EF's for an EF column) throughput over 1F1B at the ladder's own P and m: the one number the
+        takeaway, both time-to-target tables and the wall-clock plot use for this ladder."""
+        return throughput(self.stages, self.micro_batches, bench, self.ef)
+
 
 def _final(curves: pd.DataFrame, run: str) -> tuple[float, float, list[tuple[float, float]]] | None:
     own = curves[curves["run"] == run].sort_values("tokens")
@@ -156,7 +161,7 @@ def _ladder(group: Any, optimizer: str, opt_runs: pd.DataFrame, curves: pd.DataF
 
 def speedup_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
     """Rows: P, m (the grid and each run's own); per ladder its net wall-clock speed-up over 1F1B (and over the
-    strongest measured sync schedule where a bench file measured one)."""
+    strongest measured sync schedule where a bench file measured one), each labelled with its throughput's source."""
     rows = []
     points = list(dict.fromkeys(GRID + [(lad.stages, lad.micro_batches) for lad in ladders_]))
     for P, m in sorted(points):
@@ -164,27 +169,35 @@ def speedup_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
         plain = throughput(P, m, bench)
         row["2BW / 1F1B throughput"] = f"{plain.vs_1f1b:.3f} ({plain.source})"
         for lad in ladders_:
-            thr = throughput(P, m, bench, lad.ef)
+            thr = lad.throughput(bench) if (P, m) == (lad.stages, lad.micro_batches) else throughput(P, m, bench, lad.ef)
             label = f"{lad.optimizer} {lad.columns[0]}"
-            row[f"{label} vs 1F1B"] = lad.net(thr)
+            row[f"{label} vs 1F1B"] = f"{lad.net(thr)} ({thr.vs_1f1b:.3f}, {thr.kind})"
             if thr.vs_best_sync is not None and thr.best_sync != "1f1b":
                 row[f"{label} vs {thr.best_sync}"] = net_speedup(lad.ratio, lad.bound, thr.vs_best_sync)
         rows.append(row)
     return pd.DataFrame(rows).fillna("—").set_index(["P", "m"])
 
 
-def tokens_table(ladders_: list[Ladder]) -> pd.DataFrame:
-    return pd.DataFrame([{
-        "table": lad.table, "optimizer": lad.optimizer, "variant (budgets)": lad.name,
-        "seeds reached": f"{lad.reached}/{len(lad.per_seed)}", "tokens to sync's final val loss, / sync's": lad.tokens_text(),
-        f"net speed-up at its P, m": lad.net(throughput(lad.stages, lad.micro_batches, [], lad.ef)) + " (ideal)",
-    } for lad in ladders_]).set_index("table") if ladders_ else pd.DataFrame()  # fmt: skip
+def tokens_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
+    """One row per ladder: seeds that reached the target, the token ratio, and the net speed-up at the ladder's own
+    P and m with the throughput the takeaway uses (measured where a bench file covers it, else ideal)."""
+    rows = []
+    for lad in ladders_:
+        thr = lad.throughput(bench)
+        rows.append({
+            "table": lad.table, "optimizer": lad.optimizer, "variant (budgets)": lad.name,
+            "seeds reached": f"{lad.reached}/{len(lad.per_seed)}",
+            "tokens to sync's final val loss, / sync's": lad.tokens_text(),
+            "net speed-up at its P, m": f"{lad.net(thr)} (P={lad.stages}, m={lad.micro_batches}: "
+                                        f"{thr.vs_1f1b:.3f}x throughput, {thr.kind})",
+        })  # fmt: skip
+    return pd.DataFrame(rows).set_index("table") if rows else pd.DataFrame()
 
 
 def phrase(lad: Ladder, bench: list[dict]) -> str:
     """The takeaway's time-to-target clause, from the net speed-up's interval at the run's own P and m."""
-    thr = throughput(lad.stages, lad.micro_batches, bench, lad.ef)
-    where = f"at P={lad.stages}, m={lad.micro_batches} ({thr.vs_1f1b:.2f}x throughput, {thr.source.split(',')[0]})"
+    thr = lad.throughput(bench)
+    where = f"at P={lad.stages}, m={lad.micro_batches} ({thr.vs_1f1b:.2f}x throughput, {thr.kind})"
     if lad.bound is not None:
         return (f"{lad.columns[0]} does not reach sync's loss within {max(lad.multiples):.2f}x its tokens "
                 f"({len(lad.per_seed) - lad.reached} of {len(lad.per_seed)} seeds), so {where} it is at most "
@@ -192,8 +205,8 @@ def phrase(lad: Ladder, bench: list[dict]) -> str:
     iv = lad.ratio
     if iv is None or not iv.known:
         return ""
+    net = lad.net(thr)
     lo, hi = thr.vs_1f1b / iv.hi, thr.vs_1f1b / iv.lo
-    net = f"{thr.vs_1f1b / iv.value:.2f}x [{lo:.2f}, {hi:.2f}]"
     if lo > 1:
         return f"{where} {lad.name} reaches sync's loss {net} sooner in wall-clock"
     if hi < 1:

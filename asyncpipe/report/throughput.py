@@ -30,7 +30,12 @@ class Throughput:
     vs_1f1b: float  # 2BW (or 2BW + EF) tokens/s over 1F1B's
     vs_best_sync: float | None  # over the fastest measured sync schedule; None when not measured
     best_sync: str  # its name
-    source: str  # "measured (FILE)", "measured at m=M (FILE)", "ideal (m+P-1)/m"
+    source: str  # "measured, 2bw (FILE)", "measured at m=M, 2bw_ef (FILE)", "ideal (m+P-1)/m"
+
+    @property
+    def kind(self) -> str:
+        """The label every figure drawn from it carries: `measured`, `measured at m=M` or `ideal (m+P-1)/m`."""
+        return self.source.split(",")[0]
 
 
 def load_bench(paths: Sequence[Path]) -> list[dict]:

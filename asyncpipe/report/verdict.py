@@ -16,22 +16,23 @@ def _gap_clause(c: Claim) -> str:
     return f"{c.variant} {verb} {c.shown()}"
 
 
-def _closure_clause(closed: Claim | None, effect: Claim | None, target: float | None) -> str:
+def _closure_clause(closed: Claim | None, effect: Claim | None) -> str:
     if closed is None or not closed.clears_zero:
         if effect is None:
             return ""
         return f"{effect.label} {effect.shown()} is {effect.note or 'resolved'}"
     clause = f"{closed.variant} recovers {closed.shown()} of the gap"
-    if target is not None:
+    if closed.goal:
         if not closed.note:
-            clause += f" ({'above' if closed.interval.value > target else 'short of'} the {target * 100:g}% target)"
+            clause += f" ({'above' if closed.interval.value > closed.target else 'short of'} {closed.goal})"
+        elif closed.goal.startswith("the paper's"):
+            clause += f" (consistent with {closed.goal}: {closed.note})"
         else:
             clause += f" ({closed.note})"
     return clause
 
 
-def takeaways(claims: list[Claim], ladders: list[Ladder], bench: list[dict], target: float | None,
-              several_tables: bool) -> list[str]:  # fmt: skip
+def takeaways(claims: list[Claim], ladders: list[Ladder], bench: list[dict], several_tables: bool) -> list[str]:
     """The sentences, in table then optimizer order; a cell with nothing measured says nothing."""
     out = []
     keys = list(dict.fromkeys((c.table, c.optimizer) for c in claims if c.kind != "gap ratio"))
@@ -48,7 +49,7 @@ def takeaways(claims: list[Claim], ladders: list[Ladder], bench: list[dict], tar
         for v in dict.fromkeys(c.variant for c in own if c.kind == "effect"):
             closed = next((c for c in own if c.kind == "closed" and c.variant == v), None)
             effect = next((c for c in own if c.kind == "effect" and c.variant == v), None)
-            clause = _closure_clause(closed, effect, target)
+            clause = _closure_clause(closed, effect)
             if clause:
                 clauses.append(clause)
             versus = next((c for c in own if c.kind == "vs EF" and c.variant == v), None)
@@ -75,5 +76,6 @@ def takeaways(claims: list[Claim], ladders: list[Ladder], bench: list[dict], tar
     for c in claims:
         if c.kind == "gap ratio" and c.variant in resolved_gaps and c.variant not in mitigated:
             if not c.note:
-                out.append(f"{c.label} ({c.table}): {c.shown()}." if several_tables else f"{c.label}: {c.shown()}.")
+                said = f"{c.label} ({c.table}): {c.shown()}" if several_tables else f"{c.label}: {c.shown()}"
+                out.append(said + (f", {c.versus}." if c.versus else "."))
     return out

@@ -13,7 +13,6 @@ import pandas as pd
 from asyncpipe.report.load import COMPLETED
 from asyncpipe.report.plots import COLOURS, DPI, MARKERS, TOKENS, save_figure, seed_matrix
 from asyncpipe.report.target import Ladder
-from asyncpipe.report.throughput import throughput
 
 VIEW_FRAC = 0.4  # the x-axis starts at 40% of the longest run: the approach to the target is what matters
 
@@ -28,8 +27,8 @@ def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladde
         own = [lad for lad in ladders if (lad.table, lad.optimizer) == (table, optimizer)]
         lines = [(group.reference, 1.0, "sync (1F1B)")]
         for lad in own:
-            thr = throughput(lad.stages, lad.micro_batches, bench, lad.ef)
-            note = f"÷{thr.vs_1f1b:.3f}, {thr.source.split(',')[0]} at P={lad.stages}, m={lad.micro_batches}"
+            thr = lad.throughput(bench)  # the takeaway's and the tables' number for this ladder
+            note = f"÷{thr.vs_1f1b:.3f}, {thr.kind} at P={lad.stages}, m={lad.micro_batches}"
             lines += [(col, thr.vs_1f1b, f"{col} ({note})") for col in lad.columns]
         ys, xmax = [], 0.0
         for j, (column, ratio, label) in enumerate(lines):
