@@ -39,6 +39,7 @@ class OptimizerSpec:
     config: Optional[type] = None  # dataclass of the keys it adds to `optimizer.*` (flat, shared by name)
     check: Optional[Check] = None
     module: str = ""
+    revision: int = 1  # bumped when its update rule changes (asyncpipe.report.revisions keeps what each one was)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class MethodSpec:
     memory: Optional[Memory] = None  # bytes beyond `buffers` (e.g. Kronecker factors)
     needs_delay: bool = False  # True: at delay 0 it computes exactly the plain optimizer (refused there)
     module: str = ""
+    revision: int = 1  # bumped when its update rule changes (asyncpipe.report.revisions keeps what each one was)
 
 
 _OPTIMIZERS: dict[str, OptimizerSpec] = {}
@@ -70,11 +72,13 @@ def _add(table: dict, spec: Any, kind: str) -> None:
     table[spec.name] = spec
 
 
-def declare_optimizer(name: str, memory: Memory, config: Optional[type] = None, check: Optional[Check] = None):
-    """Decorator on a builder ``(module, cfg_optimizer, hidden) -> torch.optim.Optimizer``."""
+def declare_optimizer(name: str, memory: Memory, config: Optional[type] = None, check: Optional[Check] = None,
+                      revision: int = 1):  # fmt: skip
+    """Decorator on a builder ``(module, cfg_optimizer, hidden) -> torch.optim.Optimizer``; ``revision``: which
+    version of its update rule this is (1 until the rule changes; a run records it, a report never pools two)."""
 
     def wrap(build: Callable[..., Any]) -> Callable[..., Any]:
-        _add(_OPTIMIZERS, OptimizerSpec(name, build, memory, config, check, build.__module__), "optimizer")
+        _add(_OPTIMIZERS, OptimizerSpec(name, build, memory, config, check, build.__module__, revision), "optimizer")
         return build
 
     return wrap
@@ -82,11 +86,13 @@ def declare_optimizer(name: str, memory: Memory, config: Optional[type] = None, 
 
 def declare_method(name: str, *, buffers: int, fits_2bw: bool, note: str, key: Optional[str] = None,
                    config: Optional[type] = None, check: Optional[Check] = None, memory: Optional[Memory] = None,
-                   needs_delay: bool = False):  # fmt: skip
-    """Decorator on a builder ``(optimizer, cfg_compensation, delays) -> torch.optim.Optimizer``."""
+                   needs_delay: bool = False, revision: int = 1):  # fmt: skip
+    """Decorator on a builder ``(optimizer, cfg_compensation, delays) -> torch.optim.Optimizer``; ``revision``: which
+    version of its rule this is (1 until the rule changes; a run records it, a report never pools two)."""
 
     def wrap(build: Callable[..., Any]) -> Callable[..., Any]:
-        spec = MethodSpec(name, build, buffers, fits_2bw, note, key, config, check, memory, needs_delay, build.__module__)
+        spec = MethodSpec(name, build, buffers, fits_2bw, note, key, config, check, memory, needs_delay, build.__module__,
+                          revision)  # fmt: skip
         _add(_METHODS, spec, "compensation")
         return build
 
@@ -184,6 +190,14 @@ def of_config(cfg: Any) -> tuple[OptimizerSpec, MethodSpec]:
     """The optimizer and the compensation method a composed config runs (EF via `effective_compensation`)."""
     comp = effective_compensation(cfg.optimizer, cfg.compensation)
     return optimizer_spec(cfg.optimizer.name, target_of(cfg.optimizer)), method_spec(comp.name, target_of(comp))
+
+
+def revisions(cfg: Any) -> dict[str, dict[str, Any]]:
+    """What a run records of its code's rules (provenance.json "revisions"): the optimizer's and the effective
+    compensation method's name and declared revision."""
+    opt, method = of_config(cfg)
+    return {"optimizer": {"name": opt.name, "revision": opt.revision},
+            "compensation": {"name": method.name, "revision": method.revision}}
 
 
 def describe(cfg: Any) -> str:

@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from omegaconf import DictConfig
 
+from asyncpipe import registry
 from asyncpipe.dist import destroy_process_group, rank_env
 from asyncpipe.errors import UserError
 from asyncpipe.runtime.signals import StopRequest
@@ -32,7 +33,8 @@ from asyncpipe.trainer import train
 def _claimed(cfg: DictConfig, overrides: Sequence[str], rank: int) -> Iterator[Optional[RunRecord]]:
     """Rank 0 claims the run dir (`RunRecord`, provenance.json, train.log) for the run's life and releases it
     after; a user mistake removes what a refused run created. Other ranks get None."""
-    with recorded(cfg, overrides, rank=rank):  # provenance.json, train.log: once this run wrote config.yaml
+    revisions = registry.revisions(cfg) if rank == 0 else None  # the rules' revisions it runs, for provenance.json
+    with recorded(cfg, overrides, rank=rank, revisions=revisions):  # provenance.json, train.log: once config.yaml is written
         record = RunRecord.open(cfg) if rank == 0 else None
         try:
             yield record

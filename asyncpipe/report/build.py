@@ -72,6 +72,7 @@ def assemble(
     named = named or (sorted(dict.fromkeys(runs["variant"]), key=natural) if runs["variant_named"].any() else None)
     cells, groups, warnings = compute_cells(runs, curves, grouping, named, reference, target)
     warnings += [f"run {r}: {n}" for r, n in zip(runs["run"], runs["note"]) if n]
+    warnings += list(dict.fromkeys(n for notes in runs["revision_note"].fillna("") for n in notes.splitlines() if n))
     warnings += untuned_lr_warnings(runs)
     warnings += repeated_data_warnings(runs)
     codes = runs["code"].astype(object).fillna("unrecorded") if "code" in runs else pd.Series(dtype=object)

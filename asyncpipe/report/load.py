@@ -18,6 +18,7 @@ import pandas as pd
 from asyncpipe.config.keys import lookup
 from asyncpipe.errors import UserError
 from asyncpipe.status import COMPLETED
+from asyncpipe.report import revisions
 from asyncpipe.report.groups import flat_config
 from asyncpipe.paths import enclosing_run, separate_from_runs
 from asyncpipe.track.files import (
@@ -42,7 +43,7 @@ AXES = {
     "seed": "seed",
 }
 RUN_COLUMNS = ["run", "path", *AXES, "variant", "variant_named", "sweep", "status", "final_tokens", "summary_val_loss",
-               "note", "config", "train", "code", "epochs", "branch_of"]
+               "note", "config", "train", "code", "epochs", "branch_of", "revision_note"]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
 
 
@@ -84,7 +85,7 @@ def run_record(
 
     The column is the sweep file's variant name (`run.variant`) when the run has one, else named from its delay
     settings; `config` holds the whole flattened config, which asyncpipe.report.groups compares."""
-    row: dict[str, Any] = {"run": name, "path": path, "note": note, "sweep": ""}
+    row: dict[str, Any] = {"run": name, "path": path, "note": note, "sweep": "", "revision_note": ""}
     for column, dotted in AXES.items():
         row[column] = lookup(config, dotted)
     if row["compensation"] == "ef":  # compensation=ef is the EF of the *_ef optimizer presets
@@ -227,15 +228,37 @@ def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
         if text.strip() and not text.endswith("\n") and len(metrics) < len([x for x in text.split("\n") if x.strip()]):
             note = f"last line of {METRICS_FILE} is cut off (a crash mid-write): ignored, the {len(metrics)} lines before it are used"
     row, curve = run_record(name, str(run), config, summary, metrics, note)
-    row["code"] = code_of(run)
+    prov = read_provenance(run)
+    row["code"] = code_of(prov)
+    name_revisions(row, prov)
     return row, curve
 
 
-def code_of(run: Path) -> str:
-    """The code a run came from, from its provenance.json: `commit[ (dirty)]; package versions`, or "unrecorded"."""
+def read_provenance(run: Path) -> dict | None:
+    """A run's provenance.json as a mapping, or None (absent or unreadable: the report says "unrecorded")."""
     try:
-        prov = read_json_object(run / PROVENANCE_FILE)
+        return read_json_object(run / PROVENANCE_FILE)
     except (OSError, UserError):
+        return None
+
+
+def name_revisions(row: dict, prov: dict | None) -> None:
+    """A run that ran an optimizer or compensation rule other than today's revision gets it in its names
+    (`1-step+stage_lr@r1`, `adamw@r1`), so its cell is never pooled with, or read as, today's rule; the warning that
+    says what that revision was goes to `revision_note`."""
+    method = "ef" if row["ef"] else str(row["compensation"] or "none")
+    notes = []
+    for kind, name, column in (("compensation", method, "variant"), ("optimizer", str(row["optimizer"]), "optimizer")):
+        tag, note = revisions.suffix(kind, name, prov)
+        if tag:
+            row[column] = f"{row[column]}{tag}"
+            notes.append(note)
+    row["revision_note"] = "\n".join(notes)  # one line per rule
+
+
+def code_of(prov: dict | None) -> str:
+    """The code a run came from, from its provenance.json: `commit[ (dirty)]; package versions`, or "unrecorded"."""
+    if prov is None:
         return "unrecorded"
     git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
     versions = prov.get("versions") if isinstance(prov.get("versions"), dict) else {}

@@ -73,7 +73,9 @@ def cpu_model() -> Optional[str]:
     return platform.processor() or platform.machine() or None
 
 
-def provenance(overrides: Sequence[str]) -> dict[str, Any]:
+def provenance(overrides: Sequence[str], revisions: Optional[dict] = None) -> dict[str, Any]:
+    """The record of where a run came from; `revisions`: `asyncpipe.registry.revisions(cfg)`, the declared revision
+    of the optimizer's and the compensation method's rule (a report never pools runs of different revisions)."""
     argv = getattr(sys, "orig_argv", sys.argv)
     return {
         "started": datetime.now().isoformat(timespec="seconds"),
@@ -88,6 +90,7 @@ def provenance(overrides: Sequence[str]) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "git": git_state(Path(__file__).resolve().parent),
         "versions": versions(),
+        **({"revisions": revisions} if revisions else {}),
     }
 
 
@@ -160,12 +163,12 @@ class LogTee:
 
 
 @contextmanager
-def recorded(cfg: Any, overrides: Sequence[str], rank: int = 0) -> Iterator[None]:
-    """Record provenance and train.log for the run in cfg.run.dir (rank 0 only)."""
+def recorded(cfg: Any, overrides: Sequence[str], rank: int = 0, revisions: Optional[dict] = None) -> Iterator[None]:
+    """Record provenance (with the rules' `revisions`) and train.log for the run in cfg.run.dir (rank 0 only)."""
     if rank != 0:
         yield
         return
-    tee = LogTee(sys.stdout, Path(cfg.run.dir), provenance(overrides))
+    tee = LogTee(sys.stdout, Path(cfg.run.dir), provenance(overrides, revisions))
     sys.stdout = tee  # type: ignore[assignment]
     try:
         yield

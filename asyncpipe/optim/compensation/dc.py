@@ -99,7 +99,8 @@ def dc_bytes(cfg: Any, shapes: list) -> float:
 
 
 @register("dc", fits_2bw=True, note="W(t-k) is still in the 2BW stash at step time; DC-ASGD-a keeps one buffer v",
-          buffers=0, memory=dc_bytes, key="dc", config=DCCompensation, check=check_dc, needs_delay=True)
+          buffers=0, memory=dc_bytes, key="dc", config=DCCompensation, check=check_dc, needs_delay=True,
+          revision=2)  # r1 (to 262fe8d): eps outside the root, MeanSquare seeded with g*g (asyncpipe.report.revisions)
 def build_dc(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
     c = cfg.dc
     return DelayCompensated(optimizer, delays, c.lam, c.adaptive, c.rho, c.eps)

@@ -159,7 +159,8 @@ def rotation_bytes(cfg: Any, shapes: list) -> float:
 
 
 @register("basis_rotation", fits_2bw=True, note="L, R, Q_L, Q_R per matrix (optimizer state, no weight version)",
-          buffers=0, memory=rotation_bytes, key="rotation", config=RotationCompensation, check=check_rotation)
+          buffers=0, memory=rotation_bytes, key="rotation", config=RotationCompensation, check=check_rotation,
+          revision=2)  # r1 (to 262fe8d): embedding and head rotated too (asyncpipe.report.revisions)
 def build_rotation(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
     c = cfg.rotation
     hidden = getattr(optimizer, "hidden_params", None)

@@ -103,7 +103,8 @@ def check_stage_lr(c: Any, cfg: Any) -> None:
 
 
 @register("stage_lr", fits_2bw=True, note="no buffer; under 2BW's uniform delay of 1 it changes nothing",
-          buffers=0, key="stage_lr", config=StageLRCompensation, check=check_stage_lr, needs_delay=True)
+          buffers=0, key="stage_lr", config=StageLRCompensation, check=check_stage_lr, needs_delay=True,
+          revision=2)  # r1 (to 262fe8d): lr / (1 + k) for the whole run (asyncpipe.report.revisions)
 def build_stage_lr(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
     c = cfg.stage_lr
     return StageLR(optimizer, delays, c.power, anneal_length(c.anneal_steps, c.anneal_frac, c.run_steps))

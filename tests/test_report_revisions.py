@@ -1,0 +1,87 @@
+"""Method revisions: every optimizer and compensation method declares the revision of its rule, a run records it,
+and a report never pools or names runs of different revisions as one (older records get theirs from their commit,
+asyncpipe.report.revisions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncpipe import registry
+from asyncpipe.config import compose
+from asyncpipe.report import build_report, revisions
+from asyncpipe.track import RunDir
+
+REPO = Path(__file__).resolve().parents[1]
+DELAY = {"sync": 0, "1-step": 1, "1-step+stage_lr": 1}
+
+
+def test_each_rules_declared_revision_is_the_last_in_the_history_table():
+    for spec in registry.optimizers():
+        assert spec.revision == revisions.current("optimizer", spec.name), spec.name
+    for spec in registry.methods():
+        assert spec.revision == revisions.current("compensation", spec.name), spec.name
+    assert registry.method_spec("stage_lr").revision == 2 and registry.method_spec("ef").revision == 1
+    for (kind, name), history in revisions.HISTORY.items():
+        assert [r.number for r in history] == list(range(1, len(history) + 1)), name
+
+
+def test_a_run_records_the_revisions_of_the_rules_it_runs():
+    cfg = compose(["model=tiny", "delay=1", "delay_profile=pipedream", "pipeline.stages=4", "compensation=stage_lr"])
+    assert registry.revisions(cfg) == {"optimizer": {"name": "adamw", "revision": 1},
+                                       "compensation": {"name": "stage_lr", "revision": 2}}  # fmt: skip
+    ef = compose(["model=tiny", "delay=1", "optimizer=muon_ef"])
+    assert registry.revisions(ef)["compensation"] == {"name": "ef", "revision": 1}  # EF is the method `ef`
+
+
+def write(root: Path, variant: str, seed: int, loss: float, prov: dict | None) -> None:
+    cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": DELAY[variant],
+           "engine": "simulate", "delay_profile": "uniform", "train": {"steps": 10},
+           "optimizer": {"name": "adamw", "lr": 1e-3, "ef": {"enabled": False, "lam": 1.0}},
+           "compensation": {"name": "stage_lr" if "stage_lr" in variant else "none"},
+           "run": {"variant": variant}}  # fmt: skip
+    run = RunDir(root / f"{variant}-s{seed}")
+    run.write_config(yaml.safe_dump(cfg))
+    run.append_metrics({"step": 10, "tokens": 1000, "val_loss": loss})
+    run.write_summary({"status": "completed", "final_val_loss": loss, "tokens": 1000})
+    if prov is not None:
+        (root / f"{variant}-s{seed}" / "provenance.json").write_text(json.dumps(prov))
+
+
+def test_runs_of_an_older_rule_are_named_apart_and_never_pooled(tmp_path):
+    """Two sweeps both name a column `1-step+stage_lr`: the old one's runs record no revision and started before
+    the rule changed (a commit git does not know), the new one's record revision 2. Merged, they form two cells,
+    the old one named `1-step+stage_lr@r1`, and a warning says what r1 computed."""
+    old_prov = {"started": "2026-12-01T12:10:40", "git": {"commit": "0123456789abcdef", "dirty": True}}
+    new_prov = {"started": "2026-12-03T08:00:00", "revisions": {
+        "optimizer": {"name": "adamw", "revision": 1}, "compensation": {"name": "stage_lr", "revision": 2}}}
+    for name, prov in (("old", old_prov), ("new", new_prov)):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "sweep.json").write_text(json.dumps({"name": name, "variants": {v: [] for v in DELAY}}))
+        for seed in range(2) if name == "old" else range(2, 4):
+            for variant in DELAY:
+                write(root, variant, seed, 3.0 + 0.1 * DELAY[variant] + 0.01 * seed, prov)
+    report = build_report([tmp_path / "old", tmp_path / "new"], out_dir=tmp_path / "out", plots=False, merge=True)
+    cells = report.cells.set_index("variant")
+    assert cells.loc["1-step+stage_lr@r1", "n"] == 2 and cells.loc["1-step+stage_lr", "n"] == 2
+    assert cells.loc["1-step", "n"] == 4  # the rule-free columns still pool
+    said = next(w for w in report.warnings if w.startswith("stage_lr@r1"))
+    assert "lr / (1 + k)" in said and "started 2026-12-01 12:10, before 262fe8d" in said
+
+
+def test_a_record_without_a_revision_gets_it_from_its_commit():
+    """v3's mitigation records ran at 5344c72 (before 262fe8d changed stage_lr), v4's part 4 at 520539e (after)."""
+    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", "5344c723f18f8185645c81b86cf9617eedf42348"],
+                      capture_output=True).returncode != 0:  # fmt: skip
+        pytest.skip("not a git checkout holding the study's commits")
+    v3 = json.loads((REPO / "results/cpu_study/mitigations/optimizer=adamw,seed=0,variant=1-step+stage_lr"
+                     / "provenance.json").read_text())  # fmt: skip
+    v4 = json.loads((REPO / "results/cpu_study/fixed/seed=0,variant=adamw_pipedream4+stage_lr/provenance.json").read_text())
+    assert revisions.of_record("compensation", "stage_lr", v3) == (1, "its commit 5344c72 lacks 262fe8d")
+    assert revisions.of_record("compensation", "stage_lr", v4) == (2, "its commit 520539e contains 262fe8d")
+    assert revisions.suffix("compensation", "stage_lr", v3)[0] == "@r1" and revisions.suffix("compensation", "ef", v3) == ("", "")
