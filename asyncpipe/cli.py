@@ -129,6 +129,10 @@ def report(
     target: Optional[str] = typer.Option(None, "--target", help="The % of a gap a mitigation should close (e.g. 85), "
                                          "or 'paper': each optimizer's closure in the paper's table (and its gap "
                                          "ratios); the takeaways judge each closure against it by its interval."),
+    best_of: Optional[str] = typer.Option(None, "--best-of", help="A swept key (e.g. optimizer.lr): every column at "
+                                          "its own best value, chosen on --select-seeds, measured on the other seeds."),
+    select_seeds: Optional[str] = typer.Option(None, "--select-seeds", help="With --best-of: the seeds the value is "
+                                               "chosen on, comma-separated (default: the lower half of the seeds)."),
     bench: Optional[List[Path]] = typer.Option(None, "--bench", help="A `bench pipeline` result file (repeatable): "
                                                "2BW's measured throughput ratio for the net speed-up (else the ideal)."),
 ) -> None:
@@ -141,7 +145,8 @@ def report(
         writable_dir(out, "--out")
     report_command(sweep_dirs or [], out, wandb_project=wandb_project, group=group, log_wandb=log_wandb,
                    say=typer.echo, baseline=baseline, reference=reference, plots=plots, merge=merge,
-                   target=parse_target(target), bench=bench or [])  # fmt: skip
+                   target=parse_target(target), bench=bench or [], best_of=best_of,
+                   select_seeds=select_seeds.split(",") if select_seeds else None)  # fmt: skip
 
 
 @app.command()

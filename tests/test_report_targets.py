@@ -21,14 +21,14 @@ DELAY = {"sync": 0, "1-step": 1, "1-step(x2)": 1, "1-step+EF": 1, "1-step+EF(x2)
 
 
 def write(root: Path, variant: str, opt: str, seed: int, finals: list[tuple[int, float]], steps: int = 100,
-          **extra) -> None:  # fmt: skip
+          lr: float = 1e-3) -> None:  # fmt: skip
     """A completed run of `variant` whose val loss is `loss` at each (tokens, loss)."""
     cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": DELAY[variant],
            "engine": "simulate", "delay_profile": "uniform", "pipeline": {"stages": 2},
            "train": {"steps": steps, "micro_batches": 4},
-           "optimizer": {"name": opt, "lr": 1e-3, "ef": {"enabled": "+EF" in variant, "lam": 1.0}},
-           "run": {"variant": variant}, **extra}  # fmt: skip
-    run = RunDir(root / f"{opt}-{variant}-s{seed}")
+           "optimizer": {"name": opt, "lr": lr, "ef": {"enabled": "+EF" in variant, "lam": 1.0}},
+           "run": {"variant": variant}}  # fmt: skip
+    run = RunDir(root / f"{opt}-{variant}-lr{lr}-s{seed}")
     run.write_config(yaml.safe_dump(cfg))
     for i, (tokens, loss) in enumerate(finals):
         run.append_metrics({"step": i, "tokens": tokens, "val_loss": loss})
@@ -125,3 +125,58 @@ def test_takeaway_tables_and_wallclock_plot_state_one_throughput_per_ladder(tmp_
     plt.close("all")
     md = (tmp_path / "o" / "report.md").read_text()
     assert md.count(net) >= 3  # the takeaway and both tables
+
+
+def test_best_of_compares_each_column_at_its_own_best_lr_chosen_on_other_seeds(tmp_path):
+    """lr 0.001 / 0.004 / 0.016 x {sync, 1-step} x seeds 0-3. Sync is best at 0.016, 1-step at 0.004 (at 0.016 its
+    seed-0 run diverged: not eligible). Chosen on seeds 0, 1 (the lower half), measured on 2, 3, where each value
+    is offset by +0.1 per seed so a number from a selection seed would show."""
+    root = sweep(tmp_path / "s", "s", ["sync", "1-step"])
+    loss = {("sync", 0.001): 3.2, ("sync", 0.004): 3.05, ("sync", 0.016): 3.0,
+            ("1-step", 0.001): 3.3, ("1-step", 0.004): 3.15, ("1-step", 0.016): 3.1}  # fmt: skip
+    for (variant, lr), base in loss.items():
+        for seed in range(4):
+            name = f"{variant}-lr{lr}-s{seed}"
+            cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": DELAY[variant],
+                   "engine": "simulate", "optimizer": {"name": "adamw", "lr": lr, "ef": {"enabled": False, "lam": 1.0}},
+                   "run": {"variant": variant}}  # fmt: skip
+            run = RunDir(root / name)
+            run.write_config(yaml.safe_dump(cfg))
+            final = base + 0.1 * seed + (0.01 if seed == 3 and variant == "1-step" else 0.0)
+            run.append_metrics({"step": 1, "tokens": 1000, "val_loss": final})
+            diverged = (variant, lr, seed) == ("1-step", 0.016, 0)
+            run.write_summary({"status": "diverged" if diverged else "completed", "final_val_loss": final, "tokens": 1000})
+    report = build_report(root, out_dir=tmp_path / "out", plots=False, best_of="optimizer.lr")
+    first = report.takeaways[0]
+    assert first.startswith("Tuned against tuned: each column at its own best `optimizer.lr` (chosen on seed(s) 0, 1, "
+                            "measured on seed(s) 2, 3")
+    assert "adamw sync lr=0.016" in first and "adamw 1-step lr=0.004" in first
+    (group,) = report.groups  # lr no longer splits the tables
+    row = group.table.loc["adamw"]
+    assert row["sync"] == "3.2500 ± 0.0707 (n=2, lr=0.016)" and row["1-step"].endswith("(n=2, lr=0.004)")
+    gap = next(c for c in report.claims if c.kind == "gap")
+    assert gap.interval.n == 2 and gap.interval.value == pytest.approx(0.155)  # (0.15 + 0.16) / 2 at seeds 2, 3
+    selection = report.tuning.table.set_index("column")
+    assert selection.loc["1-step", "0.016"] == "incomplete" and selection.loc["sync", "0.016"] == "3.0500"
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Tuned against tuned: `optimizer.lr`" in md and "--best-of optimizer.lr" in md
+    chosen = build_report(root, out_dir=tmp_path / "o2", plots=False, best_of="optimizer.lr", select_seeds=["3"])
+    assert "chosen on seed(s) 3, measured on seed(s) 0, 1, 2" in chosen.takeaways[0]
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--best-of", "optimizer.nope"], "no run records that setting"),
+    (["--best-of", "optimizer.lr", "--select-seeds", "0,1"], "give some, not all"),
+    (["--best-of", "model.name"], "nothing to choose between"),
+    (["--best-of", "seed"], "the seed is what"),
+])  # fmt: skip
+def test_best_of_mistakes_are_one_line(tmp_path, capsys, args, said):
+    root = sweep(tmp_path / "s", "s", ["sync", "1-step"])
+    for seed in range(2):
+        for lr in (1e-3, 2e-3):
+            write(root, "sync", "adamw", seed, line(3.0), lr=lr)
+            write(root, "1-step", "adamw", seed, line(3.2), lr=lr)
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["report", str(root), *args, "--out", str(tmp_path / "o"), "--no-plots"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and said in err[0], err

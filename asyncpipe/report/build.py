@@ -23,6 +23,8 @@ from asyncpipe.report.render import to_markdown
 from asyncpipe.report.tables import GroupTable, compute_cells, variant_order
 from asyncpipe.report.target import Ladder, ladders
 from asyncpipe.report.throughput import load_bench
+from asyncpipe.report.tuning import Tuning
+from asyncpipe.report.tuning import best_of as best_of_runs
 from asyncpipe.report.verdict import takeaways
 from asyncpipe.track.files import atomic_write_text
 
@@ -51,6 +53,7 @@ class Report:
     sweep_dirs: list[Path] = field(default_factory=list)
     wandb_message: str = ""  # what log_report_to_wandb did, for the console
     target: float | str | None = None  # what closures were judged against: a fraction, "paper", or None
+    tuning: Tuning | None = None  # --best-of: what each column's value was chosen on, and which
 
     @property
     def group_keys(self) -> list[str]:
@@ -61,10 +64,16 @@ def assemble(
     runs: pd.DataFrame, curves: pd.DataFrame, source: str, out_dir: Path | None,
     named: list[str] | None = None, reference: str | None = None, command: str = "", sweeps: list[dict] | None = None,
     plots: bool = True, target: float | str | None = None, bench: list[dict] | None = None,
+    best_of: str | None = None, select_seeds: Sequence[str] | None = None,
 ) -> Report:
     """Tables from the frames, then (when out_dir is given) every report file (the plots only with `plots`).
     `target`: the fraction of a gap a mitigation should close, or "paper" (each optimizer's closure in the paper's
-    table, asyncpipe.report.paper), judged in the takeaways; `bench`: load_bench()."""
+    table, asyncpipe.report.paper), judged in the takeaways; `bench`: load_bench(); `best_of`: a swept key each
+    column is reported at its own best value of (chosen on `select_seeds`, measured on the others:
+    asyncpipe.report.tuning)."""
+    tuning = None
+    if best_of:
+        runs, tuning = best_of_runs(runs, curves, best_of, select_seeds)
     grouping = classify(list(zip(runs["run"], runs["config"], runs["optimizer"], runs["variant"], runs["variant_named"])))
     if reference is not None and reference not in set(runs["variant"]):
         raise UserError(f"--reference {reference!r} is not a column of this report; columns: "
@@ -73,7 +82,7 @@ def assemble(
     cells, groups, warnings = compute_cells(runs, curves, grouping, named, reference, target)
     warnings += [f"run {r}: {n}" for r, n in zip(runs["run"], runs["note"]) if n]
     warnings += list(dict.fromkeys(n for notes in runs["revision_note"].fillna("") for n in notes.splitlines() if n))
-    warnings += untuned_lr_warnings(runs)
+    warnings += untuned_lr_warnings(runs) if best_of != "optimizer.lr" else []
     warnings += repeated_data_warnings(runs)
     codes = runs["code"].astype(object).fillna("unrecorded") if "code" in runs else pd.Series(dtype=object)
     if codes.nunique() > 1:
@@ -87,6 +96,9 @@ def assemble(
     # Only what answers "how much longer": several budgets, or a target reached (not a bare "≥ 1.00x").
     report.ladders = [lad for lad in ladders(runs, curves, grouping, groups) if len(lad.columns) > 1 or lad.reached]
     report.takeaways = takeaways(report.claims, report.ladders, report.bench, len(groups) > 1)
+    report.tuning = tuning
+    if tuning is not None:
+        report.takeaways.insert(0, tuning.sentence())
     if out_dir is not None:
         write_files(report, out_dir, plots)
     return report
@@ -148,7 +160,7 @@ def _source_order(runs: pd.DataFrame, named: list[str]) -> list[str]:
 def build_report(
     sweep_dir: Path | Sequence[Path], out_dir: Path | None = None, baseline: Path | None = None,
     reference: str | None = None, plots: bool = True, merge: bool = False, target: float | str | None = None,
-    bench: Sequence[Path] = (),
+    bench: Sequence[Path] = (), best_of: str | None = None, select_seeds: Sequence[str] | None = None,
 ) -> Report:
     """The report of every run under `sweep_dir` (default out_dir: sweep_dir/report).
 
@@ -158,7 +170,9 @@ def build_report(
     measure the gaps against (e.g. `cpu_study:1-step`: PipeDream vs 2BW, same seed). `plots=False` writes the
     tables only (the plots take most of a report's time). `merge`: runs of several sweeps that share a column
     name and every compared setting form one cell (seeds pooled; asyncpipe.report.merge). `target`: the fraction
-    of a gap a mitigation should close, or "paper" (the paper's own closure per optimizer); `bench`: `bench pipeline` result files for the throughput ratios."""
+    of a gap a mitigation should close, or "paper" (the paper's own closure per optimizer); `bench`: `bench
+    pipeline` result files for the throughput ratios; `best_of`: a swept key (optimizer.lr) each column is reported
+    at its own best value of, chosen on `select_seeds` (default: the lower half) and measured on the rest."""
     dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
     if not dirs:
         raise UserError("give at least one sweep directory")
@@ -172,8 +186,11 @@ def build_report(
     command += " --merge" if merge else ""
     command += f" --target {target_arg(target)}" if target is not None else ""
     command += "".join(f" --bench {b}" for b in bench)
+    command += f" --best-of {best_of}" if best_of else ""
+    command += f" --select-seeds {','.join(map(str, select_seeds))}" if best_of and select_seeds else ""
     manifests = [m for m in map(read_manifest, sources) if m]
-    extra = {"plots": plots, "target": target, "bench": load_bench(list(bench))}
+    extra = {"plots": plots, "target": target, "bench": load_bench(list(bench)), "best_of": best_of,
+             "select_seeds": select_seeds}
     if len(sources) == 1 or merge:
         if merge:
             runs, curves, named = load_merged(sources, exclude=out_dir)

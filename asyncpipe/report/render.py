@@ -107,6 +107,12 @@ def to_markdown(report: Any) -> str:
     claims = claims_table(report)
     if not claims.empty:
         parts += ["## Intervals\n", CONVENTION + "\n", md_table(claims) + "\n"]
+    if report.tuning is not None:
+        parts += [f"## Tuned against tuned: `{report.tuning.key}`\n",
+                  f"Each column at its own best `{report.tuning.key}`, {report.tuning.seeds_text()}: mean final val "
+                  "loss over the selection seeds per value (a value with a selection run that did not complete is "
+                  "'incomplete'), and the value chosen. Every other number in this report is from the measurement "
+                  "seeds only.\n", md_table(report.tuning.table.set_index("optimizer")) + "\n"]  # fmt: skip
     if report.target == PAPER:
         parts += ["## Targets: the paper's own figures\n", f"Closures and gap ratios are judged against {SOURCE}, "
                   "derived in code from its table (a closure is (1-step − EF) / (1-step − sync)):\n",
@@ -163,8 +169,8 @@ def print_report(report: Any, stream: Any = None) -> None:
     width = None
     if not stream.isatty():
         probe = Console(file=stream, width=10_000)
-        width = max(100, *(Measurement.get(probe, probe.options, r).maximum for r in renderable.renderables
-                           if not hasattr(r, "plain")))  # fmt: skip
+        width = max([100, *(Measurement.get(probe, probe.options, r).maximum for r in renderable.renderables
+                             if not hasattr(r, "plain"))])  # fmt: skip
     Console(file=stream, width=width).print(renderable)
 
 

@@ -95,6 +95,7 @@ def _cell(runs: pd.DataFrame, values: dict[str, float]) -> dict:
         **{f"n_{s}": int(status_counts.get(s, 0)) for s in EXCLUDED_STATUSES},
         "excluded": "; ".join(f"{n} {s}" for s, n in sorted(status_counts.items())),
         "shared_seeds": dup,
+        **({"tuned": ", ".join(dict.fromkeys(runs["tuned"]))} if "tuned" in runs else {}),  # --best-of's choice
         "_by_seed": by_seed,
     }
 
@@ -191,7 +192,7 @@ def fmt_cell(row: dict | None) -> str:
     if row["n"] == 0:
         return f"— ({excluded})" if excluded else "—"
     spread = f" ± {row['std']:.4f}" if row["n"] > 1 else ""
-    extra = f"; {excluded}" if excluded else ""
+    extra = (f", {row['tuned']}" if row.get("tuned") else "") + (f"; {excluded}" if excluded else "")
     return f"{row['mean']:.4f}{spread} (n={row['n']}{extra})"
 
 
