@@ -91,8 +91,8 @@ def declare_method(name: str, *, buffers: int, fits_2bw: bool, note: str, key: O
     version of its rule this is (1 until the rule changes; a run records it, a report never pools two)."""
 
     def wrap(build: Callable[..., Any]) -> Callable[..., Any]:
-        spec = MethodSpec(name, build, buffers, fits_2bw, note, key, config, check, memory, needs_delay, build.__module__,
-                          revision)  # fmt: skip
+        spec = MethodSpec(name, build, buffers, fits_2bw, note, key, config, check, memory, needs_delay,
+                          build.__module__, revision)
         _add(_METHODS, spec, "compensation")
         return build
 

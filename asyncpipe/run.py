@@ -34,7 +34,7 @@ def _claimed(cfg: DictConfig, overrides: Sequence[str], rank: int) -> Iterator[O
     """Rank 0 claims the run dir (`RunRecord`, provenance.json, train.log) for the run's life and releases it
     after; a user mistake removes what a refused run created. Other ranks get None."""
     revisions = registry.revisions(cfg) if rank == 0 else None  # the rules' revisions it runs, for provenance.json
-    with recorded(cfg, overrides, rank=rank, revisions=revisions):  # provenance.json, train.log: once config.yaml is written
+    with recorded(cfg, overrides, rank=rank, revisions=revisions):  # provenance.json, train.log: after config.yaml
         record = RunRecord.open(cfg) if rank == 0 else None
         try:
             yield record

@@ -81,7 +81,9 @@ def test_a_record_without_a_revision_gets_it_from_its_commit():
         pytest.skip("not a git checkout holding the study's commits")
     v3 = json.loads((REPO / "results/cpu_study/mitigations/optimizer=adamw,seed=0,variant=1-step+stage_lr"
                      / "provenance.json").read_text())  # fmt: skip
-    v4 = json.loads((REPO / "results/cpu_study/fixed/seed=0,variant=adamw_pipedream4+stage_lr/provenance.json").read_text())
+    v4 = json.loads((REPO / "results/cpu_study/fixed/seed=0,variant=adamw_pipedream4+stage_lr"
+                     / "provenance.json").read_text())  # fmt: skip
     assert revisions.of_record("compensation", "stage_lr", v3) == (1, "its commit 5344c72 lacks 262fe8d")
     assert revisions.of_record("compensation", "stage_lr", v4) == (2, "its commit 520539e contains 262fe8d")
-    assert revisions.suffix("compensation", "stage_lr", v3)[0] == "@r1" and revisions.suffix("compensation", "ef", v3) == ("", "")
+    assert revisions.suffix("compensation", "stage_lr", v3)[0] == "@r1"
+    assert revisions.suffix("compensation", "ef", v3) == ("", "")

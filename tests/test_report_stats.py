@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from asyncpipe.report.stats import (Interval, fieller_ratio, power_at, ratio_resolved, ratio_seeds_needed, seeds_to_resolve,
-                                    t_interval, t_quantile, verdict)
+from asyncpipe.report.stats import (Interval, fieller_ratio, power_at, ratio_resolved, ratio_seeds_needed,
+                                    seeds_to_resolve, t_interval, t_quantile, verdict)
 from asyncpipe.report.target import along_curve, net_speedup, seed_tokens
 from asyncpipe.report.throughput import load_bench, throughput
 from asyncpipe.errors import UserError

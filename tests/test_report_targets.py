@@ -145,7 +145,8 @@ def test_best_of_compares_each_column_at_its_own_best_lr_chosen_on_other_seeds(t
             final = base + 0.1 * seed + (0.01 if seed == 3 and variant == "1-step" else 0.0)
             run.append_metrics({"step": 1, "tokens": 1000, "val_loss": final})
             diverged = (variant, lr, seed) == ("1-step", 0.016, 0)
-            run.write_summary({"status": "diverged" if diverged else "completed", "final_val_loss": final, "tokens": 1000})
+            status = "diverged" if diverged else "completed"
+            run.write_summary({"status": status, "final_val_loss": final, "tokens": 1000})
     report = build_report(root, out_dir=tmp_path / "out", plots=False, best_of="optimizer.lr")
     first = report.takeaways[0]
     assert first.startswith("Tuned against tuned: each column at its own best `optimizer.lr` (chosen on seed(s) 0, 1, "

@@ -143,7 +143,8 @@ def closure_claim(table: str, opt: str, variant: str, plain: str, by_seed: dict[
 
 
 def group_claims(table: str, stats: dict[str, dict[str, dict]], meta: dict[str, dict[str, dict]], reference: str,
-                 order: list[str], target: float | str | None = None, model: str | None = None) -> list[Claim]:  # fmt: skip
+                 order: list[str], target: float | str | None = None,
+                 model: str | None = None) -> list[Claim]:  # fmt: skip
     """Claims of one table. stats[optimizer][variant] has `_by_seed` ({seed: compared val loss}; empty when the
     cell has runs sharing a seed); meta[optimizer][variant] the column's settings (meta_of). `target`: a fraction
     or `paper` (each optimizer's closure in the paper's table, on `model`'s kind: dense or MoE)."""

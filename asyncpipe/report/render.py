@@ -118,7 +118,8 @@ def to_markdown(report: Any) -> str:
                   "derived in code from its table (a closure is (1-step − EF) / (1-step − sync)):\n",
                   "\n".join(f"- {line}" for line in table_lines()) + "\n"]  # fmt: skip
     if report.ladders:
-        parts += ["## Time to target\n", TARGET_RULE + "\n", md_table(tokens_table(report.ladders, report.bench)) + "\n",
+        parts += ["## Time to target\n", TARGET_RULE + "\n",
+                  md_table(tokens_table(report.ladders, report.bench)) + "\n",
                   "Net wall-clock speed-up over synchronous training = throughput ratio ÷ token ratio (the throughput "
                   "ratio taken as exact; the interval is the token ratio's):\n",
                   md_table(speedup_table(report.ladders, report.bench)) + "\n"]  # fmt: skip

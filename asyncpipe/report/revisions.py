@@ -84,7 +84,8 @@ def _precedes(commit: str, started: datetime | None, rev: Revision) -> tuple[boo
     if started is None:
         return None, "no commit git knows and no start time"
     before = started < datetime.fromisoformat(rev.date)
-    return before, f"started {started:%Y-%m-%d %H:%M}, {'before' if before else 'after'} {rev.since[:7]} ({rev.date[:10]})"
+    when = "before" if before else "after"
+    return before, f"started {started:%Y-%m-%d %H:%M}, {when} {rev.since[:7]} ({rev.date[:10]})"
 
 
 def derived(kind: str, name: str, prov: dict) -> tuple[int | None, str]:

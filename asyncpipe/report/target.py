@@ -169,7 +169,8 @@ def speedup_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
         plain = throughput(P, m, bench)
         row["2BW / 1F1B throughput"] = f"{plain.vs_1f1b:.3f} ({plain.source})"
         for lad in ladders_:
-            thr = lad.throughput(bench) if (P, m) == (lad.stages, lad.micro_batches) else throughput(P, m, bench, lad.ef)
+            own = (P, m) == (lad.stages, lad.micro_batches)
+            thr = lad.throughput(bench) if own else throughput(P, m, bench, lad.ef)
             label = f"{lad.optimizer} {lad.columns[0]}"
             row[f"{label} vs 1F1B"] = f"{lad.net(thr)} ({thr.vs_1f1b:.3f}, {thr.kind})"
             if thr.vs_best_sync is not None and thr.best_sync != "1f1b":

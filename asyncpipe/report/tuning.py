@@ -38,7 +38,8 @@ class Tuning:
 
     def sentence(self) -> str:
         """The takeaway that says what the comparison is: which value each column used, on which seeds."""
-        chosen = "; ".join(f"{r['optimizer']} {r['column']} {self.short}={r['chosen']}" for _, r in self.table.iterrows())
+        chosen = "; ".join(f"{r['optimizer']} {r['column']} {self.short}={r['chosen']}"
+                           for _, r in self.table.iterrows())
         return (f"Tuned against tuned: each column at its own best `{self.key}` ({self.seeds_text()}, so the choice "
                 f"does not flatter a variant): {chosen}.")  # fmt: skip
 
@@ -93,11 +94,12 @@ def best_of(runs: pd.DataFrame, curves: pd.DataFrame, key: str,
             scores[shown] = sum(finals[r] for r in ok["run"]) / len(ok) if complete else math.inf
         best = min(scores, key=lambda v: scores[v])  # ties: the smaller value
         if not math.isfinite(scores[best]):
+            seeds = ", ".join(map(fmt_value, sel))
             raise UserError(f"--best-of {key}: {opt} {variant} has no value whose runs at the selection seed(s) "
-                            f"{', '.join(map(fmt_value, sel))} all completed; nothing can be chosen for it")  # fmt: skip
+                            f"{seeds} all completed; nothing can be chosen for it")
         keep.append(cell[(cell["_value"].map(repr) == best) & cell["seed"].isin(meas)])
-        rows.append({"optimizer": opt, "column": variant, "chosen": fmt_value(by_repr[best]),
-                     **{fmt_value(by_repr[v]): f"{x:.4f}" if math.isfinite(x) else "incomplete" for v, x in scores.items()}})
+        means = {fmt_value(by_repr[v]): f"{x:.4f}" if math.isfinite(x) else "incomplete" for v, x in scores.items()}
+        rows.append({"optimizer": opt, "column": variant, "chosen": fmt_value(by_repr[best]), **means})
     tuning.table = pd.DataFrame(rows).fillna("—")
     out = pd.concat(keep, ignore_index=False) if keep else runs.iloc[:0]
     out = out.assign(config=[{k: v for k, v in flat.items() if k != key} for flat in out["config"]],
