@@ -170,6 +170,7 @@ def test_best_of_compares_each_column_at_its_own_best_lr_chosen_on_other_seeds(t
     (["--best-of", "optimizer.lr", "--select-seeds", "0,1"], "give some, not all"),
     (["--best-of", "model.name"], "nothing to choose between"),
     (["--best-of", "seed"], "the seed is what"),
+    (["--select-seeds", "0"], "give --best-of KEY with it"),
 ])  # fmt: skip
 def test_best_of_mistakes_are_one_line(tmp_path, capsys, args, said):
     root = sweep(tmp_path / "s", "s", ["sync", "1-step"])

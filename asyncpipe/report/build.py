@@ -174,6 +174,8 @@ def build_report(
     pipeline` result files for the throughput ratios; `best_of`: a swept key (optimizer.lr) each column is reported
     at its own best value of, chosen on `select_seeds` (default: the lower half) and measured on the rest."""
     dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
+    if select_seeds and not best_of:
+        raise UserError("--select-seeds chooses the seeds --best-of selects on; give --best-of KEY with it")
     if not dirs:
         raise UserError("give at least one sweep directory")
     sources = list(dict.fromkeys(([Path(baseline)] if baseline is not None else []) + dirs))
