@@ -46,7 +46,7 @@ Stream = Union[None, int, IO[Any]]
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the directory holding this asyncpipe
 _MAX_MESSAGE = 1 << 20
 SERVER_LOST = 255  # a child's exit code when its server died first (its real status is lost with the server)
-_STOP_SIGNALS = (*SIGNALS, signal.SIGHUP)  # the runs' stop signals, and a closed terminal's
+_STOP_SIGNALS = SIGNALS  # the runs' stop signals (a closed terminal's SIGHUP among them)
 
 
 def enabled() -> bool:

@@ -1,5 +1,5 @@
-"""Turn stop signals (SIGTERM, Ctrl-C's SIGINT, SLURM's SIGUSR1/SIGUSR2 warnings) into a flag the run's trainer
-checks between steps.
+"""Turn stop signals (SIGTERM, Ctrl-C's SIGINT, a closed terminal or ssh session's SIGHUP, SLURM's SIGUSR1/SIGUSR2
+warnings) into a flag the run's trainer checks between steps.
 
 The trainer finishes the step in flight, writes a checkpoint, and exits 4: a requeued job (or resume=true) then
 resumes exactly there.
@@ -12,12 +12,12 @@ import threading
 from types import FrameType
 from typing import Optional
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class StopRequest:
-    """Context manager: while active, SIGTERM / SIGINT / SIGUSR1 / SIGUSR2 set `requested` instead of killing the
-    process."""
+    """Context manager: while active, SIGTERM / SIGINT / SIGHUP / SIGUSR1 / SIGUSR2 set `requested` instead of
+    killing the process."""
 
     def __init__(self) -> None:
         self.signal_name: Optional[str] = None
