@@ -13,8 +13,9 @@ from typing import List, Optional
 import typer
 
 from asyncpipe import cli_perf, cli_sweep  # typer and asyncpipe.errors only: --help stays fast
-from asyncpipe.errors import EXIT_USER_ERROR, UserError
+from asyncpipe.errors import EXIT_USER_ERROR, UserError, WriteFailed
 from asyncpipe.paths import data_root, own_dir, writable_dir, writable_file
+from asyncpipe.terminal import check_cwd, guarded_streams
 
 try:
     from typer import TyperException as CliError  # typer >= 0.20 vendors click: its errors derive from this
@@ -225,9 +226,17 @@ def _config_help(argv: List[str]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """The `asyncpipe` entry point: every user mistake, usage errors included, is one line on stderr and exit 2."""
-    _config_help(list(sys.argv[1:] if argv is None else argv))
+    """The `asyncpipe` entry point: every user mistake, usage errors included, is one line on stderr and exit 2.
+    Closed or ASCII-only standard streams never end a command (`asyncpipe.terminal`)."""
+    with guarded_streams():
+        code = _run(argv)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _run(argv: Optional[List[str]]) -> object:
     try:
+        check_cwd()  # before anything resolves a path or imports torch (whose import dies of a deleted cwd)
+        _config_help(list(sys.argv[1:] if argv is None else argv))
         code = app(args=argv, prog_name="asyncpipe", standalone_mode=False)
     except CliError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # `asyncpipe config` alone: its help, as click does
@@ -243,10 +252,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         code = EXIT_USER_ERROR
+    except WriteFailed as exc:  # a full disk or a size limit: the file, why, and what to do (not a user mistake)
+        typer.echo(f"error: {exc}", err=True)
+        code = 1
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         code = 130
-    sys.exit(code if isinstance(code, int) else 0)
+    return code
 
 
 if __name__ == "__main__":

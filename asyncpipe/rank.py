@@ -15,6 +15,7 @@ from typing import Any, Iterator, Optional
 from asyncpipe.errors import UserError
 from asyncpipe.runtime.signals import StopRequest
 from asyncpipe.status import INTERRUPTED, exit_code
+from asyncpipe.terminal import guarded_streams
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -46,6 +47,7 @@ def main(spec_path: str) -> None:
     ``result-{job}-{rank}.json`` per finished job, or ``error-{rank}.json`` and exits 1."""
     # Installed before the heavy imports: a stop signal during start-up still ends in a summary, not a crash.
     stop = StopRequest().__enter__()
+    guarded_streams().__enter__()  # a closed or broken stdout never ends the rank (the process ends with the jobs)
     spec = json.loads(Path(spec_path).read_text())
     if spec.get("stopped"):
         stop.signal_name = spec["stopped"]

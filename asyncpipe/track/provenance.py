@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
 from asyncpipe.errors import UserError
+from asyncpipe.terminal import broken_streams
 from asyncpipe.track.files import CONFIG_FILE, PROVENANCE_FILE, atomic_write_json, redact_secrets
 
 TRAIN_LOG = "train.log"
@@ -124,6 +125,7 @@ class LogTee:
         self.pending: list[str] = []
         self.partial = ""
         self.started = time.time()
+        self.noted: set[str] = set()  # streams noted as gone (`asyncpipe.terminal`), once each
 
     def run_started(self) -> bool:
         """True once this run wrote its config.yaml (every start does, a resume too): a refused run writes nothing."""
@@ -140,7 +142,12 @@ class LogTee:
         return n
 
     def log_only(self, *lines: str) -> None:
-        """Append lines to train.log only (a progress bar's plain twin)."""
+        """Append lines to train.log only (a progress bar's plain twin); the first time stdout or stderr is found
+        closed or gone, a line saying so comes first (training goes on, its lines reach train.log only)."""
+        for why in broken_streams():
+            if why not in self.noted:
+                self.noted.add(why)
+                self.pending.append(f"note: {why}; training goes on, its progress is written to train.log only")
         self.pending.extend(lines)
         if not self.run_started():
             return
