@@ -20,9 +20,9 @@ from omegaconf import DictConfig
 
 from asyncpipe import registry
 from asyncpipe.dist import destroy_process_group, rank_env
-from asyncpipe.errors import UserError
+from asyncpipe.errors import UserError, WriteFailed
 from asyncpipe.runtime.signals import StopRequest
-from asyncpipe.session.rundir import RunRecord
+from asyncpipe.session.rundir import RunRecord, never_stepped
 from asyncpipe.spawn import Job, RankFailed, launch, world_of
 from asyncpipe.status import FAILED, exit_code
 from asyncpipe.track.provenance import recorded
@@ -35,19 +35,39 @@ def _claimed(cfg: DictConfig, overrides: Sequence[str], rank: int) -> Iterator[O
     after; a user mistake removes what a refused run created. Other ranks get None."""
     revisions = registry.revisions(cfg) if rank == 0 else None  # the rules' revisions it runs, for provenance.json
     with recorded(cfg, overrides, rank=rank, revisions=revisions):  # provenance.json, train.log: after config.yaml
-        record = RunRecord.open(cfg) if rank == 0 else None
+        try:
+            record = RunRecord.open(cfg) if rank == 0 else None
+        except WriteFailed as err:  # its first write: nothing of the run was kept
+            err.then = "nothing was kept; re-run the same command once the file can be written"
+            raise
+        if record is not None and record.note:
+            print(record.note, flush=True)
         try:
             yield record
         except UserError:
             if record is not None:
                 record.close(failed_by_user=True)
             raise
-        except BaseException:
+        except BaseException as err:
             if record is not None:
                 record.close()
+                how = _what_is_left(record.path)
+                if isinstance(err, WriteFailed):  # one line: the file, why, and what continues
+                    err.then = f"free space or raise the limit, then {how}"
+                else:
+                    print(f"the run failed; run dir {record.path} is kept: {how}", file=sys.stderr, flush=True)
             raise
         if record is not None:
             record.close()
+
+
+def _what_is_left(path: Path) -> str:
+    """After a failure: whether the run dir is resumed, or (nothing trained) started afresh by the same command."""
+    if never_stepped(path):
+        return "re-run the same command: the run never finished a step, so it starts afresh"
+    if any(Path(path).glob("checkpoints/step_*/COMPLETE")):
+        return "re-run the command with resume=true to continue from the latest checkpoint"
+    return "re-run the command with resume=true (no checkpoint was written yet: it starts again from step 0)"
 
 
 def _launched(cfg: DictConfig, path: Path, stop: StopRequest) -> dict:

@@ -280,7 +280,8 @@ class Trainer:
                 book.emit(engine.records(synced=True))
         except BaseException:
             if tracker is not None:
-                tracker.finish({"status": FAILED, "wall_time": time.perf_counter() - self.started})
+                with contextlib.suppress(OSError):  # a full disk must not hide the error that ended the run
+                    tracker.finish({"status": FAILED, "wall_time": time.perf_counter() - self.started})
             raise
         finally:
             if progress is not None:

@@ -11,6 +11,7 @@ which builds tensors and plain containers only and never runs code from the file
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,7 +21,8 @@ from typing import Any, Callable, Collection, Optional
 
 import torch
 
-from asyncpipe.errors import UserError
+from asyncpipe.errors import UserError, WriteFailed, os_error_in
+from asyncpipe.track.files import atomic_write_text, file_mode
 
 FORMAT = "asyncpipe-checkpoint-v1"
 MARKER = "COMPLETE"
@@ -36,15 +38,21 @@ def step_dir(run_dir: Path, step: int) -> Path:
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
+    """`torch.save` to a temporary file, then renamed: a failed write (a full disk, `ulimit -f`) leaves no part and
+    is a `WriteFailed` naming the file (torch's own error only says where its writer stopped)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, file_mode())  # mkstemp's 0600 would keep collaborators from resuming or evaluating the run
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        cause = os_error_in(err)
+        if cause is not None and not isinstance(err, WriteFailed):
+            raise WriteFailed(path, cause) from None
         raise
 
 
@@ -62,16 +70,19 @@ def save(
     """Write this rank's part; rank 0 marks the checkpoint complete once all ranks have written (after `barrier`).
     Checkpoints at a ``pinned`` step are never pruned (where shorter runs branch off: `checkpoint.branches`)."""
     target = step_dir(run_dir, step)
-    target.mkdir(parents=True, exist_ok=True)
-    _atomic_torch_save({"format": FORMAT, "fingerprint": fingerprint, "rank": rank, "world": world, "state": state},
-                       target / f"rank{rank}.pt")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        _atomic_torch_save({"format": FORMAT, "fingerprint": fingerprint, "rank": rank, "world": world,
+                            "state": state}, target / f"rank{rank}.pt")  # fmt: skip
+    except BaseException:
+        with contextlib.suppress(OSError):  # no empty step dir is left (another rank's part keeps it)
+            target.rmdir()
+        raise
     if barrier is not None:
         barrier()
     if rank == 0:
         marker = {"format": FORMAT, "step": step, "world": world, "fingerprint": fingerprint}
-        tmp = target / f".{MARKER}.tmp"
-        tmp.write_text(json.dumps(marker, indent=1))
-        os.replace(tmp, target / MARKER)
+        atomic_write_text(target / MARKER, json.dumps(marker, indent=1))
         prune(run_dir, keep, pinned)
     if barrier is not None:
         barrier()

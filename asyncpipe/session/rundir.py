@@ -20,7 +20,8 @@ from asyncpipe.errors import UserError
 from asyncpipe.paths import run_dir_place
 from asyncpipe.status import COMPLETED
 from asyncpipe.track.files import (
-    CONFIG_FILE, RunDir, changes_no_result, atomic_write_bytes, load_untrusted_yaml, read_summary, read_untrusted,
+    CONFIG_FILE, MAX_METRICS_FILE, METRICS_FILE, PROVENANCE_FILE, SUMMARY_FILE, RunDir, UnreadableFile,
+    changes_no_result, atomic_write_bytes, load_untrusted_yaml, parse_metrics_lines, read_summary, read_untrusted,
 )
 from asyncpipe.track.lock import DirLock
 
@@ -81,10 +82,33 @@ def check_seed(cfg: DictConfig) -> None:
         raise UserError(f"seed={text} must be an integer in [0, {MAX_SEED}] (2**32 - 1)")
 
 
+STARTED_FILES = (SUMMARY_FILE, METRICS_FILE, PROVENANCE_FILE, "train.log")  # what a start writes beside config.yaml
+
+
+def never_stepped(path: Path) -> bool:
+    """True when the run recorded in `path` failed or stopped before finishing its first step: no checkpoint, and
+    no metrics record past step 0 (nothing was trained, so the same command may start it afresh)."""
+    if any((path / "checkpoints").glob("step_*")):
+        return False
+    try:
+        records = parse_metrics_lines(read_untrusted(path / METRICS_FILE, MAX_METRICS_FILE), METRICS_FILE)
+    except FileNotFoundError:
+        return True
+    except UnreadableFile:
+        return False  # unsure: keep the record (the refusal names it)
+    return all(isinstance(r.get("step"), int) and r["step"] <= 0 for r in records)
+
+
+def fresh_start_over(cfg: DictConfig, summary: Optional[dict]) -> bool:
+    """Whether `train` without resume=true may start afresh in a run dir that already holds a record: only one
+    whose run never finished a step (a failure or a stop during set-up)."""
+    return not cfg.resume and (summary or {}).get("status") != COMPLETED and never_stepped(Path(cfg.run.dir))
+
+
 def check_run_dir(cfg: DictConfig) -> Path:
     """Refuse what the run dir cannot take: a sweep root, a dir inside another run or a file, a finished or started
-    run without resume=true, a completed run, a resume with changed settings, a seed no generator takes. Writes
-    nothing."""
+    run without resume=true (unless it never finished a step: `fresh_start_over`), a completed run, a resume with
+    changed settings, a seed no generator takes. Writes nothing."""
     check_seed(cfg)
     path = Path(cfg.run.dir)
     _check_place(path)
@@ -94,7 +118,7 @@ def check_run_dir(cfg: DictConfig) -> Path:
         if cfg.resume:
             raise UserError(f"run dir {path} holds a completed run; nothing to resume")
         raise UserError(f"run dir {path} already holds a run; choose another run.dir")
-    if not cfg.resume and (summary is not None or recorded.exists()):
+    if not cfg.resume and (summary is not None or recorded.exists()) and not fresh_start_over(cfg, summary):
         raise UserError(f"run dir {path} already holds a run; choose another run.dir or pass resume=true")
     if cfg.resume and recorded.exists():
         try:  # untrusted: a FIFO must not hang the resume, an alias bomb must not expand
@@ -120,6 +144,7 @@ class RunRecord:
     def __init__(self, path: Path, lock: DirLock, created: bool) -> None:
         self.path, self.lock, self.created = path, lock, created
         self.previous: Optional[bytes] = b""  # config.yaml before this run wrote it (None: there was none)
+        self.note: Optional[str] = None  # what the caller should say about this start (a start over)
 
     @classmethod
     def open(cls, cfg: DictConfig) -> "RunRecord":
@@ -141,6 +166,11 @@ class RunRecord:
             check_run_dir(cfg)  # again, as the writer: the run dir may have changed before we held the lock
             recorded = path / CONFIG_FILE
             record.previous = recorded.read_bytes() if recorded.exists() else None
+            if record.previous is not None and fresh_start_over(cfg, read_summary(path)):
+                for name in STARTED_FILES:  # the record of a start that trained nothing
+                    (path / name).unlink(missing_ok=True)
+                record.note = (f"run dir {path} held a run that ended before its first step; nothing was trained, "
+                               "so it starts afresh")  # fmt: skip
             RunDir(path).write_config(to_yaml(cfg))  # a resume's: the same settings (checked), resume=true
         except BaseException:
             record.close(failed_by_user=True)

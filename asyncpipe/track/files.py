@@ -6,6 +6,7 @@ crash never sees half a file. JSON has no NaN/inf: such floats are written as `n
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
@@ -16,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Optional
 
-from asyncpipe.errors import UserError
+from asyncpipe.errors import UserError, WriteFailed
 
 # The names of run and sweep dir files, defined here only (existing sweep dirs depend on them: never rename).
 CONFIG_FILE = "config.yaml"
@@ -132,24 +133,46 @@ def read_json_object(path: str | os.PathLike, max_bytes: int = MAX_SMALL_FILE) -
     return data
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` so that readers see either the old file or the whole new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def umask() -> int:
+    """This process's umask, read without changing it (Linux), else set and restored."""
     try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def file_mode() -> int:
+    """The mode a new file gets here (0644 under umask 022): what a file written through a temporary file (which
+    mkstemp creates 0600) is given, so a collaborator reads a run's checkpoints as they read the rest of it."""
+    return 0o666 & ~umask()
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` so that readers see either the old file or the whole new one. A failed write (a full
+    disk, a size limit) is a `WriteFailed` naming the file; the old file is left as it was."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        # mkstemp creates 0600; run files are meant to be shared like any other output.
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except BaseException as err:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if isinstance(err, OSError) and not isinstance(err, WriteFailed):
+            raise WriteFailed(path, err) from None
         raise
 
 
@@ -293,9 +316,12 @@ class RunDir:
             self._repair_tail()
         line = json.dumps(jsonable(metrics), allow_nan=False) + "\n"
         # Opened per line: truncate_metrics replaces the file, so a long-lived handle would go stale.
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
+        try:
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+        except OSError as err:  # a partial line is dropped on resume (`_repair_tail`)
+            raise WriteFailed(self.metrics_path, err) from None
 
     def _repair_tail(self) -> None:
         """Drop an unterminated last line left by a crash, so the next append starts on a fresh line."""
