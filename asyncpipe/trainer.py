@@ -127,17 +127,17 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def resume(self, run_dir: Path) -> Optional[Path]:
-        """resume=true: every rank loads its part of the latest complete checkpoint (or none: step 0). A bad part
-        on any rank is a `UserError` on all of them, raised before anything in the run dir changes; then rank 0
-        drops the metrics logged after the checkpoint."""
+        """resume=true: every rank loads its part of the newest complete checkpoint that reads on every rank (or
+        none: step 0; `checkpoint.load_latest` says which it passed over). A refusal on any rank is a `UserError`
+        on all of them, raised before anything in the run dir changes; then rank 0 drops the metrics logged after
+        the checkpoint."""
         from asyncpipe.track import RunDir
 
         engine, cfg = self.engine, self.cfg
         path, state, error = None, None, None
         try:
-            path = checkpoint.latest_complete(run_dir, world=engine.world, log=self.say)
-            if path is not None:
-                state = checkpoint.load(path, checkpoint.fingerprint_of(cfg), rank=engine.rank)
+            path, state = checkpoint.load_latest(run_dir, checkpoint.fingerprint_of(cfg), rank=engine.rank,
+                                                 world=engine.world, any_rank=engine.comm.any, log=self.say)
         except UserError as err:
             error = str(err)
         first = next((e for e in engine.comm.gather(error) if e), None)

@@ -1,8 +1,8 @@
 """Checkpoints that a run can trust: one part file per rank, a completion marker, atomic writes, pruning.
 
 Layout: ``RUN/checkpoints/step_00000042/rank0.pt … rank{W-1}.pt`` plus ``COMPLETE`` (JSON), written by rank 0
-only after every rank's part is on disk. A directory without the marker (a crash mid-save) is never resumed from:
-`latest_complete` names it and falls back to the previous complete one.
+only after every rank's part is on disk. A directory without the marker (a crash mid-save) or with a part that does
+not read (a truncated file) is never resumed from: `load_latest` names it and falls back to the previous good one.
 
 A checkpoint is untrusted input (shared scratch, a collaborator's tarball): the marker's fingerprint (plain JSON,
 size-capped) is checked before any part is deserialised, and parts are read with ``torch.load(weights_only=True)``,
@@ -115,6 +115,32 @@ def prune(run_dir: Path, keep: int, pinned: Collection[int] = ()) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+class DamagedCheckpoint(UserError):
+    """A checkpoint that cannot be read (a truncated or damaged part or marker): `load_latest` falls back past it."""
+
+
+def first_sentence(text: str, limit: int = 300) -> str:
+    """The first sentence of an error's text (torch's run on for lines), never cut mid-sentence below `limit`."""
+    line = next((part.strip() for part in text.strip().splitlines() if part.strip()), "")
+    head = line.split(". ", 1)[0].rstrip(".")
+    return head if len(head) <= limit else head[: limit - 3].rsplit(" ", 1)[0] + "..."
+
+
+def complete(d: Path, world: int) -> Optional[str]:
+    """Why checkpoint dir `d` is incomplete (a crash mid-save), or None when its marker and every part exist; a
+    complete one written by another number of processes is refused."""
+    missing = [f"rank{r}.pt" for r in range(world) if not (d / f"rank{r}.pt").exists()]
+    if not (d / MARKER).exists() or missing:
+        return f"missing {', '.join(missing)}" if missing else "no completion marker"
+    marker = read_marker(d)
+    if marker.get("world") != world:
+        raise UserError(
+            f"checkpoint {d} was written by {marker.get('world')} processes, this run has {world}; "
+            "resume with the same pipeline.stages x pipeline.data_parallel"
+        )
+    return None
+
+
 def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = print,
                     at_most: Optional[int] = None) -> Optional[Path]:  # fmt: skip
     """The newest checkpoint whose marker and every rank part exist (at step ``at_most`` or earlier, when given);
@@ -122,19 +148,46 @@ def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = 
     for d in reversed(_complete_dirs(run_dir)):
         if at_most is not None and step_of(d) > at_most:
             continue
-        missing = [f"rank{r}.pt" for r in range(world) if not (d / f"rank{r}.pt").exists()]
-        if not (d / MARKER).exists() or missing:
-            what = f"missing {', '.join(missing)}" if missing else "no completion marker"
-            log(f"checkpoint {d.name} is incomplete ({what}); falling back to an earlier one")
+        why = complete(d, world)
+        if why is not None:
+            log(f"checkpoint {d.name} is incomplete ({why}); falling back to an earlier one")
             continue
-        marker = read_marker(d)
-        if marker.get("world") != world:
-            raise UserError(
-                f"checkpoint {d} was written by {marker.get('world')} processes, this run has {world}; "
-                "resume with the same pipeline.stages x pipeline.data_parallel"
-            )
         return d
     return None
+
+
+def load_latest(run_dir: Path, fingerprint: dict, rank: int = 0, world: int = 1,
+                any_rank: Callable[[bool], bool] = bool,
+                log: Callable[[str], None] = print) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
+    """(path, this rank's state) of the newest checkpoint that is complete and reads on every rank (`any_rank`:
+    True on every rank when any rank says so), or (None, None) when there is none. A newer incomplete or damaged
+    one (a crash mid-save, a truncated part) is named and passed over; a checkpoint of another run is refused, and
+    so are damaged ones with no readable one below them (resuming from step 0 would silently drop them)."""
+    damaged: Optional[str] = None
+    for d in reversed(_complete_dirs(run_dir)):
+        why = complete(d, world)
+        if why is not None:
+            log(f"checkpoint {d.name} is incomplete ({why}); falling back to an earlier one")
+            continue
+        state, error, refusal = None, None, None
+        try:
+            state = load(d, fingerprint, rank=rank)
+        except DamagedCheckpoint as err:
+            error = str(err)
+        except UserError as err:  # another run's checkpoint: refused, never passed over
+            refusal = str(err)
+        if any_rank(error is not None or refusal is not None):  # every rank takes the same collectives
+            if any_rank(refusal is not None):
+                raise UserError(refusal or f"checkpoint {d} belongs to a different run (seen on another rank)")
+            damaged = damaged or error or f"checkpoint {d} cannot be read on another rank"
+            log(f"checkpoint {d.name} cannot be used ({error or 'a part on another rank is damaged'}); "
+                "falling back to an earlier one")  # fmt: skip
+            continue
+        return d, state
+    if damaged is not None:
+        raise UserError(f"{damaged}; no earlier checkpoint can be resumed from: delete the damaged checkpoint to "
+                        "start the run again from step 0, or choose another run.dir")  # fmt: skip
+    return None, None
 
 
 def read_marker(step_path: Path) -> dict:
@@ -149,8 +202,7 @@ def read_marker(step_path: Path) -> dict:
         if not isinstance(marker, dict) or marker.get("format") != FORMAT:
             raise ValueError(f"not an {FORMAT} marker")
     except (OSError, ValueError) as exc:
-        raise UserError(f"checkpoint marker {path} cannot be read ({exc}); delete {Path(step_path).name} to resume "
-                        "from an earlier one") from None
+        raise DamagedCheckpoint(f"checkpoint marker {path} cannot be read ({exc})") from None
     return marker
 
 
@@ -173,15 +225,14 @@ def load(path: Path, fingerprint: dict, rank: int = 0, ignore: Collection[str] =
     _check_fingerprint(path / MARKER, read_marker(path).get("fingerprint"), fingerprint, ignore)
     part = path / f"rank{rank}.pt"
     if not part.is_file():
-        raise UserError(f"checkpoint part {part} is missing or not a regular file")
+        raise DamagedCheckpoint(f"checkpoint part {part} is missing or not a regular file")
     try:
         blob = torch.load(part, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UserError(f"checkpoint {part} cannot be read safely ({type(exc).__name__}: "
-                        f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}); "
-                        "delete it to resume from an earlier one") from None
+        raise DamagedCheckpoint(f"checkpoint {part} cannot be read safely ({type(exc).__name__}: "
+                                f"{first_sentence(str(exc))})") from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
-        raise UserError(f"{part} is not an asyncpipe checkpoint")
+        raise DamagedCheckpoint(f"{part} is not an asyncpipe checkpoint")
     _check_fingerprint(part, blob.get("fingerprint"), fingerprint, ignore)
     return blob["state"]
 
