@@ -10,6 +10,8 @@ import socket
 from datetime import timedelta
 from typing import Any, Optional
 
+from asyncpipe.errors import UserError
+
 
 def rank_env() -> Optional[tuple[int, int, int]]:
     """(rank, world, local_rank) when this process is one rank of a multi-process job, else None.
@@ -19,9 +21,24 @@ def rank_env() -> Optional[tuple[int, int, int]]:
     """
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
-    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+    world = _env_int("WORLD_SIZE", minimum=1)
+    rank = _env_int("RANK")
+    if rank >= world:
+        raise UserError(f"RANK={rank} must be below WORLD_SIZE={world} (ranks count from 0)")
+    return rank, world, _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else rank
+
+
+def _env_int(name: str, minimum: int = 0) -> int:
+    """An integer from the rank environment; anything else (an empty export, a typo) is one line."""
+    text = os.environ[name]
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise UserError(f"{name}={text!r} in the environment must be an integer >= {minimum} (torchrun and SLURM set "
+                        "it; unset RANK and WORLD_SIZE for a run that starts its own processes)")  # fmt: skip
+    return value
 
 
 def backend_for(device_type: str, configured: str = "auto") -> str:

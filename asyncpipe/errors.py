@@ -18,7 +18,8 @@ EXIT_DIVERGED = 3  # NaN/inf loss or one above train.diverge_loss
 EXIT_INTERRUPTED = 4  # a signal arrived; a checkpoint was written and resume=true continues
 
 
-_WHY = {27: "the per-file size limit (`ulimit -f`)", 28: "the disk is full", 122: "the disk quota is exceeded"}  # errnos
+# errno -> the limit that was reached: EFBIG, ENOSPC, EDQUOT (Linux numbers)
+_WHY = {27: "the per-file size limit (`ulimit -f`)", 28: "the disk is full", 122: "the disk quota is exceeded"}
 
 
 class WriteFailed(OSError):

@@ -124,7 +124,12 @@ def separate_from_runs(path: PathLike, what: str) -> Path:
 
 def run_dir_place(path: PathLike, what: str = "run.dir") -> Path:
     """A run dir is neither inside another run dir (its checkpoints/ included) nor a sweep dir."""
-    path = Path(os.path.expanduser(str(path)))
+    text = str(path)
+    bad = next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:  # a newline would split a report's table row, a log line, a sweep status line
+        raise UserError(f"{what}={text!r} holds a control character ({bad!r}); name the run dir with printable "
+                        "characters only")  # fmt: skip
+    path = Path(os.path.expanduser(text))
     holder = enclosing_run(path, strict=True)
     if holder is not None:
         raise UserError(f"{what}={path} is inside run dir {holder}; a run inside another run's record is hidden from "

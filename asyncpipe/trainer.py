@@ -234,7 +234,7 @@ class Trainer:
         tracker = Tracker(cfg, run_dir, rank=rank) if run_dir is not None and rank == 0 else None
         status, final_val = FAILED, math.nan
         progress = Progress(t.steps, start, t.log_every, engine.describe()) if rank == 0 and show_progress else None
-        book = Book(tracker, engine.tokens_per_step, t.diverge_loss, progress, on_step)
+        book = Book(tracker, engine.tokens_per_step, t.diverge_loss, progress, on_step, vocab=self.setup.vocab_size)
         every, save_s, pins = cfg.checkpoint.every, [], self.branch_points()
         installed = contextlib.nullcontext(stop) if stop is not None else StopRequest()
         try:
@@ -278,6 +278,9 @@ class Trainer:
                     status = DIVERGED
                     say(f"diverged at step {tail.loss_step}: train loss {tail.loss}")
                 book.emit(engine.records(synced=True))
+                if status == COMPLETED and book.collapsed:  # not a result: never averaged into a report
+                    status, extra = DIVERGED, {**extra, "collapsed": book.collapsed}
+                    say(f"diverged: {book.collapsed}")
         except BaseException:
             if tracker is not None:
                 with contextlib.suppress(OSError):  # a full disk must not hide the error that ended the run

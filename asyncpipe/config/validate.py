@@ -57,6 +57,8 @@ def validate(cfg: DictConfig) -> None:
     _need(o.ef.lam >= 0, f"optimizer.ef.lam={o.ef.lam} must be >= 0")
     for key in ("steps", "micro_batch_size", "micro_batches", "seq_len", "eval_every", "eval_batches", "log_every"):
         _need(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
+    _need(cfg.delay < t.steps, f"delay={cfg.delay} with train.steps={t.steps}: every update would use gradients of the "
+          "initial weights (the first delay steps do); use a delay below train.steps")
     _need(0 <= t.warmup_frac < 1, f"train.warmup_frac={t.warmup_frac} must be in [0, 1)")
     _need(0 <= t.min_lr_frac <= 1, f"train.min_lr_frac={t.min_lr_frac} must be in [0, 1]")
     check_lr_schedule(t)

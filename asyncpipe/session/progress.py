@@ -4,6 +4,7 @@ logs: CI, SLURM)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, Callable, Optional
 
@@ -45,17 +46,36 @@ class Progress:
             self.bar.stop()
 
 
+STUCK_STEPS = 3  # a run that ends this many steps at the uniform guess with zero gradients is dead, not a result
+
+
 class Book:
     """Rank 0's record of the steps: val losses joined to their step, tokens, the stop at the first diverged
-    step, metrics.jsonl (through the tracker), progress lines and ``on_step``."""
+    step, metrics.jsonl (through the tracker), progress lines and ``on_step``; and whether the run ended dead
+    (`collapsed`): its train loss at the uniform guess ln(vocab) with a gradient norm of exactly zero."""
 
     def __init__(self, tracker: Any, tokens_per_step: int, limit: float, progress: Optional[Progress],
-                 on_step: Optional[Callable[[dict], None]]) -> None:  # fmt: skip
+                 on_step: Optional[Callable[[dict], None]], vocab: Optional[int] = None) -> None:  # fmt: skip
         self.tracker, self.tokens_per_step, self.limit = tracker, tokens_per_step, limit
         self.progress, self.on_step = progress, on_step
         self.val_at: dict[int, float] = {}
         self.history: list[dict] = []
         self.diverged = False
+        self.uniform = math.log(vocab) if vocab else None
+        self.stuck = 0  # the latest steps in a row at the uniform guess with zero gradients
+
+    def _at_uniform_guess(self, rec: dict) -> bool:
+        loss = rec.get("train_loss")
+        return (self.uniform is not None and rec.get("grad_norm") == 0 and isinstance(loss, float)
+                and abs(loss - self.uniform) < 1e-3)  # fmt: skip
+
+    @property
+    def collapsed(self) -> Optional[str]:
+        """Why the run is dead (None when it is not): it ended `STUCK_STEPS` or more steps at the uniform guess."""
+        if self.uniform is None or self.stuck < STUCK_STEPS:
+            return None
+        return (f"train loss stuck at ln(vocab) = {self.uniform:.4f} (the uniform guess) with a zero gradient "
+                f"norm for the last {self.stuck} steps: the model is dead (a learning rate far too large?)")
 
     def log(self, record: dict) -> None:
         if self.tracker is not None:
@@ -72,6 +92,7 @@ class Book:
             if step in self.val_at:
                 out["val_loss"] = self.val_at[step]
             self.diverged = diverged(rec["train_loss"], self.limit)
+            self.stuck = self.stuck + 1 if self._at_uniform_guess(rec) else 0
             self.history.append(out)
             self.log(out)
             if self.progress is not None:
