@@ -136,6 +136,8 @@ def report(
                                                "chosen on, comma-separated (default: the lower half of the seeds)."),
     bench: Optional[List[Path]] = typer.Option(None, "--bench", help="A `bench pipeline` result file (repeatable): "
                                                "2BW's measured throughput ratio for the net speed-up (else the ideal)."),
+    other_length: bool = typer.Option(False, "--other-length", help="Accept a --baseline that trains another "
+                                      "train.steps than every compared run (refused otherwise)."),
 ) -> None:
     """Takeaways, loss-gap tables with 95% intervals (sync / 1-step / 1-step+EF per optimizer, or a sweep file's
     variants), time to sync's loss and net wall-clock speed-up, plots."""
@@ -147,7 +149,8 @@ def report(
     report_command(sweep_dirs or [], out, wandb_project=wandb_project, group=group, log_wandb=log_wandb,
                    say=typer.echo, baseline=baseline, reference=reference, plots=plots, merge=merge,
                    target=parse_target(target), bench=bench or [], best_of=best_of,
-                   select_seeds=select_seeds.split(",") if select_seeds else None)  # fmt: skip
+                   select_seeds=select_seeds.split(",") if select_seeds else None,
+                   other_length=other_length)  # fmt: skip
 
 
 @app.command()

@@ -157,10 +157,22 @@ def _source_order(runs: pd.DataFrame, named: list[str]) -> list[str]:
     return variant_order(present, named or None) if named else [v for v in variant_order(present) if v in present]
 
 
+def _same_length(base: pd.DataFrame, others: pd.DataFrame, baseline: Path) -> None:
+    """A --baseline trains as many steps as some compared run: a gap between runs of other lengths is no gap."""
+    steps = lambda runs: {c.get("train.steps") for c in runs["config"]} if len(runs) else set()  # noqa: E731
+    ours, theirs = steps(base), steps(others)
+    if ours and theirs and ours.isdisjoint(theirs):
+        show = lambda s: "/".join(map(str, sorted(s, key=str)))  # noqa: E731
+        raise UserError(f"--baseline {baseline} trains train.steps={show(ours)}, the compared runs "
+                        f"train.steps={show(theirs)}: runs of other lengths make no gap; compare runs of one length, "
+                        "or pass --other-length to put them side by side anyway")  # fmt: skip
+
+
 def build_report(
     sweep_dir: Path | Sequence[Path], out_dir: Path | None = None, baseline: Path | None = None,
     reference: str | None = None, plots: bool = True, merge: bool = False, target: float | str | None = None,
     bench: Sequence[Path] = (), best_of: str | None = None, select_seeds: Sequence[str] | None = None,
+    other_length: bool = False,
 ) -> Report:
     """The report of every run under `sweep_dir` (default out_dir: sweep_dir/report).
 
@@ -213,6 +225,8 @@ def build_report(
         named = named_variants(d)
         order += [f"{label}:{v}" for v in _source_order(runs.assign(variant=own), named)]
         parts.append((runs, curves))
+    if baseline is not None and not other_length:
+        _same_length(parts[0][0], concat_runs([p[0] for p in parts[1:]]), Path(baseline))
     runs = concat_runs([p[0] for p in parts])
     curves = pd.concat([p[1] for p in parts], ignore_index=True)
     reference = reference or order[0]
