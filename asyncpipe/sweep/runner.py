@@ -76,16 +76,17 @@ def compose_runs(
 ) -> tuple[dict[str, DictConfig], DictConfig]:
     """Compose and validate every run's config before anything starts; returns (configs by run, launcher). A large
     sweep reports its progress on `progress` (stderr by default) every few seconds."""
-    from asyncpipe.config import compose
+    from asyncpipe.config.compose import Composer
     from asyncpipe.session.rundir import check_seed
 
     stream = progress if progress is not None else sys.stderr
     cfgs: dict[str, DictConfig] = {}
+    composer = Composer()  # runs that differ only in seed and run dir share one Hydra composition
     start = last = time.monotonic()
     for i, spec in enumerate(plan.runs, 1):
         overrides = run_overrides(plan, spec, (sweep_dir / spec.name).resolve(), resume=False)
         try:
-            cfgs[spec.name] = compose([*overrides, *plan.launcher])
+            cfgs[spec.name] = composer.compose([*overrides, *plan.launcher])
             check_seed(cfgs[spec.name])
         except UserError as exc:
             raise UserError(f"run {spec.name}: {exc}") from None
