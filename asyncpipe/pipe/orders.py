@@ -258,6 +258,9 @@ def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
         raise UserError(f"--schedule {kind!r} is unknown; choose one of: {', '.join(known)}")
     if stages < 1 or micro_batches < 1 or batches < 1:
         raise UserError("--stages, --micro-batches and --batches must all be >= 1")
+    if kind == "2bw" and micro_batches < stages:
+        raise UserError(f"--schedule 2bw needs --micro-batches >= --stages, got {micro_batches} < {stages} (with fewer, "
+                        "stage 0 would start batch b+2 before step b made its weights)")  # fmt: skip
     return simulate_schedule(kind, micro_batches, stages, batches, forward=forward, backward=backward, step=step)
 
 

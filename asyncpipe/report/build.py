@@ -13,6 +13,7 @@ from typing import Sequence
 import pandas as pd
 
 from asyncpipe.errors import UserError
+from asyncpipe.paths import writable_dir
 from asyncpipe.report.claims import Claim
 from asyncpipe.report.groups import Grouping, classify, natural
 from asyncpipe.config.tuned import at_tuned_lr, tuned_lr
@@ -240,6 +241,7 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
     from asyncpipe.report.plots import plot_gap_vs_tokens, plot_loss_curves  # matplotlib only when writing
     from asyncpipe.report.wallclock import plot_wallclock
 
+    writable_dir(out_dir, "the report dir", "pass --out DIR to write the report elsewhere")  # a read-only sweep dir
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {name: out_dir / name for name in ("report.md", "gaps.csv", "intervals.csv")}
     atomic_write_text(files["gaps.csv"], report.cells.to_csv(index=False))

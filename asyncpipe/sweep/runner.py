@@ -106,6 +106,10 @@ def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -
     writable_dir(out, "--out")
     sweep_dir = Path(out) / plan.name
     separate_from_runs(sweep_dir, "sweep dir (--out/--name)")
+    writable_dir(sweep_dir, "sweep dir (--out/--name)")
+    for spec in plan.runs:  # a file where a run dir goes would end the launch halfway
+        if (sweep_dir / spec.name).exists() and not (sweep_dir / spec.name).is_dir():
+            raise UserError(f"{sweep_dir / spec.name} is a file where run {spec.name} goes; move it away")
     cfgs, launcher = compose_runs(plan, sweep_dir, progress)
     merged_manifest(sweep_dir, plan)
     for spec in plan.runs:  # a re-run must know each run's state: refuse an unreadable record before starting any
