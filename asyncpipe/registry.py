@@ -90,6 +90,11 @@ def declare_method(name: str, *, buffers: int, fits_2bw: bool, note: str, key: O
     """Decorator on a builder ``(optimizer, cfg_compensation, delays) -> torch.optim.Optimizer``; ``revision``: which
     version of its rule this is (1 until the rule changes; a run records it, a report never pools two)."""
 
+    if (key is None) != (config is None):
+        given, missing = ("key=", "config=") if config is None else ("config=", "key=")
+        raise UserError(f"declare_method({name!r}) has {given} without {missing}: a method's settings are the node "
+                        "compensation.<key> that its config dataclass fills; declare both or neither")  # fmt: skip
+
     def wrap(build: Callable[..., Any]) -> Callable[..., Any]:
         spec = MethodSpec(name, build, buffers, fits_2bw, note, key, config, check, memory, needs_delay,
                           build.__module__, revision)
