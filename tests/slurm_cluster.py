@@ -1,11 +1,14 @@
 """The test SLURM cluster (tests/slurm/cluster.sh): started once per session and shared by every SLURM test module
 (`slurm_cluster` in conftest.py). It has two nodes where network namespaces can be made, so the multi-node tests
-run on it too; single-node jobs run on either node. Where only one node is possible the multi-node tests skip."""
+run on it too; single-node jobs run on either node. Where only one node is possible the multi-node tests skip.
+Its daemons are detached: a `reaper` process stops them when the test process dies without its teardown (a
+SIGTERM'd or SIGKILLed `make test`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Iterator, Optional
@@ -42,22 +45,47 @@ def client_env(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def reaper(root: Path, cluster: Path = CLUSTER) -> subprocess.Popen:
+    """A process that runs `cluster.sh down ROOT` once this one dies, however it dies (a SIGTERM from `timeout` or
+    CI, a SIGKILL): the daemons are detached, so nothing else would stop them. It waits for the end of a pipe only
+    this process holds (not inherited: PEP 446), in a session of its own (a group kill does not take it along).
+    `disarm` it on a normal teardown."""
+    script = f"cat >/dev/null; exec bash {shlex.quote(str(cluster))} down {shlex.quote(str(root))}"
+    return subprocess.Popen(["bash", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
+def disarm(watch: subprocess.Popen) -> None:
+    watch.kill()  # before its pipe closes: it must not run `down` (the caller does, or nothing is up)
+    watch.wait()
+    assert watch.stdin is not None
+    watch.stdin.close()
+
+
 @contextlib.contextmanager
 def running_cluster(root: Path, nodes: int = 1, fallback: bool = False) -> Iterator[Path]:
     """`cluster.sh up ROOT [NODES]` (``fallback``: one node where ``nodes`` cannot be made; a skip where no
     cluster is possible here), its clients' environment (SLURM_CONF, the cluster's bin/ first on PATH) while it
-    runs, then `down`. DIR/cluster.env's NODES says how many nodes it has."""
-    why = _up(root, nodes)
-    if why is not None and fallback and nodes > 1:
-        why = _up(root, 1)
-    if why is not None:
-        pytest.skip(f"no SLURM cluster: {why}")
+    runs, then `down`; a `reaper` brings it down if this process is killed first. DIR/cluster.env's NODES says how
+    many nodes it has."""
+    watch = reaper(root)  # armed before `up`: a kill during the start-up leaves nothing running either
+    started, ran = True, False  # started: anything may be up (a failed `up` too); not after a skip (exit 77)
     try:
+        why = _up(root, nodes)
+        if why is not None and fallback and nodes > 1:
+            why = _up(root, 1)
+        if why is not None:
+            started = False
+            pytest.skip(f"no SLURM cluster: {why}")
         with client_env(SLURM_CONF=str(root / "slurm.conf"), PATH=f"{root / 'bin'}:{os.environ['PATH']}"):
             yield root
+        ran = True
     finally:
-        down = subprocess.run(["bash", str(CLUSTER), "down", str(root)], capture_output=True, text=True, timeout=120)
-        assert down.returncode == 0, down.stderr
+        disarm(watch)
+        if started:
+            down = subprocess.run(["bash", str(CLUSTER), "down", str(root)], capture_output=True, text=True,
+                                  timeout=120)  # fmt: skip
+            assert down.returncode == 0 or not ran, down.stderr
 
 
 def node_count(root: Path) -> int:
