@@ -241,7 +241,44 @@ CASES: dict[str, Case] = {
                               trace({"trace-rank0.json": json.dumps([op(0)]), "trace-rank1.json": json.dumps([op(0)])})),
     "trace ends before it starts": Case(TRACE, "entry 0 ends before it starts",
                                         trace({"trace-rank0.json": json.dumps([op(0, start=2.0, end=1.0)])})),
+    # -- issue 40: a real environment's slips, each one line before anything is written
+    "RANK and WORLD_SIZE exported empty": Case(["train", "run.dir={tmp}/run"],
+                                               "WORLD_SIZE='' in the environment must be an integer >= 1",
+                                               env={"RANK": "", "WORLD_SIZE": ""}),
+    "RANK beyond WORLD_SIZE": Case(["train", "run.dir={tmp}/run"], "RANK=2 must be below WORLD_SIZE=2",
+                                   env={"RANK": "2", "WORLD_SIZE": "2"}),
+    "run dir name with a newline": Case(["train", "run.dir='{tmp}/a\nb'"], "holds a control character ('\\n')"),
+    "delay >= train.steps": Case(["train", "delay=30", "train.steps=5", "run.dir={tmp}/run"],
+                                 "delay=30 with train.steps=5: every update would use gradients of the initial"),
+    "deleted working directory": Case(["train", "train.steps=2", "run.dir={tmp}/run"],
+                                      "the working directory ({tmp}/gone) no longer exists", lambda tmp: _gone(tmp)),
+    "report --baseline of another length": Case(["report", "{tmp}/sw", "--baseline", "{tmp}/base", "--no-plots",
+                                                 "--no-wandb-log"], "runs of other lengths make no gap", lambda tmp: (
+        run_dir(tmp / "base" / "b", {**SYNC, "train": {"steps": 5}}),
+        run_dir(tmp / "sw" / "a", {**SYNC, "train": {"steps": 10}}))),
+    "sweep --name an existing file": Case([*SWEEP, "seed=0,1", "--name", "afile"],
+                                          "sweep dir (--out/--name) {tmp}/sweeps/afile is a file",
+                                          lambda tmp: ((tmp / "sweeps").mkdir(), (tmp / "sweeps" / "afile").write_text("x")),
+                                          dry=True),
+    "a sweep's run dir is a file": Case([*SWEEP, "seed=0,1", "--name", "sw"], "sw/seed=0 is a file where run seed=0 goes",
+                                        lambda tmp: ((tmp / "sweeps" / "sw").mkdir(parents=True),
+                                                     (tmp / "sweeps" / "sw" / "seed=0").write_text("x")), dry=True),
+    "schedule 2bw with m < P": Case(["schedule", "--stages", "4", "--micro-batches", "2", "--out", "{tmp}/sched"],
+                                    "--schedule 2bw needs --micro-batches >= --stages, got 2 < 4"),
+    "bench pipeline 2BW with m < P": Case(["bench", "pipeline", "pipeline.stages=4", "train.micro_batches=2",
+                                           "--out", "{tmp}/b.json"], "2BW needs train.micro_batches >= pipeline.stages"),
 }
+
+SYNC = {"model": {"name": "tiny"}, "optimizer": {"name": "adamw", "ef": {"enabled": False}}, "delay": 0,
+        "engine": "simulate", "seed": 0}  # fmt: skip
+
+
+def _gone(tmp: Path) -> None:
+    """The shell's working directory deleted under it."""
+    (tmp / "gone").mkdir()
+    os.chdir(tmp / "gone")
+    os.environ["PWD"] = str(tmp / "gone")  # the shell's record of it (restored by the test's monkeypatch)
+    (tmp / "gone").rmdir()
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -253,6 +290,7 @@ def test_untrusted_input(name: str, tmp_path: Path, data_root: Path, monkeypatch
     work.mkdir()
     monkeypatch.chdir(work)  # default run dirs and an empty data root would land here
     monkeypatch.setenv("ASYNCPIPE_DATA", str(data_root))
+    monkeypatch.setenv("PWD", str(work))
     for key, value in case.env.items():
         monkeypatch.setenv(key, fill(value))
     if case.setup:

@@ -27,13 +27,18 @@ CONVENTION = ("Intervals are 95%, paired by seed over the seeds the compared col
               "were the truth.")
 
 
+def _cell(value: object) -> str:
+    """A table cell's text on one line: a newline or a pipe (a run dir's name may hold either) would split the row."""
+    return str(value).replace("\r", "\\r").replace("\n", "\\n").replace("|", "\\|")
+
+
 def md_table(frame: pd.DataFrame) -> str:
     names = list(frame.index.names) if isinstance(frame.index, pd.MultiIndex) else [frame.index.name or ""]
-    lines = ["| " + " | ".join([*map(str, names), *map(str, frame.columns)]) + " |",
+    lines = ["| " + " | ".join([*map(_cell, names), *map(_cell, frame.columns)]) + " |",
              "|" + "---|" * (len(names) + len(frame.columns))]  # fmt: skip
     for idx, row in frame.iterrows():
         keys = idx if isinstance(idx, tuple) else (idx,)
-        lines.append("| " + " | ".join([*map(str, keys), *(str(v) for v in row)]) + " |")
+        lines.append("| " + " | ".join([*map(_cell, keys), *(_cell(v) for v in row)]) + " |")
     return "\n".join(lines)
 
 
