@@ -3,13 +3,16 @@ divergence. (The pipeline's counterparts live in test_pipe_fault_tolerance.py.)"
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import asyncpipe, losses, read_metrics, read_summary, start, wait_for_step
+from asyncpipe import forkserver
+from helpers import asyncpipe, cli_env, losses, read_metrics, read_summary, start, wait_for_step
 
 RUN = ["optimizer=adamw_ef", "delay=1", "train.steps=24", "train.eval_every=6", "checkpoint.every=4"]
 
@@ -36,17 +39,38 @@ def test_sigkill_then_resume_is_bit_identical(reference: Path, tmp_path: Path) -
     assert read_summary(run)["final_val_loss"] == read_summary(reference)["final_val_loss"]
 
 
-def test_sigterm_writes_checkpoint_and_exits_4_then_resumes(reference: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])  # SIGHUP: the terminal or ssh session closed
+def test_a_stop_signal_writes_checkpoint_and_exits_4_then_resumes(reference: Path, tmp_path: Path, sig: int) -> None:
     run = tmp_path / "preempted"
     proc = start("train", *RUN, f"run.dir={run}", log=tmp_path / "log")
     wait_for_step(run, 9, proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     assert proc.wait(timeout=120) == 4
     summary = read_summary(run)
     assert summary["status"] == "interrupted"
     assert (run / "checkpoints" / f"step_{summary['steps']:08d}" / "COMPLETE").exists()
     assert asyncpipe("train", *RUN, f"run.dir={run}", "resume=true").returncode == 0
     assert losses(run) == losses(reference)
+
+
+def test_a_reader_of_stdout_going_away_never_ends_the_run(reference: Path, tmp_path: Path) -> None:
+    """`asyncpipe train ... | head -1`: stdout breaks after the first line; the run trains on to the same losses and
+    train.log says once why its lines stopped reaching stdout."""
+    run = tmp_path / "piped"
+    read, write = os.pipe()
+    with open(tmp_path / "err", "w") as err:
+        proc = forkserver.start([sys.executable, "-m", "asyncpipe", "train", *RUN, "train.log_every=1", f"run.dir={run}"],
+                                stdout=write, stderr=err, env=cli_env())  # fmt: skip
+    os.close(write)
+    with os.fdopen(read, "rb") as reader:
+        reader.readline()  # `head -1`: one line, then the reader is gone
+    assert proc.wait(timeout=300) == 0, (tmp_path / "err").read_text()[-2000:]
+    assert "Traceback" not in (tmp_path / "err").read_text()
+    assert read_summary(run)["status"] == "completed"
+    assert losses(run) == losses(reference)
+    log = (run / "train.log").read_text()
+    assert log.count("note: stdout went away (Broken pipe); training goes on") == 1, log
+    assert "step 24/24" in log
 
 
 def test_partial_checkpoint_is_refused_and_previous_used(reference: Path, tmp_path: Path) -> None:
@@ -63,26 +87,49 @@ def test_partial_checkpoint_is_refused_and_previous_used(reference: Path, tmp_pa
     assert losses(run) == losses(reference)
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "foreign"])
-def test_corrupt_or_foreign_checkpoint_is_a_one_line_error(reference: Path, tmp_path: Path, damage: str) -> None:
+@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(reference: Path, tmp_path: Path,
+                                                                     damage: str) -> None:  # fmt: skip
+    """A full disk or a killed copy truncates the newest part: resume says so and continues from the one before."""
     run = tmp_path / damage
     shutil.copytree(reference, run)
     (run / "summary.json").unlink()
-    newest = sorted((run / "checkpoints").iterdir())[-1]
+    older, newest = sorted((run / "checkpoints").iterdir())
+    part = newest / "rank0.pt"
+    part.write_bytes(b"not a checkpoint" if damage == "corrupt" else part.read_bytes()[: part.stat().st_size // 2])
+    proc = asyncpipe("train", *RUN, f"run.dir={run}", "resume=true")
+    assert proc.returncode == 0, proc.stderr
+    assert f"checkpoint {newest.name} cannot be used (checkpoint {part} cannot be read safely" in proc.stdout
+    assert "falling back to an earlier one" in proc.stdout and f"resumed from {older}" in proc.stdout
+    assert losses(run) == losses(reference)
+
+
+@pytest.mark.parametrize("damage", ["all truncated", "foreign"])
+def test_no_readable_or_a_foreign_checkpoint_is_a_one_line_error(reference: Path, tmp_path: Path, damage: str) -> None:
+    run = tmp_path / damage.replace(" ", "-")
+    shutil.copytree(reference, run)
+    (run / "summary.json").unlink()
     overrides = list(RUN)
-    if damage == "corrupt":
-        (newest / "rank0.pt").write_bytes(b"not a checkpoint")
+    if damage == "all truncated":
+        for part in run.glob("checkpoints/step_*/rank0.pt"):
+            part.write_bytes(part.read_bytes()[:1000])
     else:  # a run dir that lost its config.yaml: the checkpoint's fingerprint is the guard
         overrides[0] = "optimizer=muon_ef"
         (run / "config.yaml").unlink()
     before = read_metrics(run)
-    config = (run / "config.yaml").read_bytes() if damage == "corrupt" else None
+    config = (run / "config.yaml").read_bytes() if damage != "foreign" else None
     proc = asyncpipe("train", *overrides, f"run.dir={run}", "resume=true")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and ("cannot be read" in lines[0] or "different run" in lines[0])
+    assert len(lines) == 1, proc.stderr
+    if damage == "foreign":
+        assert "different run" in lines[0]
+    else:  # the whole sentence, torch's included: never cut off mid-word
+        assert "cannot be read safely (RuntimeError: PytorchStreamReader failed reading zip archive: failed finding " \
+               "central directory); no earlier checkpoint can be resumed from" in lines[0]  # fmt: skip
+        assert lines[0].endswith("or choose another run.dir")
     assert read_metrics(run) == before  # nothing was rewritten
-    if damage == "corrupt":
+    if damage != "foreign":
         assert (run / "config.yaml").read_bytes() == config  # nor the record rewritten
     else:
         assert not (run / "config.yaml").exists()  # nor written
