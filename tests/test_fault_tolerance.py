@@ -39,7 +39,8 @@ def test_sigkill_then_resume_is_bit_identical(reference: Path, tmp_path: Path) -
     assert read_summary(run)["final_val_loss"] == read_summary(reference)["final_val_loss"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])  # SIGHUP: the terminal or ssh session closed
+# SIGHUP: the terminal or ssh session closed
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_writes_checkpoint_and_exits_4_then_resumes(reference: Path, tmp_path: Path, sig: int) -> None:
     run = tmp_path / "preempted"
     proc = start("train", *RUN, f"run.dir={run}", log=tmp_path / "log")
@@ -59,8 +60,8 @@ def test_a_reader_of_stdout_going_away_never_ends_the_run(reference: Path, tmp_p
     run = tmp_path / "piped"
     read, write = os.pipe()
     with open(tmp_path / "err", "w") as err:
-        proc = forkserver.start([sys.executable, "-m", "asyncpipe", "train", *RUN, "train.log_every=1", f"run.dir={run}"],
-                                stdout=write, stderr=err, env=cli_env())  # fmt: skip
+        argv = [sys.executable, "-m", "asyncpipe", "train", *RUN, "train.log_every=1", f"run.dir={run}"]
+        proc = forkserver.start(argv, stdout=write, stderr=err, env=cli_env())
     os.close(write)
     with os.fdopen(read, "rb") as reader:
         reader.readline()  # `head -1`: one line, then the reader is gone

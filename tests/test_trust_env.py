@@ -146,8 +146,8 @@ def test_write_failures_are_one_line_naming_the_file_and_what_continues(tmp_path
 
     # metrics.jsonl mid-run
     run = tmp_path / "metrics"
-    code, err = _limited(file_limit, 2_600, ["train", *RUN, "train.steps=40", "checkpoint.every=0", f"run.dir={run}"],
-                         capsys)  # fmt: skip
+    argv = ["train", *RUN, "train.steps=40", "checkpoint.every=0", f"run.dir={run}"]
+    code, err = _limited(file_limit, 2_600, argv, capsys)
     assert code == 1 and len(err) == 1 and err[0].startswith(f"error: cannot write {run}/metrics.jsonl (File too large")
     assert "resume=true" in err[0]
 
