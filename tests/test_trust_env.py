@@ -125,8 +125,8 @@ def _limited(file_limit, limit: int, argv: list[str], capsys) -> tuple[int, list
 RUN = ["train.steps=8", "train.eval_every=4", "checkpoint.every=4", *TINY]
 
 
-def test_write_failures_are_one_line_naming_the_file_and_what_continues(tmp_path: Path, file_limit, capsys,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_write_failures_are_one_line_naming_the_file_and_what_continues(
+        tmp_path: Path, file_limit, capsys, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.chdir(tmp_path)
     reference = tmp_path / "reference"
     assert _main(["train", *RUN, f"run.dir={reference}"]) == 0
