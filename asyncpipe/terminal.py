@@ -60,12 +60,13 @@ class GuardedStream:
     a closed descriptor), then drops output; `broken` says what happened (None while it works)."""
 
     def __init__(self, stream: Optional[TextIO], name: str, broken: Optional[str] = None) -> None:
+        if stream is None:  # Python found the descriptor closed: a stand-in, so `.encoding` or `.fileno()` work
+            stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (lives as long as the process)
+            broken = broken or f"{name} was closed when asyncpipe started"
         self.stream, self.name, self.broken = stream, name, broken
-        if stream is None and broken is None:
-            self.broken = f"{name} was closed when asyncpipe started"
 
     def write(self, text: str) -> int:
-        if self.broken is None and self.stream is not None:
+        if self.broken is None:
             try:
                 return self.stream.write(text)
             except (OSError, ValueError) as err:  # ValueError: a closed file object
@@ -73,7 +74,7 @@ class GuardedStream:
         return len(text)
 
     def flush(self) -> None:
-        if self.broken is None and self.stream is not None:
+        if self.broken is None:
             try:
                 self.stream.flush()
             except (OSError, ValueError) as err:
@@ -83,14 +84,14 @@ class GuardedStream:
         why = getattr(err, "strerror", None) or str(err) or type(err).__name__
         self.broken = f"{self.name} went away ({why})"
         with contextlib.suppress(Exception):  # the interpreter's own flush at exit must not fail on it either
-            fd = self.stream.fileno()  # type: ignore[union-attr]
+            fd = self.stream.fileno()
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, fd)
             os.close(null)
 
     def isatty(self) -> bool:
         try:
-            return self.broken is None and self.stream is not None and self.stream.isatty()
+            return self.broken is None and self.stream.isatty()
         except (OSError, ValueError):
             return False
 
@@ -98,7 +99,7 @@ class GuardedStream:
     def buffer(self) -> Any:
         """The binary stream, unless this one degrades text to ASCII (writers that would bypass that, click's echo
         on an ASCII stream for one, then write the text here)."""
-        if self.stream is None or getattr(self.stream, "errors", None) == ASCII_FALLBACK:
+        if getattr(self.stream, "errors", None) == ASCII_FALLBACK:
             return None
         return getattr(self.stream, "buffer", None)
 

@@ -137,7 +137,7 @@ class Trainer:
         path, state, error = None, None, None
         try:
             path, state = checkpoint.load_latest(run_dir, checkpoint.fingerprint_of(cfg), rank=engine.rank,
-                                                 world=engine.world, any_rank=engine.comm.any, log=self.say)
+                                                 world=engine.world, gather=engine.comm.gather, log=self.say)
         except UserError as err:
             error = str(err)
         first = next((e for e in engine.comm.gather(error) if e), None)

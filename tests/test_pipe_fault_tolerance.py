@@ -180,14 +180,30 @@ def test_partial_checkpoint_falls_back_to_the_previous_one(references, tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_corrupt_part_on_another_rank_is_a_one_line_error(references, tmp_path: Path) -> None:
+def test_corrupt_part_on_another_rank_falls_back_on_every_rank(references, tmp_path: Path) -> None:
     run = unfinished_copy(references[1], tmp_path / "corrupt")
-    (sorted((run / "checkpoints").iterdir())[-1] / "rank1.pt").write_bytes(b"not a checkpoint")
+    older, newest = sorted((run / "checkpoints").iterdir())
+    (newest / "rank1.pt").write_bytes(b"not a checkpoint")
+    proc = asyncpipe("train", *RUN, "delay=1", f"run.dir={run}", "resume=true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    named = f"checkpoint {newest.name} cannot be used (checkpoint {newest / 'rank1.pt'} cannot be read safely"
+    assert named in proc.stdout  # rank 0 says it, naming rank 1's part
+    assert f"resumed from {older}" in proc.stdout
+    assert losses(run) == losses(references[1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_corrupt_parts_with_no_earlier_checkpoint_are_a_one_line_error(references, tmp_path: Path) -> None:
+    run = unfinished_copy(references[1], tmp_path / "corrupt")
+    for part in run.glob("checkpoints/step_*/rank1.pt"):
+        part.write_bytes(b"not a checkpoint")
     before = read_metrics(run)
     proc = asyncpipe("train", *RUN, "delay=1", f"run.dir={run}", "resume=true")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "rank1.pt cannot be read" in lines[0], proc.stderr[-2000:]
+    assert "no earlier checkpoint can be resumed from" in lines[0]
     assert read_metrics(run) == before  # no rank truncated anything
 
 

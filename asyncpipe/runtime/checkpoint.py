@@ -157,10 +157,10 @@ def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = 
 
 
 def load_latest(run_dir: Path, fingerprint: dict, rank: int = 0, world: int = 1,
-                any_rank: Callable[[bool], bool] = bool,
+                gather: Callable[[Any], list] = lambda x: [x],
                 log: Callable[[str], None] = print) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
-    """(path, this rank's state) of the newest checkpoint that is complete and reads on every rank (`any_rank`:
-    True on every rank when any rank says so), or (None, None) when there is none. A newer incomplete or damaged
+    """(path, this rank's state) of the newest checkpoint that is complete and reads on every rank (`gather`: every
+    rank's object on every rank, `dist.Comm.gather`), or (None, None) when there is none. A newer incomplete or damaged
     one (a crash mid-save, a truncated part) is named and passed over; a checkpoint of another run is refused, and
     so are damaged ones with no readable one below them (resuming from step 0 would silently drop them)."""
     damaged: Optional[str] = None
@@ -176,12 +176,14 @@ def load_latest(run_dir: Path, fingerprint: dict, rank: int = 0, world: int = 1,
             error = str(err)
         except UserError as err:  # another run's checkpoint: refused, never passed over
             refusal = str(err)
-        if any_rank(error is not None or refusal is not None):  # every rank takes the same collectives
-            if any_rank(refusal is not None):
-                raise UserError(refusal or f"checkpoint {d} belongs to a different run (seen on another rank)")
-            damaged = damaged or error or f"checkpoint {d} cannot be read on another rank"
-            log(f"checkpoint {d.name} cannot be used ({error or 'a part on another rank is damaged'}); "
-                "falling back to an earlier one")  # fmt: skip
+        said = gather((error, refusal))  # every rank takes the same collective, and learns every rank's answer
+        refusal = next((r for _, r in said if r), None)
+        error = next((e for e, _ in said if e), None)
+        if refusal is not None:
+            raise UserError(refusal)
+        if error is not None:
+            damaged = damaged or error
+            log(f"checkpoint {d.name} cannot be used ({error}); falling back to an earlier one")
             continue
         return d, state
     if damaged is not None:
