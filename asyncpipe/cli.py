@@ -64,9 +64,11 @@ OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. model=tiny optimize
 def train(overrides: Optional[List[str]] = OVERRIDES) -> None:
     """Train one run (engine=simulate in this process; engine=pipeline starts its stage processes)."""
     from asyncpipe.config import compose
+    from asyncpipe.config.validate import check_delay_fits
     from asyncpipe.run import run_training
 
     cfg = compose(overrides or [])
+    check_delay_fits(cfg)
     check_train_paths(cfg)
     summary = run_training(cfg, overrides=overrides or [])  # overrides: as typed, for provenance.json only
     raise typer.Exit(summary.get("exit_code", 0))

@@ -250,6 +250,8 @@ CASES: dict[str, Case] = {
     "run dir name with a newline": Case(["train", "run.dir='{tmp}/a\nb'"], "holds a control character ('\\n')"),
     "delay >= train.steps": Case(["train", "delay=30", "train.steps=5", "run.dir={tmp}/run"],
                                  "delay=30 with train.steps=5: every update would use gradients of the initial"),
+    "delay >= train.steps in a sweep": Case([*SWEEP, "delay=1,5", "train.steps=5"],
+                                            "run delay=5: delay=5 with train.steps=5: every update", dry=True),
     "deleted working directory": Case(["train", "train.steps=2", "run.dir={tmp}/run"],
                                       "the working directory ({tmp}/gone) no longer exists", lambda tmp: _gone(tmp)),
     "report --baseline of another length": Case(["report", "{tmp}/sw", "--baseline", "{tmp}/base", "--no-plots",

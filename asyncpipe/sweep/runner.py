@@ -77,6 +77,7 @@ def compose_runs(
     """Compose and validate every run's config before anything starts; returns (configs by run, launcher). A large
     sweep reports its progress on `progress` (stderr by default) every few seconds."""
     from asyncpipe.config.compose import Composer
+    from asyncpipe.config.validate import check_delay_fits
     from asyncpipe.session.rundir import check_seed
 
     stream = progress if progress is not None else sys.stderr
@@ -88,6 +89,7 @@ def compose_runs(
         try:
             cfgs[spec.name] = composer.compose([*overrides, *plan.launcher])
             check_seed(cfgs[spec.name])
+            check_delay_fits(cfgs[spec.name])
         except UserError as exc:
             raise UserError(f"run {spec.name}: {exc}") from None
         now = time.monotonic()
