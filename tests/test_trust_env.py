@@ -295,3 +295,21 @@ def test_the_slurm_reaper_runs_down_when_its_test_process_is_killed(tmp_path: Pa
         time.sleep(0.3)
         calls = (root / "calls").read_text().split() if (root / "calls").exists() else []
         assert calls == (["down", str(root)] if kill else [])
+
+
+def test_load_latest_passes_over_a_damaged_marker_or_part_but_refuses_another_runs(tmp_path: Path) -> None:
+    from asyncpipe.errors import UserError
+    from asyncpipe.runtime import checkpoint
+
+    ours = {"model": "tiny", "seed": 0}
+    for step in (4, 8, 12):
+        checkpoint.save(tmp_path, step, {"x": step}, ours, keep=5)
+    (tmp_path / "checkpoints/step_00000012/COMPLETE").write_text("{torn")
+    part = tmp_path / "checkpoints/step_00000008/rank0.pt"
+    part.write_bytes(part.read_bytes()[:200])
+    said: list[str] = []
+    path, state = checkpoint.load_latest(tmp_path, ours, log=said.append)
+    assert path is not None and path.name == "step_00000004" and state == {"x": 4}
+    assert [line.split(" cannot be used")[0] for line in said] == ["checkpoint step_00000012", "checkpoint step_00000008"]
+    with pytest.raises(UserError, match="belongs to a different run"):
+        checkpoint.load_latest(tmp_path, {**ours, "seed": 1}, log=said.append)

@@ -165,14 +165,12 @@ def load_latest(run_dir: Path, fingerprint: dict, rank: int = 0, world: int = 1,
     so are damaged ones with no readable one below them (resuming from step 0 would silently drop them)."""
     damaged: Optional[str] = None
     for d in reversed(_complete_dirs(run_dir)):
-        why = complete(d, world)
-        if why is not None:
-            log(f"checkpoint {d.name} is incomplete ({why}); falling back to an earlier one")
-            continue
-        state, error, refusal = None, None, None
+        state, error, refusal, why = None, None, None, None
         try:
-            state = load(d, fingerprint, rank=rank)
-        except DamagedCheckpoint as err:
+            why = complete(d, world)
+            if why is None:
+                state = load(d, fingerprint, rank=rank)
+        except DamagedCheckpoint as err:  # a truncated part, a damaged marker
             error = str(err)
         except UserError as err:  # another run's checkpoint: refused, never passed over
             refusal = str(err)
@@ -184,6 +182,9 @@ def load_latest(run_dir: Path, fingerprint: dict, rank: int = 0, world: int = 1,
         if error is not None:
             damaged = damaged or error
             log(f"checkpoint {d.name} cannot be used ({error}); falling back to an earlier one")
+            continue
+        if why is not None:  # the files on disk say so alike on every rank
+            log(f"checkpoint {d.name} is incomplete ({why}); falling back to an earlier one")
             continue
         return d, state
     if damaged is not None:
