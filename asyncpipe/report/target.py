@@ -168,6 +168,9 @@ def speedup_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
         row: dict[str, Any] = {"P": P, "m": m}
         plain = throughput(P, m, bench)
         row["2BW / 1F1B throughput"] = f"{plain.vs_1f1b:.3f} ({plain.source})"
+        if plain.vs_best_sync is not None:  # the fastest synchronous schedule the bench file measured, named
+            row["strongest sync schedule (x1F1B)"] = (f"{plain.best_sync} = {plain.best_sync_label}, "
+                                                      f"{plain.vs_1f1b / plain.vs_best_sync:.3f}")  # fmt: skip
         for lad in ladders_:
             own = (P, m) == (lad.stages, lad.micro_batches)
             thr = lad.throughput(bench) if own else throughput(P, m, bench, lad.ef)
