@@ -1,4 +1,4 @@
-"""PyTorch's own pipeline schedules (`pipeline.torch_schedule`, `asyncpipe.engines.torch_pipelining`): the same
+"""PyTorch's own pipeline schedules (`pipeline.torch_schedule`, `asyncpipe.pipe.torch_engine`): the same
 model, cut and update as DeepSpeed's engine, so a synchronous PyTorch schedule trains exactly like DeepSpeed's 1F1B
 (one 2-rank launch, slow); what cannot run says why; the ideal bubble comes from the schedule's own order (pure)."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncpipe.engines.torch_schedules import SCHEDULES, ideal_bubble, problem, rank_chunks, rank_layers
+from asyncpipe.pipe.torch_orders import ideal_bubble, problem, rank_layers
+from asyncpipe.torch_schedules import SCHEDULES, rank_chunks
 
 
 @pytest.mark.parametrize("m", [2, 4, 8])

@@ -1,5 +1,5 @@
 """PyTorch's own pipeline schedules as `bench pipeline` variants (``pt_*``): each runs `pipeline.torch_schedule`
-(`asyncpipe.engines.torch_pipelining`) on the same model, cut, micro-batches, data and optimizer as DeepSpeed's
+(`asyncpipe.pipe.torch_engine`) on the same model, cut, micro-batches, data and optimizer as DeepSpeed's
 engine, in the same launch. Here: the variants, why one cannot run a configuration (its constraints in torch, or
 ours), its ideal bubble from its own action order, and each rank's layers (for optimizer memory)."""
 
@@ -9,7 +9,8 @@ from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from asyncpipe.engines.torch_schedules import SCHEDULES, ideal_bubble, problem, rank_layers
+from asyncpipe.pipe.torch_orders import ideal_bubble, problem, rank_layers
+from asyncpipe.torch_schedules import SCHEDULES
 
 PREFIX = "pt_"
 VARIANTS = {PREFIX + name: ["delay=0", f"pipeline.torch_schedule={name}"] for name in SCHEDULES}

@@ -113,7 +113,7 @@ def validate(cfg: DictConfig) -> None:
                 f"2BW needs train.micro_batches >= pipeline.stages, got {t.micro_batches} < {p.stages}",
             )
     if p.get("torch_schedule") is not None:
-        from asyncpipe.engines.torch_schedules import config_problem
+        from asyncpipe.torch_schedules import config_problem
 
         problem = config_problem(cfg)
         _need(problem is None, str(problem))

@@ -1,6 +1,6 @@
 """`TorchPipeliningEngine` (`engine=pipeline` with `pipeline.torch_schedule=NAME`): this rank's chunks of the model
 run by one of PyTorch's own pipeline schedules (`torch.distributed.pipelining`: 1F1B, interleaved 1F1B, looped
-BFS, interleaved zero bubble, ZBV, DualPipeV; `asyncpipe.engines.torch_schedules`), as an engine of the run's
+BFS, interleaved zero bubble, ZBV, DualPipeV; `asyncpipe.torch_schedules`), as an engine of the run's
 trainer, so that `bench pipeline` can run them beside DeepSpeed's engine on the same terms.
 
 Same model (layers built from (seed, index) as the DeepSpeed engine builds them), same cut (one chunk per rank: DeepSpeed's
@@ -28,7 +28,8 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from asyncpipe.data import MicroBatches
 from asyncpipe.dist import Comm
-from asyncpipe.engines.torch_schedules import chunk_layers, rank_chunks, spec
+from asyncpipe.pipe.torch_orders import chunk_layers
+from asyncpipe.torch_schedules import rank_chunks, spec
 from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale
 from asyncpipe.optim import build_optimizer, clip_grads, grad_sq_norm, lr_factor
 from asyncpipe.pipe import memory
