@@ -116,6 +116,8 @@ def table(results: list[dict], order: list[str] = ORDER) -> str:
                      + ", ".join(f"{r.get('backward_over_forward', 2.0):.2f} (m={r['micro_batches']})" for r in results)
                      + f"; {first.get('cpu', '?')}, {first['cpu_count']} CPUs shared with other jobs; measured "
                      f"{first.get('measured_at', '?')}.")  # fmt: skip
+    if order is TORCH_ORDER and results:
+        lines.append("\n" + strongest(results))
     for r in results:
         if "simulator" in r:
             sim = r["simulator"]
@@ -126,6 +128,28 @@ def table(results: list[dict], order: list[str] = ORDER) -> str:
                 + f"; load {_load(r.get('uptime_after', ''))}."
             )
     return "\n".join(lines)
+
+
+def strongest(results: list[dict]) -> str:
+    """Per m, the strongest synchronous schedule by the report's own rule (`asyncpipe.report.throughput`: the
+    fastest variant flagged synchronous) and 2BW over it; then the spread of every paired per-round ratio."""
+    from asyncpipe.report.throughput import throughput
+
+    parts = []
+    for r in results:
+        P, m = r["stages"], r["micro_batches"]
+        v = r["variants"]
+        sync = [k for k, x in v.items() if x.get("synchronous") and "+" not in k]
+        bench = [{"path": f"m{m}", "P": P, "m": m, "sync": sync, "labels": {k: x["schedule"] for k, x in v.items()},
+                  "ratios": {k: x["ratio_to_1f1b"] for k, x in v.items()}}]  # fmt: skip
+        thr = throughput(P, m, bench)
+        parts.append(f"m={m}: {thr.best_sync} ({thr.best_sync_label}) {thr.vs_1f1b / thr.vs_best_sync:.3f}x 1F1B, "
+                     f"2BW {thr.vs_1f1b:.3f}x 1F1B = {thr.vs_best_sync:.3f}x it")  # fmt: skip
+    rounds = [y for r in results for n, x in r["variants"].items() if n != "1f1b" for y in x["ratio_to_1f1b_per_round"]]
+    loads = [float(_load(r.get(k, "")).split(",")[0]) for r in results for k in ("uptime_before", "uptime_after")]
+    return ("Strongest synchronous schedule by median tokens/s (the report's rule): " + "; ".join(parts) + ". "
+            f"Every paired per-round ratio to 1F1B in this table lies in {min(rounds):.3f}-{max(rounds):.3f}, "
+            f"at 1-minute load averages {min(loads):.2f}-{max(loads):.2f} on {results[0]['cpu_count']} CPUs.")
 
 
 def paper_table(backward: float = 2.0) -> str:
