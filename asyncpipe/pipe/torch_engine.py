@@ -31,7 +31,8 @@ from asyncpipe.dist import Comm
 from asyncpipe.pipe.torch_orders import chunk_layers
 from asyncpipe.torch_schedules import rank_chunks, spec
 from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale
-from asyncpipe.optim import build_optimizer, clip_grads, grad_sq_norm, lr_factor
+from asyncpipe.lr_schedule import LRSchedule
+from asyncpipe.optim import build_optimizer, clip_grads, grad_sq_norm
 from asyncpipe.pipe import memory
 from asyncpipe.pipe.actmem import ActivationMeter
 from asyncpipe.pipe.faults import CutControl
@@ -129,6 +130,7 @@ class TorchPipeliningEngine:
         self._eval_group = tdist.new_group(list(range(self.world)), backend="gloo")
         self.train_data = MicroBatches(setup.data_dir, "train", t.seq_len, t.micro_batch_size, cfg.seed)
         self.tokens_per_step = t.micro_batch_size * m * t.seq_len
+        self.lr_schedule = LRSchedule.of(t)  # the run's lr multiplier per step, as every engine's
         self.step = 0
         self.last_loss = math.nan
         self._walls: dict[int, float] = {}
@@ -195,7 +197,7 @@ class TorchPipeliningEngine:
         else:
             total = torch.tensor(stage_sq).sqrt()
         norm = clip_grads(self.params, t.grad_clip, total_norm=total)
-        scale = lr_factor(self.step, t.steps, t.warmup_frac, t.min_lr_frac)
+        scale = self.lr_schedule.factor(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * scale
         began = time.perf_counter()
