@@ -38,6 +38,7 @@ from asyncpipe.pipe.actmem import ActivationMeter
 from asyncpipe.pipe.faults import CutControl
 from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.registry import describe
+from asyncpipe.runtime.device import autocast_context
 from asyncpipe.runtime.engine import Agreement, Setup
 
 
@@ -154,7 +155,8 @@ class TorchPipeliningEngine:
         args = (x,) if self.holds_input else ()
         losses: list = []
         self.module.train()
-        self.schedule.step(*args, target=y if self.holds_loss else None, losses=losses if self.holds_loss else None)
+        with autocast_context(self.device, self.cfg.precision):  # bf16 over fp32 weights where the others use it
+            self.schedule.step(*args, target=y if self.holds_loss else None, losses=losses if self.holds_loss else None)
         if self.holds_loss:
             self.last_loss = float(torch.stack([v.detach().float() for v in losses]).mean())
         stepped = time.perf_counter()
@@ -238,7 +240,8 @@ class TorchPipeliningEngine:
                 if owner[c] == self.rank:
                     if c > 0 and owner[c - 1] != self.rank:
                         h = self._recv_like(x, owner[c - 1])
-                    h = self.stage_objs[self.chunks.index(c)].submod(h)
+                    with autocast_context(self.device, self.cfg.precision):
+                        h = self.stage_objs[self.chunks.index(c)].submod(h)
                     if c == n - 1:
                         total += float(lm_loss(h, y.to(self.device)))
                     elif owner[c + 1] != self.rank:
