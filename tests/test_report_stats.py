@@ -10,7 +10,7 @@ import pytest
 
 from asyncpipe.report.stats import (Interval, fieller_ratio, power_at, ratio_resolved, ratio_seeds_needed,
                                     seeds_to_resolve, t_interval, t_quantile, verdict)
-from asyncpipe.report.target import along_curve, net_speedup, seed_tokens, speedup_table
+from asyncpipe.report.target import Ladder, along_curve, net_speedup, phrase, seed_tokens, speedup_table
 from asyncpipe.report.throughput import load_bench, throughput
 from asyncpipe.errors import UserError
 
@@ -144,6 +144,12 @@ def test_the_strongest_sync_schedule_includes_pytorchs_named(tmp_path):
     assert thr.vs_best_sync == pytest.approx(1.24 / 1.11)
     table = speedup_table([], load_bench([path]))
     assert table.loc[(2, 4), "strongest sync schedule (x1F1B)"] == "pt_zbv = PyTorch ScheduleZBVZeroBubble, 1.110"
+    # The verdict's clause: 2BW's net speed-up over 1F1B, then over the strongest sync schedule, named.
+    lad = Ladder("t", "adamw", ["2bw"], [1.0], False, 2, 4, ratio=Interval(1.1, 1.0, 1.2, 3, "fieller"))
+    text = phrase(lad, load_bench([path]))
+    b = 1.24 / 1.11
+    assert (f"against the strongest synchronous schedule measured, pt_zbv (PyTorch ScheduleZBVZeroBubble): "
+            f"{b / 1.1:.2f}x [{b / 1.2:.2f}, {b / 1.0:.2f}]") in text and text.startswith("at P=2, m=4 (1.24x")
 
 
 def test_an_unbounded_ratio_is_never_called_resolved():
