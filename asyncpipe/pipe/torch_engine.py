@@ -31,6 +31,7 @@ from asyncpipe.dist import Comm
 from asyncpipe.pipe.torch_orders import chunk_layers
 from asyncpipe.torch_schedules import rank_chunks, spec
 from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale
+from asyncpipe.model.compile import compile_modules, wanted
 from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.optim import build_optimizer, clip_grads, grad_sq_norm
 from asyncpipe.pipe import memory
@@ -99,6 +100,11 @@ class TorchPipeliningEngine:
         self.memory_baseline = memory.mark(setup.device)
         mine = sorted(i for c in self.chunks for i in per_chunk[c])
         built = build_layers(cfg.model, setup.vocab_size, seed=cfg.seed, indices=mine)
+        # train.compile: each layer in place, as the DeepSpeed engine does; torch refuses a compiled module under a
+        # split backward (true is a config error there, auto stays eager).
+        self.compiled = wanted(t.compile, setup.device, t.steps) and not self.sched.split_backward
+        if self.compiled:
+            compile_modules(built, t.compile_backend)
         self.module = _Layers({i: built[i] for i in mine}).to(setup.device)
         set_aux_grad_scale(self.module, 1.0 / m)
         self.optimizer = build_optimizer(self.module, cfg.optimizer, compensation=cfg.compensation, pipeline=True)
@@ -142,7 +148,8 @@ class TorchPipeliningEngine:
     def describe(self) -> str:
         cfg, s = self.cfg, self.sched
         return (f"pipeline: PyTorch {s.cls} over {cfg.pipeline.stages} ranks x {s.chunks} chunk(s), {describe(cfg)}, "
-                f"model {cfg.model.name}, {cfg.train.steps} steps x {self.tokens_per_step} tokens")  # fmt: skip
+                f"model {cfg.model.name}, {cfg.train.steps} steps x {self.tokens_per_step} tokens"
+                f"{', compiled' if self.compiled else ''}")  # fmt: skip
 
     # -- one batch ----------------------------------------------------------------------------------------
     def train_step(self, sync: bool = True) -> None:
