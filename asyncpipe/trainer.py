@@ -79,6 +79,10 @@ def _prepared_data(cfg: DictConfig, rank: int, world: int, log: Log) -> Path:
 
 
 def _build_engine(cfg: DictConfig, setup: Setup, run_dir: Optional[Path]) -> Engine:
+    if cfg.engine == "pipeline" and cfg.pipeline.get("torch_schedule") is not None:
+        from asyncpipe.pipe.torch_engine import TorchPipeliningEngine  # PyTorch's own schedules
+
+        return TorchPipeliningEngine(cfg, setup)
     if cfg.engine == "pipeline":
         from asyncpipe.pipe.adapter import PipelineEngineAdapter
 

@@ -6,6 +6,12 @@
     .venv/bin/python benchmarks/pipeline_table.py --from-json                    # re-render the saved results
 
 Results go to benchmarks/results/pipeline-{model}-P{P}-m{m}.json (the simulator bench rides with m=4).
+
+With --torch it measures DeepSpeed's 1F1B and DualPipeV and our 2BW beside PyTorch's own schedules
+(`torch.distributed.pipelining`, the ``pt_*`` variants) and renders the doc's second table
+(benchmarks/results/pipeline-torch-{model}-P{P}-m{m}.json; no simulator bench):
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/pipeline_table.py --torch --update-doc
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ DOC = REPO / "docs" / "performance.md"
 START, END = "<!-- pipeline-table:start -->", "<!-- pipeline-table:end -->"
 PAPER_START, PAPER_END = "<!-- schedule-table:start -->", "<!-- schedule-table:end -->"
 ORDER = ["1f1b", "dualpipev", "2bw", "2bw_ef"]
+TORCH_ORDER = ["1f1b", "dualpipev", "2bw", "pt_1f1b", "pt_interleaved1f1b", "pt_loopedbfs", "pt_interleavedzb",
+               "pt_zbv", "pt_dualpipev"]  # fmt: skip
+TORCH_START, TORCH_END = "<!-- torch-table:start -->", "<!-- torch-table:end -->"
 PAPER = [(2, 2), (2, 4), (2, 8), (4, 8), (4, 16), (8, 16), (8, 32), (16, 64)]  # (P, m), most beyond 2 cores
 
 
@@ -43,7 +52,7 @@ def _cpu() -> str:
 
 
 def measure(model: str, stages: int, ms: list[int], rounds: int, steps: int, extra: list[str],
-            simulator: bool = True) -> list[dict]:  # fmt: skip
+            simulator: bool = True, order: list[str] = ORDER, prefix: str = "pipeline") -> list[dict]:  # fmt: skip
     from asyncpipe.bench.pipeline import bench_pipeline, format_result
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -51,13 +60,13 @@ def measure(model: str, stages: int, ms: list[int], rounds: int, steps: int, ext
     for m in ms:
         before = _uptime()
         res = bench_pipeline([f"model={model}", f"pipeline.stages={stages}", f"train.micro_batches={m}", *extra],
-                             rounds=rounds, steps=steps, warmup_steps=3, simulator=simulator and m == 4,
+                             rounds=rounds, steps=steps, warmup_steps=3, simulator=simulator and m == 4, variants=order,
                              log=lambda msg: print(msg, file=sys.stderr))  # fmt: skip
         res["uptime_before"], res["uptime_after"] = before, _uptime()
         res["measured_at"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         res["cpu"] = _cpu()
         print(format_result(res), file=sys.stderr)
-        (RESULTS / f"pipeline-{model}-P{stages}-m{m}.json").write_text(json.dumps(res, indent=1))
+        (RESULTS / f"{prefix}-{model}-P{stages}-m{m}.json").write_text(json.dumps(res, indent=1))
         out.append(res)
     return out
 
@@ -70,7 +79,7 @@ def _join(mem: list[dict], key: str, fmt: str) -> str:
     return " / ".join(format(y[key], fmt) for y in mem)
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict], order: list[str] = ORDER) -> str:
     """One markdown table over every m and schedule of a list of `bench_pipeline` results (+ simulator lines)."""
     head = ("| m | schedule | tok/s | ×1F1B (per round) | ×1F1B fastest steps | ideal ×1F1B | fraction of ideal "
             "| bubble analytic "
@@ -80,7 +89,7 @@ def table(results: list[dict]) -> str:
     rows = []
     for r in results:
         load = f"{_load(r.get('uptime_before', ''))} → {_load(r.get('uptime_after', ''))}"
-        for name in [n for n in ORDER if n in r["variants"] or n in r.get("skipped", {})]:
+        for name in [n for n in order if n in r["variants"] or n in r.get("skipped", {})]:
             if name in r.get("skipped", {}):
                 rows.append(f"| {r['micro_batches']} | {name} | {r['skipped'][name]} | | | | | | | | | | | {load} |")
                 continue
@@ -107,6 +116,8 @@ def table(results: list[dict]) -> str:
                      + ", ".join(f"{r.get('backward_over_forward', 2.0):.2f} (m={r['micro_batches']})" for r in results)
                      + f"; {first.get('cpu', '?')}, {first['cpu_count']} CPUs shared with other jobs; measured "
                      f"{first.get('measured_at', '?')}.")  # fmt: skip
+    if order is TORCH_ORDER and results:
+        lines.append("\n" + strongest(results))
     for r in results:
         if "simulator" in r:
             sim = r["simulator"]
@@ -117,6 +128,28 @@ def table(results: list[dict]) -> str:
                 + f"; load {_load(r.get('uptime_after', ''))}."
             )
     return "\n".join(lines)
+
+
+def strongest(results: list[dict]) -> str:
+    """Per m, the strongest synchronous schedule by the report's own rule (`asyncpipe.report.throughput`: the
+    fastest variant flagged synchronous) and 2BW over it; then the spread of every paired per-round ratio."""
+    from asyncpipe.report.throughput import throughput
+
+    parts = []
+    for r in results:
+        P, m = r["stages"], r["micro_batches"]
+        v = r["variants"]
+        sync = [k for k, x in v.items() if x.get("synchronous") and "+" not in k]
+        bench = [{"path": f"m{m}", "P": P, "m": m, "sync": sync, "labels": {k: x["schedule"] for k, x in v.items()},
+                  "ratios": {k: x["ratio_to_1f1b"] for k, x in v.items()}}]  # fmt: skip
+        thr = throughput(P, m, bench)
+        parts.append(f"m={m}: {thr.best_sync} ({thr.best_sync_label}) {thr.vs_1f1b / thr.vs_best_sync:.3f}x 1F1B, "
+                     f"2BW {thr.vs_1f1b:.3f}x 1F1B = {thr.vs_best_sync:.3f}x it")  # fmt: skip
+    rounds = [y for r in results for n, x in r["variants"].items() if n != "1f1b" for y in x["ratio_to_1f1b_per_round"]]
+    loads = [float(_load(r.get(k, "")).split(",")[0]) for r in results for k in ("uptime_before", "uptime_after")]
+    return ("Strongest synchronous schedule by median tokens/s (the report's rule): " + "; ".join(parts) + ". "
+            f"Every paired per-round ratio to 1F1B in this table lies in {min(rounds):.3f}-{max(rounds):.3f}, "
+            f"at 1-minute load averages {min(loads):.2f}-{max(loads):.2f} on {results[0]['cpu_count']} CPUs.")
 
 
 def paper_table(backward: float = 2.0) -> str:
@@ -139,7 +172,10 @@ def _replace(doc: str, start: str, end: str, text: str) -> str:
     return before + start + "\n" + text + "\n" + end + rest.split(end, 1)[1]
 
 
-def update_doc(text: str) -> None:
+def update_doc(text: str, torch: bool = False) -> None:
+    if torch:
+        DOC.write_text(_replace(DOC.read_text(), TORCH_START, TORCH_END, text))
+        return
     doc = _replace(DOC.read_text(), START, END, text)
     DOC.write_text(_replace(doc, PAPER_START, PAPER_END, paper_table()))
 
@@ -154,18 +190,21 @@ def main() -> None:
     ap.add_argument("--no-simulator", action="store_true", help="skip the simulator bench (it rides with m=4)")
     ap.add_argument("--from-json", action="store_true", help="render benchmarks/results/ instead of measuring")
     ap.add_argument("--update-doc", action="store_true", help=f"rewrite the table block in {DOC.name}")
+    ap.add_argument("--torch", action="store_true", help="PyTorch's own schedules beside ours (the second table)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    order, prefix = (TORCH_ORDER, "pipeline-torch") if a.torch else (ORDER, "pipeline")
     if a.from_json:
-        paths = [RESULTS / f"pipeline-{a.model}-P{a.stages}-m{m}.json" for m in a.m]
+        paths = [RESULTS / f"{prefix}-{a.model}-P{a.stages}-m{m}.json" for m in a.m]
         results = [json.loads(p.read_text()) for p in paths if p.exists()]
     else:
-        results = measure(a.model, a.stages, a.m, a.rounds, a.steps, a.overrides, simulator=not a.no_simulator)
-    text = table(results)
+        results = measure(a.model, a.stages, a.m, a.rounds, a.steps, a.overrides,
+                          simulator=not a.no_simulator and not a.torch, order=order, prefix=prefix)
+    text = table(results, order)
     print(text)
     if a.update_doc:
-        update_doc(text)
+        update_doc(text, a.torch)
         print(f"updated {DOC}", file=sys.stderr)
 
 

@@ -72,7 +72,11 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
     assert "dualpipev" in res.output and "needs m >= 2P" in res.output
     r = json.loads(out.read_text())
     assert r["stages"] == 2 and r["micro_batches"] == 2 and r["ideal_ratio"] == pytest.approx(1.5)
-    assert set(r["variants"]) == {"1f1b", "2bw", "2bw_ef"} and set(r["skipped"]) == {"dualpipev"}
+    # PyTorch's own schedules run beside ours by default; its DualPipeV refuses m < 2P in its own words.
+    torch_names = {"pt_1f1b", "pt_interleaved1f1b", "pt_loopedbfs", "pt_interleavedzb", "pt_zbv"}
+    assert set(r["variants"]) == {"1f1b", "2bw", "2bw_ef", *torch_names}
+    assert set(r["skipped"]) == {"dualpipev", "pt_dualpipev"} and "ScheduleDualPipeV" in r["skipped"]["pt_dualpipev"]
+    assert "pt_zbv = PyTorch ScheduleZBVZeroBubble" in res.output
     v = r["variants"]
     assert r["ratio_2bw_over_1f1b"] == pytest.approx(v["2bw"]["tokens_per_s"] / v["1f1b"]["tokens_per_s"])
     assert r["fraction_of_ideal"] == pytest.approx(r["ratio_2bw_over_1f1b"] / 1.5)
@@ -94,6 +98,12 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
             assert mem["peak_weight_plus_optimizer_mb"] == pytest.approx(
                 mem["peak_weight_mb"] + mem["optimizer_state_mb"] + mem["ef_buffer_mb"])
             assert mem["peak_activation_mb"] >= mem["activation_mb_per_micro_batch"] > 0
+    for name in torch_names:
+        x = v[name]
+        assert x["synchronous"] and x["schedule"].startswith("PyTorch Schedule") and x["tokens_per_s"] > 0
+        assert all(mem["weight_versions_peak"] == 1.0 and mem["peak_activation_mb"] > 0 for mem in x["memory_per_stage"])
+    assert v["pt_1f1b"]["analytic_bubble"] == pytest.approx(1 / 3) and v["pt_zbv"]["analytic_bubble"] < 1 / 3
+    assert not v["2bw"]["synchronous"] and v["1f1b"]["synchronous"]
     # 1F1B keeps at most P - s micro-batches in flight on stage s, so stage 0 peaks at two micro-batches' worth.
     m0 = v["1f1b"]["memory_per_stage"][0]
     assert m0["peak_activation_mb"] == pytest.approx(2 * m0["activation_mb_per_micro_batch"], rel=0.01)

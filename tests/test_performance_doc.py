@@ -103,3 +103,26 @@ def test_the_readme_compile_line_is_the_committed_profiles() -> None:
     share = {m: _span([100 * r["aten_share_compiled"] for r in rs], "{:.0f}") + "%" for m, rs in rounds.items()}
     assert f"{speed['tiny']} per step for tiny and {speed['small']} for small" in readme
     assert f"matmul and attention are {share['tiny']} and {share['small']} of a compiled step" in readme
+
+
+def test_the_pytorch_schedules_table_is_the_committed_json() -> None:
+    """The side-by-side table of PyTorch's schedules and ours is `pipeline_table.py --torch` rendered from the
+    committed JSONs; every PyTorch schedule is in it, run or with the reason it could not; the prose's figures."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from pipeline_table import TORCH_END, TORCH_ORDER, TORCH_START, table
+
+    block = DOC.split(TORCH_START + "\n")[1].split("\n" + TORCH_END)[0]
+    model = re.search(r"Model `(\w+)`", block).group(1)
+    results = [json.loads((RESULTS / f"pipeline-torch-{model}-P2-m{m}.json").read_text()) for m in (2, 4, 8)]
+    assert block == table(results, TORCH_ORDER)
+    assert f"pipeline_table.py --torch --model {model} --rounds {results[0]['rounds']} --steps " \
+           f"{results[0]['steps_per_job']} --update-doc" in DOC
+    for r in results:
+        assert all(n in r["variants"] or n in r["skipped"] for n in TORCH_ORDER), r["micro_batches"]
+        assert r["variants"]["pt_1f1b"]["schedule"] == "PyTorch Schedule1F1B"
+    assert "ScheduleDualPipeV refuses P=2, m=2" in results[0]["skipped"]["pt_dualpipev"]
+    assert {"pt_1f1b", "pt_interleaved1f1b", "pt_zbv", "pt_dualpipev", "dualpipev", "2bw"} <= set(results[1]["variants"])
+    ideals = [x["ideal_ratio_to_1f1b"] for r in results for x in r["variants"].values()]
+    assert f"the schedules' ideals do ({min(ideals):.2f}-{max(ideals):.2f}x 1F1B)" in DOC

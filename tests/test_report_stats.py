@@ -10,7 +10,7 @@ import pytest
 
 from asyncpipe.report.stats import (Interval, fieller_ratio, power_at, ratio_resolved, ratio_seeds_needed,
                                     seeds_to_resolve, t_interval, t_quantile, verdict)
-from asyncpipe.report.target import along_curve, net_speedup, seed_tokens
+from asyncpipe.report.target import Ladder, along_curve, net_speedup, phrase, seed_tokens, speedup_table
 from asyncpipe.report.throughput import load_bench, throughput
 from asyncpipe.errors import UserError
 
@@ -127,6 +127,29 @@ def test_throughput_measured_nearest_or_ideal(tmp_path):
     bad.write_text('{"stages": 2}')
     with pytest.raises(UserError, match="not a `bench pipeline` result"):
         load_bench([bad])
+
+
+def test_the_strongest_sync_schedule_includes_pytorchs_named(tmp_path):
+    """A bench file with PyTorch's schedules (``synchronous`` flags): the fastest of every synchronous variant is the
+    one 2BW is held against, named as the file names it; 2BW itself and compiled rows never count as sync."""
+    sync = lambda r, label: {"ratio_to_1f1b": r, "synchronous": True, "schedule": label}  # noqa: E731
+    path = tmp_path / "pipeline-torch-P2-m4.json"
+    path.write_text(json.dumps({"stages": 2, "micro_batches": 4, "variants": {
+        "1f1b": sync(1.0, "asyncpipe/DeepSpeed 1f1b"), "dualpipev": sync(1.04, "asyncpipe/DeepSpeed dualpipev"),
+        "pt_1f1b": sync(1.02, "PyTorch Schedule1F1B"), "pt_zbv": sync(1.11, "PyTorch ScheduleZBVZeroBubble"),
+        "pt_zbv+compiled": sync(1.5, "PyTorch ScheduleZBVZeroBubble"),
+        "2bw": {"ratio_to_1f1b": 1.24, "synchronous": False}}}))  # fmt: skip
+    thr = throughput(2, 4, load_bench([path]))
+    assert (thr.best_sync, thr.best_sync_label) == ("pt_zbv", "PyTorch ScheduleZBVZeroBubble")
+    assert thr.vs_best_sync == pytest.approx(1.24 / 1.11)
+    table = speedup_table([], load_bench([path]))
+    assert table.loc[(2, 4), "strongest sync schedule (x1F1B)"] == "pt_zbv = PyTorch ScheduleZBVZeroBubble, 1.110"
+    # The verdict's clause: 2BW's net speed-up over 1F1B, then over the strongest sync schedule, named.
+    lad = Ladder("t", "adamw", ["2bw"], [1.0], False, 2, 4, ratio=Interval(1.1, 1.0, 1.2, 3, "fieller"))
+    text = phrase(lad, load_bench([path]))
+    b = 1.24 / 1.11
+    assert (f"against the strongest synchronous schedule measured, pt_zbv (PyTorch ScheduleZBVZeroBubble): "
+            f"{b / 1.1:.2f}x [{b / 1.2:.2f}, {b / 1.0:.2f}]") in text and text.startswith("at P=2, m=4 (1.24x")
 
 
 def test_an_unbounded_ratio_is_never_called_resolved():

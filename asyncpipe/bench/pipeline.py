@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
+from asyncpipe.bench import torch_pipelining as pt
 from asyncpipe.errors import UserError
 
 # name -> overrides on top of the user's; every variant runs the same model, data, stages and micro-batches.
@@ -24,6 +25,7 @@ VARIANTS = {
     "dualpipev": ["delay=0", "pipeline.schedule=dualpipev"],
     "2bw": ["delay=1"],
     "2bw_ef": ["delay=1", "optimizer.ef.enabled=true"],
+    **pt.VARIANTS,  # PyTorch's own schedules (pt_1f1b, pt_zbv, ...): `asyncpipe.bench.torch_pipelining`
 }
 SYNC_MODEL = {"1f1b": "1f1b", "dualpipev": "dualpipev"}  # variant -> its schedule in `asyncpipe.pipe.orders`
 # Defaults a user override may replace: evaluation is a collective that would sit inside the timed window.
@@ -64,9 +66,11 @@ def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
 
     vocab = vocab_size_for(cfg.model, load_manifest(dataset_dir(cfg.data, cfg.tokenizer)))
     v_shape = cfg.pipeline.get("schedule", "auto") == "dualpipev"
+    torch_schedule = cfg.pipeline.get("torch_schedule") is not None
     out = []
     for s in range(cfg.pipeline.stages):
         _, mine = stage_layers(cfg.model.n_layer + 2, cfg.pipeline.stages, s, v_shape)
+        mine = pt.layers_of(cfg, s) if torch_schedule else mine
         layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=mine)
         module = torch.nn.Sequential(*[layer for layer in layers if layer is not None])
         opt = build_optimizer(module, cfg.optimizer)
@@ -187,6 +191,7 @@ def bench_pipeline(
     if "dualpipev" in variants and m < 2 * P:
         skipped["dualpipev"] = (f"not run: DeepSpeed's DualPipeV needs m >= 2P = {2 * P} micro-batches per batch "
                                 f"(got m={m}); it also needs its V-shaped module (2 chunks per rank)")  # fmt: skip
+    skipped.update(pt.skip_reasons(variants, base, compose, P, m, modes))
     eval_v = [f"train.eval_batches={max(t.eval_batches, 2 * P * D)}"]  # DualPipeV evaluates >= 2P micro-batches too
     cfgs = {n + ("" if mode == "eager" else "+compiled"):
             compose([*base, *VARIANTS[n], *(eval_v if n == "dualpipev" else []), f"train.compile={mode == 'compiled'}"])
@@ -237,13 +242,17 @@ def bench_pipeline(
     variants_out: dict[str, dict] = {}
     for name in names:
         js = jobs[name]
-        key = (cfgs[name].pipeline.schedule, bool(cfgs[name].optimizer.ef.enabled))
+        key = (cfgs[name].pipeline.schedule, cfgs[name].pipeline.get("torch_schedule"),
+               bool(cfgs[name].optimizer.ef.enabled))
         if key not in mem_cache:
             mem_cache[key] = optimizer_state_bytes(cfgs[name])
         summaries = js[-1]["stages"]
         base_name = name.split("+")[0]
-        bub = analytic["2bw"] if base_name.startswith("2bw") else analytic[SYNC_MODEL[base_name]]
+        bub = (pt.analytic_bubble(base_name, P, m, b_over_f) if pt.is_torch(base_name)
+               else analytic["2bw"] if base_name.startswith("2bw") else analytic[SYNC_MODEL[base_name]])  # fmt: skip
         variants_out[name] = {
+            "schedule": pt.label(name) if pt.is_torch(name) else f"asyncpipe/DeepSpeed {base_name}",
+            "synchronous": not base_name.startswith("2bw"),
             "tokens_per_s": statistics.median(j["tokens_per_s"] for j in js),
             "tokens_per_s_per_round": [j["tokens_per_s"] for j in js],
             "step_time_s": statistics.median(j["step_time_s"] for j in js),
@@ -321,22 +330,26 @@ def format_result(res: dict) -> str:
     """The human-readable lines of a `bench_pipeline` result: one row per schedule, then memory per stage."""
     v = res["variants"]
     P = res["stages"]
+    w = max([10, *(len(n) for n in [*v, *res.get("skipped", {})])])  # the schedule column
     lines = [f"model {res['model']}  P={P}  m={res['micro_batches']}  ({res['tokens_per_step']} tokens/step, "
              f"{res['threads_per_process']} thread/process, load {res['load_avg'][0]:.2f} -> "
              f"{res.get('load_avg_after', res['load_avg'])[0]:.2f} on {res['cpu_count']} CPUs; "
              f"schedule model at B/F = {res.get('backward_over_forward', 2.0):.2f})",
-             f"{'schedule':10s} {'tok/s':>7s} {'x1F1B':>6s} {'ideal':>6s} {'frac':>6s}  {'bubble':>6s}  "
+             f"{'schedule':{w}s} {'tok/s':>7s} {'x1F1B':>6s} {'ideal':>6s} {'frac':>6s}  {'bubble':>6s}  "
              f"{'idle/stage':{7 * P}s} {'norm-wait ms':{6 * P}s} per round x1F1B"]  # fmt: skip
     for name, x in v.items():
         fmt = lambda y: "   n/a" if y is None else f"{y:6.3f}"  # noqa: E731
         idle = " ".join(f"{y:.3f}" for y in x["idle_frac_per_stage"])
         wait = " ".join(f"{y:5.1f}" for y in x["norm_wait_ms_per_step"])
         rounds = ", ".join(f"{y:.3f}" for y in x["ratio_to_1f1b_per_round"])
-        lines.append(f"{name:10s} {x['tokens_per_s']:7.0f} {x['ratio_to_1f1b']:6.3f} {fmt(x['ideal_ratio_to_1f1b'])} "
+        lines.append(f"{name:{w}s} {x['tokens_per_s']:7.0f} {x['ratio_to_1f1b']:6.3f} {fmt(x['ideal_ratio_to_1f1b'])} "
                      f"{fmt(x['fraction_of_ideal'])}  {fmt(x['analytic_bubble'])}  {idle:{7 * P}s} {wait:{6 * P}s} "
                      f"{rounds}")  # fmt: skip
     for name, why in res.get("skipped", {}).items():
-        lines.append(f"{name:10s} {why}")
+        lines.append(f"{name:{w}s} {why}")
+    torch_rows = [f"{n} = {x['schedule']}" for n, x in v.items() if "+" not in n and pt.is_torch(n)]
+    if torch_rows:
+        lines.append("torch.distributed.pipelining: " + ", ".join(torch_rows) + " (same model, cut, data, update)")
     for name, x in v.items():
         if "compile_speedup" in x:
             rounds = ", ".join(f"{y:.3f}" for y in x["compile_speedup_per_round"])
@@ -359,7 +372,7 @@ def format_result(res: dict) -> str:
                            f" + {mm['ef_buffer_mb']:.1f} = {mm['peak_weight_plus_optimizer_mb']:.1f}; act "
                            f"{mm['peak_activation_mb']:.1f} ({mm['activation_mb_per_micro_batch']:.1f})"
                            for mm in x["memory_per_stage"])  # fmt: skip
-        lines.append(f"  {name:10s} {per}")
+        lines.append(f"  {name:{w}s} {per}")
     if "simulator" in res:
         sim = res["simulator"]
         lines.append("simulator " + ", ".join(f"{n} {sim['median_step_s'][n] * 1e3:.1f} ms (x{r:.3f})"

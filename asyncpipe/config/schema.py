@@ -118,6 +118,7 @@ class PipelineConfig:
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     threads: int = 1  # torch threads per process
     schedule: str = "auto"  # auto: 1F1B (delay 0) or 2BW (delay 1); dualpipev: DeepSpeed's DualPipeV (delay 0, m >= 2P)
+    torch_schedule: Optional[str] = None  # run PyTorch's own schedule instead (torch.distributed.pipelining: 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev; delay 0)
 
 
 @dataclass

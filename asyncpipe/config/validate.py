@@ -112,6 +112,11 @@ def validate(cfg: DictConfig) -> None:
                 t.micro_batches >= p.stages,
                 f"2BW needs train.micro_batches >= pipeline.stages, got {t.micro_batches} < {p.stages}",
             )
+    if p.get("torch_schedule") is not None:
+        from asyncpipe.torch_schedules import config_problem
+
+        problem = config_problem(cfg)
+        _need(problem is None, str(problem))
 
 
 # -- numbers in range, keys that exist (issue 13): separate from `validate`'s body to keep each check findable --

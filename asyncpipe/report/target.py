@@ -168,6 +168,9 @@ def speedup_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
         row: dict[str, Any] = {"P": P, "m": m}
         plain = throughput(P, m, bench)
         row["2BW / 1F1B throughput"] = f"{plain.vs_1f1b:.3f} ({plain.source})"
+        if plain.vs_best_sync is not None:  # the fastest synchronous schedule the bench file measured, named
+            row["strongest sync schedule (x1F1B)"] = (f"{plain.best_sync} = {plain.best_sync_label}, "
+                                                      f"{plain.vs_1f1b / plain.vs_best_sync:.3f}")  # fmt: skip
         for lad in ladders_:
             own = (P, m) == (lad.stages, lad.micro_batches)
             thr = lad.throughput(bench) if own else throughput(P, m, bench, lad.ef)
@@ -202,14 +205,23 @@ def phrase(lad: Ladder, bench: list[dict]) -> str:
     if lad.bound is not None:
         return (f"{lad.columns[0]} does not reach sync's loss within {max(lad.multiples):.2f}x its tokens "
                 f"({len(lad.per_seed) - lad.reached} of {len(lad.per_seed)} seeds), so {where} it is at most "
-                f"{thr.vs_1f1b / lad.bound:.2f}x sync's speed")  # fmt: skip
+                f"{thr.vs_1f1b / lad.bound:.2f}x sync's speed" + _versus_strongest(thr, lad))  # fmt: skip
     iv = lad.ratio
     if iv is None or not iv.known:
         return ""
     net = lad.net(thr)
     lo, hi = thr.vs_1f1b / iv.hi, thr.vs_1f1b / iv.lo
     if lo > 1:
-        return f"{where} {lad.name} reaches sync's loss {net} sooner in wall-clock"
+        return f"{where} {lad.name} reaches sync's loss {net} sooner in wall-clock" + _versus_strongest(thr, lad)
     if hi < 1:
-        return f"{where} {lad.name} reaches sync's loss later (net speed-up {net})"
-    return f"{where} {lad.name}'s net speed-up {net} is not resolved"
+        return f"{where} {lad.name} reaches sync's loss later (net speed-up {net})" + _versus_strongest(thr, lad)
+    return f"{where} {lad.name}'s net speed-up {net} is not resolved" + _versus_strongest(thr, lad)
+
+
+def _versus_strongest(thr: Throughput, lad: Ladder) -> str:
+    """The net speed-up against the strongest synchronous schedule the bench file measured, named (PyTorch's own
+    schedules included), when that is not 1F1B itself (then the clause before already said it)."""
+    if thr.vs_best_sync is None or thr.best_sync == "1f1b":
+        return ""
+    who = f"the strongest synchronous schedule measured, {thr.best_sync} ({thr.best_sync_label})"
+    return f"; against {who}: {net_speedup(lad.ratio, lad.bound, thr.vs_best_sync)}"

@@ -3,7 +3,9 @@
 analytic ideal (m+P-1)/m (a flushed 1F1B batch lasts m+P-1 slots, a 2BW batch m) when none was measured.
 
 Rule: a file measured at this P and m; else the file at this P with the nearest m (labelled with its m); else the
-ideal. The strongest sync schedule is the fastest of the measured sync variants (1F1B, DualPipeV) in that file.
+ideal. The strongest sync schedule is the fastest of the measured synchronous variants in that file: DeepSpeed's
+1F1B and DualPipeV, and PyTorch's own schedules (``pt_*``, `torch.distributed.pipelining`) where the file has them
+(a variant's ``synchronous`` flag says so; files written before it carry none: then 1F1B and DualPipeV).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Sequence
 from asyncpipe.errors import UserError
 
 GRID = [(P, k * P) for P in (2, 4, 8) for k in (1, 2, 4)]  # P = 2, 4, 8 and m = P, 2P, 4P
-SYNC_SCHEDULES = ("1f1b", "dualpipev")
+SYNC_SCHEDULES = ("1f1b", "dualpipev")  # the synchronous variants of a file without ``synchronous`` flags
 
 
 def ideal_ratio(stages: int, micro_batches: int) -> float:
@@ -31,6 +33,7 @@ class Throughput:
     vs_best_sync: float | None  # over the fastest measured sync schedule; None when not measured
     best_sync: str  # its name
     source: str  # "measured, 2bw (FILE)", "measured at m=M, 2bw_ef (FILE)", "ideal (m+P-1)/m"
+    best_sync_label: str = ""  # what it runs, as the bench file names it ("PyTorch ScheduleZBVZeroBubble")
 
     @property
     def kind(self) -> str:
@@ -54,8 +57,13 @@ def load_bench(paths: Sequence[Path]) -> list[dict]:
         ):
             raise UserError(f"--bench {path}: not a `bench pipeline` result (needs stages, micro_batches and a "
                             "measured 2bw variant)")  # fmt: skip
-        out.append({"path": str(path), "P": data["stages"], "m": data["micro_batches"],
-                    "ratios": {k: float(v["ratio_to_1f1b"]) for k, v in variants.items() if "ratio_to_1f1b" in v}})
+        measured = {k: v for k, v in variants.items() if isinstance(v, dict) and "ratio_to_1f1b" in v}
+        flagged = any("synchronous" in v for v in measured.values())
+        sync = [k for k, v in measured.items() if "+" not in k  # eager rows: the 2BW ratios read are eager too
+                and (v.get("synchronous") is True if flagged else k in SYNC_SCHEDULES)]  # fmt: skip
+        out.append({"path": str(path), "P": data["stages"], "m": data["micro_batches"], "sync": sync,
+                    "labels": {k: str(v.get("schedule", k)) for k, v in measured.items()},
+                    "ratios": {k: float(v["ratio_to_1f1b"]) for k, v in measured.items()}})
     return out
 
 
@@ -66,9 +74,10 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         b = min(same_p, key=lambda b: (abs(b["m"] - micro_batches), -b["m"]))
         name = "2bw_ef" if ef and "2bw_ef" in b["ratios"] else "2bw"
         ratio = b["ratios"][name]
-        syncs = {k: b["ratios"][k] for k in SYNC_SCHEDULES if k in b["ratios"]}
+        syncs = {k: b["ratios"][k] for k in b.get("sync", SYNC_SCHEDULES) if k in b["ratios"]}
         best = max(syncs, key=syncs.get) if syncs else "1f1b"
         at = "" if b["m"] == micro_batches else f" at m={b['m']}"
         where = f"measured{at}, {name} ({Path(b['path']).name})"
-        return Throughput(stages, micro_batches, ratio, ratio / syncs[best] if syncs else None, best, where)
+        return Throughput(stages, micro_batches, ratio, ratio / syncs[best] if syncs else None, best, where,
+                          b.get("labels", {}).get(best, best))
     return Throughput(stages, micro_batches, ideal_ratio(stages, micro_batches), None, "1f1b", "ideal (m+P-1)/m")
