@@ -287,3 +287,23 @@ def test_the_performance_doc_states_the_committed_sweeps_cost() -> None:
             f"against {cost.separate:.2f} for six separate runs ({cost.separate / cost.longest:.2f}x)") in doc
     assert "sweeps/budgets_cost.yaml --out runs/budgets            # 42.7 s" in doc and "1.23x the wall time" in doc
     assert 42.7 / 34.8 == pytest.approx(1.23, abs=0.005)
+
+
+@pytest.mark.parametrize("name, extra, lrs", [
+    ("lr_adamw", ["optimizer=adamw", "optimizer.lr=0.004,0.008,0.016"], [0.004, 0.008, 0.016]),
+    ("lr_muon", ["optimizer=muon", "optimizer.lr=0.01,0.02,0.04"], [0.01, 0.02, 0.04]),
+])  # fmt: skip
+def test_the_study5_part1_sweep_composes_as_its_comment_says(name: str, extra: list, lrs: list) -> None:
+    """sweeps/study5_lr.yaml (issue 42, part 1): 3 lrs x seeds 0-2 x sync / 1-step, wsd on data=mix, every run
+    valid; the two commands of its comment."""
+    from asyncpipe.sweep import plan_sweep
+    from asyncpipe.sweep.runner import compose_runs
+
+    repo = Path(__file__).resolve().parents[1]
+    plan = plan_sweep(extra, file=repo / "sweeps" / "study5_lr.yaml", name=name)
+    cfgs, _ = compose_runs(plan, repo / "runs" / "unused")
+    assert len(cfgs) == 18
+    assert sorted({c.optimizer.lr for c in cfgs.values()}) == lrs and {c.seed for c in cfgs.values()} == {0, 1, 2}
+    assert {(c.run.variant, c.delay, c.train.lr_schedule) for c in cfgs.values()} == {("sync", 0, "wsd"),
+                                                                                       ("1-step", 1, "wsd")}
+    assert {(c.data.name, c.train.steps, c.train.warmup_steps) for c in cfgs.values()} == {("mix", 1100, 110)}

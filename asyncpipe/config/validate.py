@@ -181,6 +181,8 @@ def check_branches(cfg: DictConfig) -> None:
         key = "run.branch_from" if cfg.run.branch_from is not None else "checkpoint.branches"
         _need(t.lr_schedule == "wsd", f"{key} needs train.lr_schedule=wsd (runs of different lengths share only a "
               f"wsd schedule's steps before its decay; got {t.lr_schedule})")  # fmt: skip
+        _need(str(t.compile).lower() != "auto", f"{key} needs train.compile=true or false: auto compiles by the "
+              "run's length (CPU runs of 2000 steps or more), so a branch and its parent could differ")  # fmt: skip
     bad = [b for b in branches if not 1 <= b < t.steps]
     _need(not bad, f"checkpoint.branches={branches}: each is the train.steps of a shorter run, in [1, train.steps={t.steps})")
     for steps in branches:
