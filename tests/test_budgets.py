@@ -141,6 +141,27 @@ def test_budgets_expand_to_one_run_and_its_branches_per_variant(tmp_path: Path) 
     assert "checkpoint.branches=[4,6]" in run_overrides(plan, trunk, tmp_path / "ladder" / trunk.name, resume=False)
 
 
+def test_a_variant_may_set_its_own_budgets_or_none(tmp_path: Path) -> None:
+    """v5 part 2's shape: sync at 1x only (`budgets: []`), 1-step at the file's budgets, 1-step+EF at its own."""
+    from asyncpipe.sweep import plan_sweep
+
+    path = _family_file(tmp_path)
+    path.write_text(path.read_text().replace("  sync: [delay=0]\n", "  sync: {overrides: [delay=0], budgets: []}\n")
+                    .replace("  1-step: [delay=1]\n", "  1-step: [delay=1]\n  1-step+EF: {overrides: [delay=1, "
+                             "optimizer.ef.enabled=true], budgets: [1, 2]}\n"))  # fmt: skip
+    plan = plan_sweep(file=path)
+    assert [(r.name, r.parent) for r in plan.runs] == [
+        ("seed=0,variant=sync", None),
+        ("seed=0,variant=1-step,budget=2", None), ("seed=0,variant=1-step,budget=1", "seed=0,variant=1-step,budget=2"),
+        ("seed=0,variant=1-step,budget=1.5", "seed=0,variant=1-step,budget=2"),
+        ("seed=0,variant=1-step+EF,budget=2", None),
+        ("seed=0,variant=1-step+EF,budget=1", "seed=0,variant=1-step+EF,budget=2")]  # fmt: skip
+    assert "run.variant='sync'" in plan.runs[0].overrides and plan.runs[0].budget is None
+    path.write_text(path.read_text().replace("budgets: [1, 2]}", "budgets: [1, 2], seeds: [1]}"))
+    with pytest.raises(UserError, match="variant 1-step\\+EF: unknown key\\(s\\) seeds; allowed: overrides, budgets"):
+        plan_sweep(file=path)
+
+
 def test_the_cost_of_six_rungs_from_one_run(tmp_path: Path) -> None:
     """1x..2.5x of 1100 steps, decay_frac 0.2: the 2.5x run (2750 steps) plus the five shorter decays
     (220 + 275 + 330 + 385 + 440 = 1650 steps) = 4400 steps = 4.00 run-equivalents, 1.60x the longest rung alone;
@@ -199,6 +220,12 @@ def test_a_budget_sweep_runs_branches_after_their_parent_and_extends(tmp_path: P
     table = io.StringIO()
     sweep_status(sweep, table)
     assert f"{trunk} @ 4" in table.getvalue().replace("\n", "")
+    from asyncpipe.report import build_report
+
+    report = build_report(sweep, out_dir=tmp_path / "report")
+    assert list(dict.fromkeys(report.runs["variant"])) == ["sync", "sync(x1.5)", "sync(x2)"]
+    runs_md = (tmp_path / "report" / "report.md").read_text().split("## Runs")[1]
+    assert "branch of" in runs_md and runs_md.count(trunk) == 3  # its own row, and the parent of two branches
     manifest = json.loads((sweep / "sweep.json").read_text())
     assert "each 2.75 run-equivalents" in manifest["budget_cost"]  # 8 steps + decays of 1 (4 steps) and 2 (6 steps)
     assert "(1.38x its longest rung alone, against 2.25x)" in manifest["budget_cost"]
@@ -267,7 +294,9 @@ def test_every_summary_counts_epochs_and_the_report_warns_of_repeated_data(famil
     assert not [w for w in build_report(root).warnings if "repeated data" in w]
     summary = RunDir(root / "alone8").read_summary()
     RunDir(root / "alone8").write_summary({**summary, "epochs": 1.4})
-    warned = [w for w in build_report(root).warnings if "repeated data" in w]
+    report = build_report(root, out_dir=tmp_path / "report")
+    warned = [w for w in report.warnings if "repeated data" in w]
+    assert "| 1.40 " in (tmp_path / "report" / "report.md").read_text()  # the runs table shows each run's epochs
     assert warned == ["1 run(s) repeated data: up to 1.40 epochs of their train split (alone8); compare them with "
                       "care, or train on a larger corpus (data=mix)"]
 
@@ -285,8 +314,11 @@ def test_the_performance_doc_states_the_committed_sweeps_cost() -> None:
     doc = (repo / "docs" / "performance.md").read_text()
     assert (f"{cost.branched:.2f} run-equivalents\n({cost.branched / cost.longest:.2f}x the longest rung alone) "
             f"against {cost.separate:.2f} for six separate runs ({cost.separate / cost.longest:.2f}x)") in doc
-    assert "sweeps/budgets_cost.yaml --out runs/budgets            # 42.7 s" in doc and "1.23x the wall time" in doc
-    assert 42.7 / 34.8 == pytest.approx(1.23, abs=0.005)
+    assert "sweeps/budgets_cost.yaml --out runs/budgets            # 42.7 s" in doc and "# 34.8 s" in doc
+    assert "# 457.8 s" in doc and "# 294.8 s" in doc and "417.2 s against 270.8 s, 1.54x" in doc
+    assert "cost 1.23x the longest rung alone at 40 steps" in doc and "1.55x at the study batch" in doc
+    assert [round(a / b, 2) for a, b in ((42.7, 34.8), (457.8, 294.8), (417.2, 270.8))] == [1.23, 1.55, 1.54]
+    assert 34.2 + 37.7 + 44.7 + 17.9 + 223.7 + 59.0 == pytest.approx(417.2)  # the six summaries' wall_time
 
 
 @pytest.mark.parametrize("name, extra, lrs", [

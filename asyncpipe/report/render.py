@@ -3,6 +3,7 @@ was compared and how), the intervals, time to target, runs and provenance."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -69,6 +70,11 @@ def run_table(report: Any) -> pd.DataFrame:
     for key in report.grouping.group_keys:
         table.insert(1, key, [fmt_value(report.grouping.value(r, key)) for r in table["run"]])
     table["compared_val_loss"] = [f"{compared[r]:.4f}" if r in compared else "" for r in table["run"]]
+    epochs = pd.to_numeric(report.runs["epochs"], errors="coerce") if "epochs" in report.runs else None
+    if epochs is not None and epochs.notna().any():  # recorded since issue 37: > 1 means the run repeated data
+        table["epochs"] = [f"{e:.2f}" if pd.notna(e) else "" for e in epochs]
+    if "branch_of" in report.runs and report.runs["branch_of"].notna().any():  # budget branches: their parent run
+        table["branch of"] = [Path(str(b)).name if isinstance(b, str) else "" for b in report.runs["branch_of"]]
     return table.astype(object).where(table.notna(), "").set_index("run")
 
 

@@ -52,6 +52,7 @@ class SweepPlan:
     variants: dict[str, list[str]] = field(default_factory=dict)  # name -> overrides, crossed with the grid
     per: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # key -> value -> overrides
     budgets: list[float] = field(default_factory=list)  # multiples of train.steps, one rung each (one run, branched)
+    variant_budgets: dict[str, list[float]] = field(default_factory=dict)  # a variant's own budgets ([]: none)
 
 
 def _key_of(text: str) -> str:
@@ -168,12 +169,14 @@ def expand(
     variants: Optional[dict[str, list[str]]] = None,
     per: Optional[dict[str, dict[str, list[str]]]] = None,
     budgets: Sequence[float] = (),
+    variant_budgets: Optional[dict[str, list[float]]] = None,
 ) -> SweepPlan:
     """Expand overrides into one run per point of the grid (Hydra's order), crossed with
     the named `variants` (each a list of overrides, in order), plus the `per` overrides of each point's values
     (per[key][value]: overrides for runs whose `key` is `value`). `grid_keys` are grid axes even with one value
     (a sweep file's grid), so extending them later keeps the fixed overrides unchanged. A later override of a
-    key replaces an earlier one, as in Hydra. `budgets`: each run becomes a family of rungs (`rungs`)."""
+    key replaces an earlier one, as in Hydra. `budgets`: each run becomes a family of rungs (`rungs`), unless its
+    variant has its own (`variant_budgets`; [] = a plain run)."""
     launcher = [o for o in overrides if is_launcher_key(o)]
     run_overrides = [o for o in overrides if not is_launcher_key(o)]
     for text in run_overrides:
@@ -226,6 +229,10 @@ def expand(
     plan.variants = variants
     plan.per = per
     plan.budgets = sorted(float(b) for b in budgets)
+    plan.variant_budgets = {str(k): sorted(float(b) for b in v) for k, v in (variant_budgets or {}).items()}
+    unknown = sorted(set(plan.variant_budgets) - set(variants))
+    if unknown:
+        raise UserError(f"budgets given for {', '.join(unknown)}, which are not variants of this sweep")
     for key, table in per.items():
         allowed = list(dict.fromkeys(given.get(key, [])))  # per: values of a narrowed grid are simply unused
         if not allowed:
@@ -250,9 +257,10 @@ def expand(
                 )
             seen[run_name] = label
             own = tuple(variants[vname]) if vname is not None else ()
-            if plan.budgets:
+            ladder = plan.variant_budgets.get(vname, plan.budgets) if vname is not None else plan.budgets
+            if ladder:
                 plan.runs.extend(rungs(RunSpec(run_name, grid_part, fixed_part + grid_part + extra + own, vname),
-                                       plan.budgets))  # fmt: skip
+                                       ladder))  # fmt: skip
                 continue
             own += (f"{VARIANT_KEY}='{vname}'",) if vname is not None else ()
             plan.runs.append(RunSpec(run_name, grid_part, fixed_part + grid_part + extra + own, vname))

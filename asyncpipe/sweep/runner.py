@@ -61,13 +61,13 @@ def plan_sweep(
     overrides = list(overrides)
     sf = load_sweep_file(Path(file)) if file is not None else SweepFile(None, [])
     plan = expand(sf.overrides + overrides, name or sf.name, grid_keys=sf.grid_keys, variants=sf.variants, per=sf.per,
-                  budgets=sf.budgets)
+                  budgets=sf.budgets, variant_budgets=sf.variant_budgets)
     where = Path(out) / plan.name if out is not None else None
     old = load_sweep_manifest(where) if where is not None and (where / SWEEP_MANIFEST).exists() else None
     if old and set(old.get("grid", {})) - set(plan.grid):
         keys = [*sf.grid_keys, *old["grid"]]
         plan = expand(sf.overrides + overrides, plan.name, grid_keys=keys, variants=sf.variants, per=sf.per,
-                      budgets=sf.budgets)
+                      budgets=sf.budgets, variant_budgets=sf.variant_budgets)
     return plan
 
 
@@ -116,7 +116,7 @@ def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -
     merged_manifest(sweep_dir, plan)
     for spec in plan.runs:  # a re-run must know each run's state: refuse an unreadable record before starting any
         read_summary(sweep_dir / spec.name)
-    if launcher.name == "slurm" and plan.budgets:
+    if launcher.name == "slurm" and any(s.budget is not None for s in plan.runs):
         raise UserError("budgets: branches wait for their family's longest run, which launcher=local does and "
                         "launcher=slurm does not yet; run the sweep with launcher=local")  # fmt: skip
     if launcher.name == "slurm":

@@ -260,6 +260,7 @@ def manifest_dict(plan: SweepPlan, created: Optional[str] = None) -> dict:
         "per": plan.per,
         "launcher_overrides": list(plan.launcher),
         **({"budgets": list(plan.budgets)} if plan.budgets else {}),
+        **({"variant_budgets": dict(plan.variant_budgets)} if plan.variant_budgets else {}),
         "runs": [
             {"name": r.name, "dir": r.name, "swept": list(r.swept), "overrides": list(r.overrides), "variant": r.variant,
              **({"budget": r.budget, "parent": r.parent} if r.budget is not None else {})}

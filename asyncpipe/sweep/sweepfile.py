@@ -32,7 +32,9 @@ A variant's settings come last, so they replace the fixed `overrides:` and `per:
 
 Budgets from one run: `budgets: [1, 1.25, 1.5, 1.75, 2, 2.5]` (multiples of the run's `train.steps`, with
 `train.lr_schedule=wsd`) gives every grid point and variant one rung per budget (run dir `...,budget=1.25`, column
-`VARIANT(x1.25)`; the 1x rung keeps the variant's name). The longest rung is the one run from step 0; it keeps a
+`VARIANT(x1.25)`; the 1x rung keeps the variant's name); a variant written as a mapping sets its own,
+`1-step: {overrides: [delay=1], budgets: [1, 1.5, 2]}`, and `budgets: []` makes it a plain run (sync at 1x only).
+The longest rung is the one run from step 0; it keeps a
 checkpoint at each shorter rung's decay start (`checkpoint.branches`), and each shorter rung is a cooldown branch
 from there (`run.branch_from`), equal bit for bit to that rung trained alone. Six rungs at decay_frac 0.2 cost
 1.6x the longest rung's steps instead of 4x (`asyncpipe sweep --dry-run` prints both).
@@ -58,6 +60,7 @@ class SweepFile:
     variants: dict[str, list[str]] = field(default_factory=dict)
     per: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     budgets: list[float] = field(default_factory=list)  # rungs as multiples of train.steps (one run, branched)
+    variant_budgets: dict[str, list[float]] = field(default_factory=dict)  # a variant's own budgets ([]: none)
 
 
 def _items(where: str, value: Any) -> list[str]:
@@ -68,9 +71,10 @@ def _items(where: str, value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
-def _budgets(path: Path, value: Any) -> list[float]:
-    """`budgets:`: distinct positive numbers (multiples of train.steps), in increasing order."""
-    if value is None:
+def _budgets(path: Path, value: Any, allow_empty: bool = False) -> list[float]:
+    """`budgets:`: distinct positive numbers (multiples of train.steps), in increasing order (a variant's own may be
+    empty: no rungs)."""
+    if value is None or (allow_empty and value == []):
         return []
     if not isinstance(value, list) or not value:
         raise UserError(f"{path}: budgets must be a list of multiples of train.steps, e.g. [1, 1.25, 1.5, 2]")
@@ -153,6 +157,13 @@ def load_sweep_file(path: Path) -> SweepFile:
                     grid_keys=[str(k) for k in grid])  # fmt: skip
     out.budgets = _budgets(path, data.get("budgets"))
     for name, items in variants.items():
+        if isinstance(items, dict):  # {overrides: [...], budgets: [...]}: a variant with its own budgets
+            extra = sorted(set(map(str, items)) - {"overrides", "budgets"})
+            if extra:
+                raise UserError(f"{path}: variant {name}: unknown key(s) {', '.join(extra)}; allowed: overrides, budgets")
+            if "budgets" in items:
+                out.variant_budgets[str(name)] = _budgets(path, items["budgets"], allow_empty=True)
+            items = items.get("overrides")
         out.variants[str(name)] = _items(f"{path}: variant {name}", items or [])
     for key, table in per.items():
         if not isinstance(table, dict):
