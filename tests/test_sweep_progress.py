@@ -64,7 +64,45 @@ def test_progress_lines_show_step_total_and_eta(monkeypatch: pytest.MonkeyPatch)
         disp.update([RunState("a", RUNNING, step=30, steps=110, val_loss=3.25, val_step=30)])
     lines = out.getvalue().splitlines()
     assert lines[0] == "[0/1] a: running"
-    assert lines[1] == "[0/1] a: running, step 30/110, val loss 3.2500, ETA 2.7 min"
+    assert lines[1] == "[0/1] a: running, step 30/110, val loss 3.2500, ETA 2.7 min | sweep: 40 s elapsed, ~2.7 min left"
+
+
+def test_pending_runs_are_one_line_and_the_sweep_says_elapsed_and_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: 11 "pending (waiting)" lines became one; a finished run's line says the sweep's elapsed time and
+    the time left: the runs not started at the mean time of the finished ones, shared by the runs seen at once."""
+    from asyncpipe.sweep.state import COMPLETED, PENDING
+
+    clock = [0.0]
+    monkeypatch.setattr(display_mod.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    disp = SweepDisplay("sweep t", stream=out, live=False)
+    names = [f"r{i}" for i in range(6)]
+
+    def states(running: list[str], done: list[str]) -> list[RunState]:
+        return [RunState(n, COMPLETED, final_val_loss=2.5) if n in done else RunState(n, RUNNING) if n in running
+                else RunState(n, PENDING, note="waiting") for n in names]  # fmt: skip
+
+    with disp:
+        disp.update(states(["r0", "r1"], []))
+        clock[0] = 20.0
+        disp.update(states(["r1"], ["r0"]))  # r0 took 20 s; r1 has no step yet: its ETA is the mean, 20 s
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[0/6] 4 run(s) not started yet (pending)"
+    assert [ln for ln in lines if "pending" in ln] == [lines[0]]
+    # 20 s elapsed; left: r1 (20 s) + 4 waiting x 20 s = 100 s of runs, two at a time -> 50 s
+    assert lines[-1] == "[1/6] r0: completed in 20s, val loss 2.5000 | sweep: 20 s elapsed, ~50 s left"
+
+
+def test_the_live_table_folds_pending_runs_into_one_row() -> None:
+    from rich.console import Console
+
+    from asyncpipe.sweep.state import PENDING
+
+    rows = [RunState("a", RUNNING)] + [RunState(f"p{i}", PENDING, note="waiting") for i in range(11)]
+    out = io.StringIO()
+    Console(file=out, width=200).print(state_table("t", rows, {}, {}, fold_waiting=True))
+    text = out.getvalue()
+    assert "11 run(s) not started yet" in text and "p3" not in text and text.count("waiting") == 1
 
 
 def test_eta_falls_back_on_the_dry_run_estimate(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,8 @@
 """How a sweep shows its runs: a rich table (`sweep status`, and a live one on a terminal) or plain lines.
 
-Off a terminal (logs, CI, SLURM) every change of a run's state is one line, so the output stays greppable.
+Off a terminal (logs, CI, SLURM) every change of a run's state is one line, so the output stays greppable; runs
+not started yet are one summary line, never a line each. Both say the sweep's elapsed time and an estimate of the
+time left (`sweep_clock`).
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ import sys
 import time
 from typing import Iterable, Optional, TextIO
 
-from asyncpipe.sweep.state import COMPLETED, DIVERGED, FAILED, INTERRUPTED, QUEUED, RUNNING, RunState
+from asyncpipe.sweep.state import COMPLETED, DIVERGED, FAILED, INTERRUPTED, PENDING, QUEUED, RUNNING, RunState
 
 _STYLE = {COMPLETED: "green", DIVERGED: "yellow", FAILED: "red", RUNNING: "cyan", QUEUED: "blue", INTERRUPTED: "magenta"}
 
 
 PROGRESS_LINE_S = 30.0  # off a terminal: a running run's step, val loss and ETA at most this often
+WAITING = (PENDING, QUEUED)  # not started yet: summarised as one line / one row
 
 
 def _fmt_loss(value: Optional[float]) -> str:
@@ -39,11 +42,14 @@ def _fmt_step(state: RunState) -> str:
 
 
 def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[str, float]] = None,
-                eta: Optional[dict[str, float]] = None):  # fmt: skip
-    """A rich Table of runs: name, state, step, val loss, (time and ETA,) SLURM job and state, note."""
+                eta: Optional[dict[str, float]] = None, fold_waiting: bool = False):  # fmt: skip
+    """A rich Table of runs: name, state, step, val loss, (time and ETA,) SLURM job and state, note.
+    `fold_waiting`: runs not started yet are one row ("N runs") instead of a row each (the live view)."""
     from rich.table import Table
 
     states = list(states)
+    waiting = [s for s in states if s.state in WAITING] if fold_waiting else []
+    states = [s for s in states if s not in waiting]
     table = Table(title=title, title_justify="left")
     table.add_column("run", overflow="fold")
     table.add_column("state")
@@ -72,6 +78,9 @@ def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[s
             row.append(s.branch_of or "")
         row.append(s.note)
         table.add_row(*row)
+    if waiting:
+        blank = [""] * (len(table.columns) - 3)
+        table.add_row(f"{len(waiting)} run(s) not started yet", f"[{_STYLE[QUEUED]}]pending[/]", *blank, "waiting")
     return table
 
 
@@ -104,6 +113,9 @@ class SweepDisplay:
         self._first: dict[str, tuple[float, int]] = {}  # (time, step) a running run was first seen at a step
         self._said: dict[str, float] = {}  # when a progress line was last printed per run
         self.expected: dict[str, Optional[float]] = {}  # the dry-run's estimated seconds per run (when known)
+        self._t0: Optional[float] = None  # when the sweep was first shown
+        self._slots = 1  # the most runs seen running at once (how many share the time left)
+        self._waiting_said: set[str] = set()  # runs already counted in a "not started yet" line
 
     def __enter__(self) -> "SweepDisplay":
         if self.live_enabled:
@@ -138,8 +150,29 @@ class SweepDisplay:
                 out[s.name] = max(0.0, float(self.expected[s.name] or 0.0) - elapsed[s.name])
         return out
 
+    def sweep_clock(self, states: list[RunState], etas: dict[str, float]) -> str:
+        """"12s elapsed, ~1.5 min left": the time left is the running runs' ETAs plus the runs not started at the
+        mean time of the runs finished so far (else the dry-run's estimate), shared by the runs seen at once."""
+        now = time.monotonic()
+        elapsed = now - (self._t0 if self._t0 is not None else now)
+        took = [self._ended[k] - self._started[k] for k in self._ended if k in self._started]
+        guess = [float(v) for v in self.expected.values() if v]
+        per_run = sum(took) / len(took) if took else (sum(guess) / len(guess) if guess else None)
+        running = [s for s in states if s.state == RUNNING]
+        waiting = sum(1 for s in states if s.state in WAITING)
+        text = f"{fmt_eta(elapsed)} elapsed"
+        if not running and not waiting:
+            return text
+        if per_run is None and (waiting or any(s.name not in etas for s in running)):
+            return text + ", time left not known yet"
+        work = sum(etas.get(s.name, per_run or 0.0) for s in running) + waiting * (per_run or 0.0)
+        return text + f", ~{fmt_eta(work / max(1, self._slots))} left"
+
     def update(self, states: list[RunState]) -> None:
         now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        self._slots = max(self._slots, sum(1 for s in states if s.state == RUNNING))
         for s in states:
             if s.state == RUNNING and s.name not in self._started:
                 self._started[s.name] = now
@@ -149,10 +182,17 @@ class SweepDisplay:
                 self._first[s.name] = (now, s.step)
         etas = self.etas(states)
         if self._live is not None:
-            self._live.update(state_table(f"{self.title}  ({counts(states)})", states, self._elapsed(), etas))
+            title = f"{self.title}  ({counts(states)}; {self.sweep_clock(states, etas)})"
+            self._live.update(state_table(title, states, self._elapsed(), etas, fold_waiting=True))
             return
         done = sum(1 for s in states if s.state in (COMPLETED, DIVERGED, FAILED))
+        waiting = [s.name for s in states if s.state in WAITING]
+        if set(waiting) - self._waiting_said:
+            self._waiting_said |= set(waiting)
+            print(f"[{done}/{len(states)}] {len(waiting)} run(s) not started yet (pending)", file=self.stream, flush=True)
         for s in states:
+            if s.state in WAITING:
+                continue
             key = (s.state, s.note)
             if self._last.get(s.name) == key:
                 continue
@@ -165,6 +205,8 @@ class SweepDisplay:
                 extra += f" in {took:.0f}s"
             if s.state == COMPLETED and s.final_val_loss is not None:
                 extra += f", val loss {s.final_val_loss:.4f}"
+            if s.state in (COMPLETED, DIVERGED, FAILED):
+                extra += f" | sweep: {self.sweep_clock(states, etas)}"
             print(f"[{done}/{len(states)}] {s.name}: {s.state}{extra}", file=self.stream, flush=True)
         self._progress_lines(states, etas, now)
 
@@ -179,6 +221,7 @@ class SweepDisplay:
             val = _fmt_val(s)
             text = f"step {_fmt_step(s)}" + (f", val loss {val}" if val else "")
             text += f", ETA {fmt_eta(etas[s.name])}" if s.name in etas else ""
+            text += f" | sweep: {self.sweep_clock(states, etas)}"
             print(f"[{done}/{len(states)}] {s.name}: running, {text}", file=self.stream, flush=True)
 
 
