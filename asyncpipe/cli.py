@@ -83,14 +83,17 @@ def plan_cmd(
     gpu_mem: float = typer.Option(80.0, "--gpu-mem", help="Memory budget per device, GiB."),
 ) -> None:
     """Memory per pipeline stage before launching: weights (2 versions under 2BW), gradients, optimizer state,
-    EF, activations in flight, in GiB against --gpu-mem, and the largest micro-batch that fits."""
+    EF, activations in flight, in GiB against --gpu-mem, and the largest micro-batch that fits. Ends with a
+    one-line verdict; exits 1 when a stage does not fit or the schedule cannot run the batch."""
     if not 0 < gpu_mem <= MAX_GPU_MEM_GIB:  # also refuses nan (every comparison with it is false)
         raise UserError(f"--gpu-mem {gpu_mem:g} must be a memory budget in GiB, > 0 and at most {MAX_GPU_MEM_GIB:g}")
     from asyncpipe.config import compose
     from asyncpipe.plan import plan, render
 
     cfg = compose(overrides or [])
-    typer.echo(render(plan(cfg, gpu_mem), cfg))
+    result = plan(cfg, gpu_mem)
+    typer.echo(render(result, cfg))
+    raise typer.Exit(0 if result.ok else 1)
 
 
 @config_app.command("show")

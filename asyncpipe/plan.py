@@ -134,9 +134,16 @@ class Plan:
     notes: list[str]
     n_layer: int = 0  # transformer blocks (the layer list is [embedding, blocks, head])
 
+    runs: bool = True  # False: the schedule cannot run this batch on the pipeline engine (2BW with m < P)
+
     @property
     def fits(self) -> bool:
         return all(s.total <= self.gpu_mem_gib * GIB for s in self.stages)
+
+    @property
+    def ok(self) -> bool:
+        """Every stage fits its budget and the schedule can run the batch (`asyncpipe plan` exits 1 otherwise)."""
+        return self.fits and self.runs
 
 
 def _optimizer_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
@@ -203,11 +210,33 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
     notes = [n for n in (batch_note(cfg),) if n]
     if cfg.delay > 1:
         notes.append(f"delay={cfg.delay} runs only in the simulator; weights counted as {versions} versions")
-    if delay == 1 and t.micro_batches < P:
-        notes.append(f"engine=pipeline runs 2BW only with train.micro_batches >= pipeline.stages ({t.micro_batches} < {P})")
+    runs = not (delay == 1 and P > 1 and t.micro_batches < P)
+    if not runs:
+        notes.append(f"engine=pipeline runs 2BW only with train.micro_batches >= pipeline.stages ({t.micro_batches} < {P}): "
+                     f"set train.micro_batches={P} or more")
     if deferred:
         notes.append("2BW defers each step past the next batch's first backward: two gradient buffers")
-    return Plan(m.name, total, active, stages, "2BW" if cfg.delay else "1F1B", gpu_mem_gib, notes, m.n_layer)
+    return Plan(m.name, total, active, stages, "2BW" if cfg.delay else "1F1B", gpu_mem_gib, notes, m.n_layer, runs)
+
+
+def verdict(pl: Plan) -> str:
+    """One line: whether the run fits (its largest stage against the budget) and, when not, what does not."""
+    budget = pl.gpu_mem_gib * GIB
+    top = max(pl.stages, key=lambda s: s.total)
+    over = [s.stage for s in pl.stages if s.total > budget]
+    problems = []
+    if over:
+        names = ", ".join(map(str, over))
+        largest = min((s.max_micro_batch for s in pl.stages if s.stage in over), default=0)
+        fix = (f"train.micro_batch_size={largest} or less" if largest > 0 else "more stages or a larger --gpu-mem")
+        problems.append(f"stage{'s' if len(over) > 1 else ''} {names} need{'' if len(over) > 1 else 's'} up to "
+                        f"{top.total / GIB:.1f} GiB of {pl.gpu_mem_gib:g} GiB ({fix})")  # fmt: skip
+    if not pl.runs:
+        problems.append("2BW needs train.micro_batches >= pipeline.stages")
+    if problems:
+        return "verdict: does NOT fit: " + "; ".join(problems)
+    return (f"verdict: fits: every stage within {pl.gpu_mem_gib:g} GiB per device (largest: stage {top.stage}, "
+            f"{top.total / GIB:.1f} GiB)")
 
 
 def layer_label(layers: tuple[int, int], n_layer: int) -> str:
@@ -244,7 +273,7 @@ def render(pl: Plan, cfg: Optional[Any] = None) -> str:
 
         t, p = cfg.train, cfg.pipeline
         lines.append(
-            f"{pl.schedule} on {p.stages} stages x {p.data_parallel} replicas | micro-batch {t.micro_batch_size} x "
+            f"{pl.schedule} on {p.stages} stages x {p.data_parallel} {plural(p.data_parallel, 'replica')} | micro-batch {t.micro_batch_size} x "
             f"{t.seq_len} tokens, {t.micro_batches} per step | {describe(cfg)} | budget {pl.gpu_mem_gib:g} GiB per device"
         )
     head = ("stage", "layers", "params", "ver", "weights", "grads", "optim", "EF/comp", "in-flight", "activ", "total",
@@ -262,4 +291,9 @@ def render(pl: Plan, cfg: Optional[Any] = None) -> str:
     lines.append("GiB per device; in-flight: micro-batches whose activations a stage holds (min(P - s, m));")
     lines.append("max mb: the largest micro-batch size (sequences) whose total fits the budget.")
     lines += [f"note: {n}" for n in pl.notes]
+    lines.append(verdict(pl))
     return "\n".join(lines)
+
+
+def plural(n: int, word: str) -> str:
+    return word if n == 1 else f"{word}s"

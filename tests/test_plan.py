@@ -98,7 +98,8 @@ def test_max_micro_batch_is_the_largest_that_fits() -> None:
 
 
 def test_cli_prints_a_row_per_stage() -> None:
-    proc = asyncpipe("plan", "model=moe_10b", "pipeline.stages=8", "delay=1", "optimizer=muon_ef", "--gpu-mem", "80")
+    proc = asyncpipe("plan", "model=moe_10b", "pipeline.stages=8", "delay=1", "optimizer=muon_ef", "train.micro_batches=8",
+                     "--gpu-mem", "80")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "10,118.33M parameters" in lines[0] and "2BW on 8 stages" in lines[1]
@@ -148,3 +149,35 @@ def test_dc_plan_is_what_dc_allocates(adaptive: bool) -> None:
     params = sum(p.numel() for p in model.parameters())
     assert optimizer.extra_bytes == (4 * params if adaptive else 0)
     assert plan(cfg).stages[0].ef == optimizer.extra_bytes
+
+
+def test_the_plan_ends_with_a_verdict_and_exits_1_when_a_stage_does_not_fit() -> None:
+    """Issue 41: dense 10b on 8 stages at 2048 tokens: stages 0-4 over 80 GiB, and m = 4 < P = 8 cannot run 2BW;
+    the last line says so and the exit status is 1. One replica is "1 replica"."""
+    over = ["model=10b", "model.tie_embeddings=false", "pipeline.stages=8", "delay=1", "train.seq_len=2048"]
+    proc = asyncpipe("plan", *over)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "8 stages x 1 replica |" in lines[1]
+    no = [ln.split()[0] for ln in lines[3:11] if ln.split()[-2] == "NO"]
+    assert lines[-1].startswith("verdict: does NOT fit: stages " + ", ".join(no) + " need up to")
+    assert "2BW needs train.micro_batches >= pipeline.stages" in lines[-1]
+    assert any("4 < 8): set train.micro_batches=8 or more" in ln for ln in lines)
+    fits = asyncpipe("plan", *over[:-1], "train.micro_batches=8")
+    assert fits.returncode == 0 and fits.stdout.splitlines()[-1].startswith("verdict: fits: every stage within 80 GiB")
+
+
+def test_performance_doc_shows_what_plan_prints() -> None:
+    """docs/performance.md's 10B MoE plan block is the command's output, verbatim (stage labels included)."""
+    import re
+    import shlex
+
+    from asyncpipe.plan import render
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "performance.md").read_text(encoding="utf-8")
+    command = re.search(r"^    asyncpipe plan (model=moe_10b .*)$", doc, re.M)
+    assert command is not None
+    block = re.search(r"```\n(model moe_10b:.*?)\n```", doc, re.S)
+    assert block is not None
+    cfg = compose(shlex.split(command.group(1)))
+    assert block.group(1) == render(plan(cfg, 80.0), cfg)
