@@ -68,6 +68,7 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "fraction of ideal" in res.output
+    assert "1 round: too few to judge (--rounds 3+)" in res.output  # issue 41: one round has no spread
     # m = 2 < 2P: DualPipeV cannot run; the bench says why instead of failing.
     assert "dualpipev" in res.output and "needs m >= 2P" in res.output
     r = json.loads(out.read_text())
@@ -110,3 +111,27 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
     assert set(r["simulator"]["ratio_to_delay0"]) == {"delay0", "delay1", "delay1_ef"}
     assert set(r["targets"]) == {"ratio_ge_0.95_ideal", "fastest_step_ratio_ge_0.95_ideal", "weights_le_two_versions",
                                 "simulator_delay1_le_1.10"}
+
+
+def test_the_table_flags_ratios_within_their_spread_or_from_too_few_rounds() -> None:
+    """Issue 41: a committed 3-round result (benchmarks/results) resolves every ratio; the same result with one
+    round, or with a round whose ratio falls below 1, is flagged on its line; the header names its columns."""
+    import copy
+
+    from asyncpipe.bench.pipeline import format_result, spread_note
+
+    root = Path(__file__).resolve().parents[1]
+    res = json.loads((root / "benchmarks" / "results" / "pipeline-small-P2-m4.json").read_text())
+    text = format_result(res)
+    assert "norm-wait ms/stage" in text and "x1F1B per round" in text and "too few" not in text
+    assert "not a difference" not in text
+    assert "EF's cost: 2bw_ef / 2bw tokens/s 0.958 (4.2% slower), per round 0.951, 0.966, 0.958" in text
+    wide = copy.deepcopy(res)
+    wide["variants"]["dualpipev"]["ratio_to_1f1b_per_round"] = [0.98, 1.05, 1.09]
+    row = next(ln for ln in format_result(wide).splitlines() if ln.startswith("dualpipev "))
+    assert row.endswith("1 within the rounds' spread 0.980-1.090: not a difference")
+    one = copy.deepcopy(res)
+    one["ratio_per_round"] = one["ratio_per_round"][:1]
+    line = next(ln for ln in format_result(one).splitlines() if ln.startswith("2bw/1f1b"))
+    assert line.endswith("[1 round: too few to judge (--rounds 3+)]")
+    assert spread_note([1.2, 1.3]) == "2 rounds: too few to judge (--rounds 3+)"
