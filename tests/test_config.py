@@ -68,7 +68,7 @@ def test_every_group_option_composes() -> None:
         (["compensation=weight_prediction", "delay=1", "engine=pipeline"], "compensation=weight_prediction does not run in engine=pipeline"),
         (["compensation=ef", "delay=1", "compensation.ef.schedule=warmup"], "warmup_steps=0 must be >= 1 with schedule=warmup"),
         (["model=moe_tiny", "model.moe.capacity_factor=0.001"], "keeps at most 0.39% of each micro-batch's 512 x 2"),
-        (["optimizer.weight_decay=100"], "decoupled decay multiplies every weight by 1 - lr x weight_decay <= 0"),
+        (["optimizer.weight_decay=300"], "decoupled decay multiplies every weight by 1 - lr x weight_decay <= 0"),
         (["optimizer=muon", "optimizer.muon_router=true"], "optimizer.muon_router=true does nothing: model 'tiny' is dense"),
         (["optimizer=muon", "optimizer.ns_steps=1000"], "optimizer.ns_steps=1000 must be >= 1 (and <= 100"),
         (["optimizer.name=lion"], "optimizer.name=lion is unknown; choose one of: adamw, muon, nadam, soap"),
@@ -93,10 +93,31 @@ def test_default_lr_is_the_models_tuned_value_and_an_explicit_lr_wins() -> None:
 
     for name in ("adamw", "muon", "soap", "nadam"):
         assert compose([f"optimizer={name}"]).optimizer.lr == tuned_lr("tiny", name)
-    assert (tuned_lr("tiny", "adamw"), tuned_lr("tiny", "muon")) == (0.016, 0.02)  # the v3 grid winners
+    study = {"data": "shakespeare", "steps": 1100, "tokens_per_step": 4096}
+    assert (tuned_lr("tiny", "adamw", **study), tuned_lr("tiny", "muon", **study)) == (0.016, 0.02)  # v3's winners
+    default = {"data": "hamlet", "steps": 100, "tokens_per_step": 2048}
+    assert (tuned_lr("tiny", "adamw", **default), tuned_lr("tiny", "muon", **default)) == (5e-3, 0.08)  # issue 41's
+    study_cfg = compose(["data=shakespeare", "train.steps=1100", "train.seq_len=128", "optimizer=muon"])
+    assert study_cfg.optimizer.lr == 0.02
     assert compose(["optimizer=muon", "optimizer.lr=0.5"]).optimizer.lr == 0.5
     assert compose(["model=135m", "train.seq_len=64"]).optimizer.lr == tuned_lr("135m", "adamw") == 6e-4
     assert tuned_lr("small", "adamw") is None and compose(["model=small"]).optimizer.lr == 1e-3  # no table entry
+
+
+def test_a_tuned_lr_used_outside_its_regime_is_said_in_one_line() -> None:
+    """Issue 41: the default lr is the one tuned for the run's regime (data, steps, tokens per step within 2x);
+    taken from another regime (the nearest), `regime_warning` says which and what this run is."""
+    from asyncpipe.config.tuned import regime_warning
+
+    assert regime_warning(compose([])) is None and regime_warning(compose(["train.steps=150"])) is None
+    far = regime_warning(compose(["train.steps=1000"]))
+    assert far == ("warning: optimizer.lr=0.005 is adamw's tuned lr on tiny for 100 steps x 2048 tokens on hamlet, not "
+                   "for this run's 1000 steps x 2048 tokens on hamlet (conf/tuned_lr.yaml): set optimizer.lr, or tune "
+                   "it for this regime")  # fmt: skip
+    soap = regime_warning(compose(["optimizer=soap"]))  # not tuned on Hamlet: the study's lr, said so
+    assert soap is not None and "for 1100 steps x 4096 tokens on shakespeare" in soap
+    assert regime_warning(compose(["train.steps=1000", "optimizer.lr=0.004"])) is None  # an lr of one's own
+    assert regime_warning(compose(["model=135m", "train.seq_len=64"])) is None  # the literature's, for any data
 
 
 def test_ef_override_and_preset_are_the_one_ef_method() -> None:

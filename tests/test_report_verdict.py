@@ -67,12 +67,16 @@ def test_takeaways_come_first_and_say_only_what_intervals_support(tmp_path):
     assert muon.startswith("muon: 1-step costs") and "1-step+EF − 1-step -0.0150 [" in muon and "not resolved" in muon
     assert "recovers" not in muon  # its interval does not support a recovery
     md = (tmp_path / "out" / "report.md").read_text()
-    assert md.index("## Takeaways") < md.index("## model=tiny") < md.index("## What was compared")
+    assert md.index("## At a glance") < md.index("## Takeaways") < md.index("## model=tiny") < md.index("## What was compared")
     res = CliRunner().invoke(app, ["report", str(root), "--out", str(tmp_path / "cli"), "--no-plots",
                                    "--no-wandb-log", "--target", "85"])  # fmt: skip
     assert res.exit_code == 0, res.output
-    first = res.output.lstrip().splitlines()[0]
-    assert first.startswith("adamw: 1-step costs") and "85% target" in first
+    text = " ".join(res.output.split())  # rich wraps long lines off a terminal
+    headline = (f"1-step − sync, final val loss (95% intervals, 3 seeds): adamw {mean:+.4f} [{mean - half:+.4f}, "
+                f"{mean + half:+.4f}] resolved; muon ")  # fmt: skip
+    assert text.startswith(headline) and " adamw/muon gap ratio " in text.split("adamw: 1-step costs")[0]
+    takeaway = text[text.index("adamw: 1-step costs"):]
+    assert "85% target" in takeaway.split("muon: ")[0]
     assert res.output.index("Tables split by") > res.output.index("model=tiny")  # notes after the table
 
 

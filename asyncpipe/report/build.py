@@ -16,7 +16,7 @@ from asyncpipe.errors import UserError
 from asyncpipe.paths import writable_dir
 from asyncpipe.report.claims import Claim
 from asyncpipe.report.groups import Grouping, classify, natural
-from asyncpipe.config.tuned import at_tuned_lr, tuned_lr
+from asyncpipe.config.tuned import run_regime, tuned_regime
 from asyncpipe.report.load import concat_runs, load_sweep, named_variants, read_manifest, sweep_label
 from asyncpipe.report.merge import load_merged
 from asyncpipe.report.paper import PAPER
@@ -144,11 +144,23 @@ def untuned_lr_warnings(runs: pd.DataFrame) -> list[str]:
     out: list[str] = []
     if runs["optimizer"].nunique() < 2:  # an lr grid of one optimizer is not a comparison of optimizers
         return out
-    for (model, opt, lr), _ in runs.groupby(["model", "optimizer", "lr"], dropna=True):
-        tuned = tuned_lr(str(model), str(opt))
-        if tuned is not None and lr is not None and not at_tuned_lr(str(model), str(opt), float(lr)):
-            out.append(f"{opt} on {model} ran at lr {float(lr):g}, not its tuned {tuned:g} (conf/tuned_lr.yaml): "
-                       "optimizers compared at untuned lrs may differ by their lrs")  # fmt: skip
+    for _, row in runs.dropna(subset=["lr"]).iterrows():
+        model, opt, lr = str(row["model"]), str(row["optimizer"]), float(row["lr"])
+        regime = run_regime(row["config"]) if isinstance(row.get("config"), dict) else {}
+        found = tuned_regime(model, opt, **regime)
+        if found is None:
+            continue
+        tuned = found.lrs[opt]
+        if abs(lr - tuned) > 1e-9 * tuned:
+            line = (f"{opt} on {model} ran at lr {lr:g}, not its tuned {tuned:g} (conf/tuned_lr.yaml): optimizers "
+                    "compared at untuned lrs may differ by their lrs")  # fmt: skip
+        elif regime and not found.fits(**regime):
+            line = (f"{opt} on {model} ran at lr {lr:g}, tuned for {found.describe()}, not for these runs' "
+                    f"{regime['steps']} steps x {regime['tokens_per_step']} tokens on {regime['data']}")  # fmt: skip
+        else:
+            continue
+        if line not in out:
+            out.append(line)
     return out
 
 

@@ -2,12 +2,15 @@
 
 - loss_curves: validation loss (markers at the evaluations, line = mean over completed seeds, band = min–max over
   seeds) and train loss (mean over seeds, smoothed, light) per variant; the lower row zooms into the last
-  ZOOM_FRAC of training with its own y-range, so a final gap of 0.01 is visible.
+  ZOOM_FRAC of training with a y-range that holds every line drawn there, so a final gap of 0.01 is visible.
 - gap_vs_tokens: each variant's val loss minus the reference column's (sync), paired by seed: mean of the per-seed
-  differences with error bars of their sample std; the lower row zooms like above. Every panel of a row shares
-  one y-range, so a gap 4x another optimizer's looks 4x as large.
-One colour per variant, in the table's column order. Token axes in k/M. Figures are 6 inches wide per column
-(at least 12) and 8 high, at 100 dpi, so a 2-column figure is exactly 1200x800 px.
+  differences with error bars of their 95% t-interval (the intervals the report's text uses); the lower row zooms
+  like above and always shows 0.
+Panels of one kind (full, zoomed) share one y-range, so a gap 4x another optimizer's looks 4x as large. One colour
+per variant, in the table's column order; the legend sits below the panels, never over data. Token axes in k/M.
+Figures are 6 inches wide per column (at least 12) and 8 high, at 100 dpi, so a 2-column figure is exactly
+1200x800 px; more than MAX_COLUMNS columns wrap onto further rows of panel pairs.
+The at-a-glance figure (asyncpipe.report.glance) is drawn from the report's claims.
 """
 
 from __future__ import annotations
@@ -22,19 +25,24 @@ matplotlib.use("Agg")  # no display: reports are made on clusters and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from asyncpipe.report.load import COMPLETED  # noqa: E402
+from asyncpipe.report.stats import t_quantile  # noqa: E402
 from asyncpipe.report.tables import GroupTable  # noqa: E402
 from asyncpipe.track.files import atomic_write_bytes  # noqa: E402
 
 DPI = 100
 ZOOM_FRAC = 0.3  # the zoomed row shows the last 30% of the tokens
 SMOOTH_FRAC = 0.05  # train loss: EMA over ~5% of the steps
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
-MARKERS = "osD^vP*Xh"
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+           "#bcbd22", "#393b79", "#ad494a", "#637939", "#7b4173", "#3182bd", "#e6550d"]  # 16 distinct colours
+MARKERS = "osD^vP*Xh<>pd8H1"
 FORMATS = ("png", "pdf")
 TITLE_CHARS = 80  # a 6-inch panel holds about 80 characters at font size 9
+MAX_COLUMNS = 4  # panel columns per row; more (a study with many tables or optimizers) wrap onto new rows
+LEGEND_SIZE = 9  # legend text, points (readable at 100 dpi)
 
 
 def fmt_tokens(value: float, _pos: object = None) -> str:
@@ -76,37 +84,78 @@ def _columns(runs: pd.DataFrame, groups: list[GroupTable]) -> list[tuple[GroupTa
 
 
 def _figure(n: int) -> tuple[plt.Figure, np.ndarray]:
+    """Axes [2, n]: row 0 the full panels, row 1 the zoomed ones, one column per (table, optimizer); beyond
+    MAX_COLUMNS the columns wrap onto further pairs of rows (8 inches high each)."""
     n = max(n, 1)
-    fig, axes = plt.subplots(2, n, figsize=(max(12, 6 * n), 8), dpi=DPI, squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 2]})  # fmt: skip
+    cols, bands = min(n, MAX_COLUMNS), -(-n // MAX_COLUMNS)
+    fig, grid = plt.subplots(2 * bands, cols, figsize=(max(12, 6 * cols), 8 * bands), dpi=DPI, squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 2] * bands}, layout="constrained")  # fmt: skip
+    axes = np.empty((2, n), dtype=object)
+    for i in range(n):
+        band, col = divmod(i, MAX_COLUMNS)
+        axes[0, i], axes[1, i] = grid[2 * band, col], grid[2 * band + 1, col]
+    for ax in grid.ravel()[::-1]:  # cells of the last band that no column uses
+        if ax not in set(axes.ravel()):
+            ax.set_visible(False)
     return fig, axes
 
 
-def _zoom_limits(ax: plt.Axes, lo_x: float, hi_x: float, ys: list[np.ndarray]) -> None:
-    """x from lo_x to the end; y fitted to the data in that range (with a margin)."""
-    values = np.concatenate([y for y in ys if len(y)]) if any(len(y) for y in ys) else np.array([])
-    if len(values):
-        lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
-        pad = max((hi - lo) * 0.08, 1e-3)
-        ax.set_ylim(lo - pad, hi + pad)
+def _limits(values: list[np.ndarray], include: tuple[float, ...] = ()) -> tuple[float, float] | None:
+    """The range of every finite value (and `include`), with an 8% margin; None when there is none."""
+    finite = [v[np.isfinite(v)] for v in values if len(v)]
+    flat = np.concatenate(finite + [np.asarray(include, dtype=float)]) if finite or include else np.array([])
+    if not len(flat):
+        return None
+    lo, hi = float(flat.min()), float(flat.max())
+    pad = max((hi - lo) * 0.08, 1e-3)
+    return lo - pad, hi + pad
+
+
+def _zoom_limits(ax: plt.Axes, lo_x: float, hi_x: float, ys: list[np.ndarray], include: tuple[float, ...] = ()) -> None:
+    """x from lo_x to the end; y holding every value drawn in that range (and `include`, e.g. 0), with a margin."""
+    limits = _limits(ys, include)
+    if limits is not None:
+        ax.set_ylim(*limits)
     ax.set_xlim(lo_x, hi_x + (hi_x - lo_x) * 0.03 if hi_x > lo_x else None)
 
 
-def _decorate(ax: plt.Axes, title: str, ylabel: str, zoom: bool, matched: int | None, legend: str = "upper right") -> None:
-    """Axes, titles; the legend on the full panel (the zoomed one below shows the same lines)."""
+def _decorate(ax: plt.Axes, title: str, ylabel: str, zoom: bool, matched: int | None) -> None:
+    """Axes and titles; the legend is the figure's, below the panels (`figure_legend`)."""
     if matched is not None:
-        ax.axvline(matched, color="grey", linewidth=0.8, linestyle="-.", label="compared here")
+        ax.axvline(matched, color="grey", linewidth=0.8, linestyle="-.")
     ax.xaxis.set_major_formatter(TOKENS)
     ax.set_xlabel("tokens")
     ax.set_ylabel(ylabel)
     full = "\n".join(textwrap.wrap(title, TITLE_CHARS))  # a long settings title would run into the next panel's
     ax.set_title(full if not zoom else f"last {ZOOM_FRAC:.0%} of training, zoomed (the lines above)", fontsize=9)
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        if not zoom:
-            ax.legend(fontsize=7, loc=legend)
-    else:
+    if not ax.lines and not ax.collections:
         ax.text(0.5, 0.5, "no completed runs with val loss", ha="center", va="center", transform=ax.transAxes)
+
+
+def legend_columns(labels: list[str], width_px: float) -> int:
+    """The most legend columns whose labels fit `width_px` at LEGEND_SIZE (matplotlib fills column by column)."""
+    for ncol in range(min(len(labels), 6), 1, -1):
+        rows = -(-len(labels) // ncol)
+        cols = [labels[i * rows:(i + 1) * rows] for i in range(ncol)]
+        need = sum(max(map(len, c)) * LEGEND_SIZE * 0.62 + 45 for c in cols if c)  # ~0.62 em per character
+        if need <= 0.95 * width_px:
+            return ncol
+    return 1
+
+
+def figure_legend(fig: plt.Figure, entries: dict[str, Line2D]) -> None:
+    """One legend for the whole figure, below the panels (never over data), one entry per label."""
+    if entries:
+        ncol = legend_columns(list(entries), fig.get_figwidth() * DPI)
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=ncol, fontsize=LEGEND_SIZE,
+                   frameon=False)  # fmt: skip
+
+
+def variant_key(order: list[str], variant: str) -> tuple[str, str]:
+    """A variant's colour and marker: by its place in the column order, the same in every panel."""
+    j = order.index(variant) if variant in order else len(order)
+    return COLOURS[j % len(COLOURS)], MARKERS[j % len(MARKERS)]
 
 
 def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[GroupTable], order: list[str],
@@ -114,43 +163,59 @@ def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Grou
     """Val loss (mean, min–max band over seeds, markers at evaluations) and smoothed train loss, full and zoomed."""
     cols = _columns(runs, groups)
     fig, axes = _figure(len(cols))
+    legend: dict[str, Line2D] = {}
     for i, (group, optimizer, done) in enumerate(cols):
         top, bottom = axes[0, i], axes[1, i]
         end = max([float(t) for r in done["run"] for t in curves.loc[curves["run"] == r, "tokens"]] or [0.0])
-        lo_x, zoom_ys = end * (1 - ZOOM_FRAC), []
-        for j, variant in enumerate(v for v in order if v in set(done["variant"])):
+        lo_x, zoom_ys, seeds = end * (1 - ZOOM_FRAC), [], []
+        for variant in (v for v in order if v in set(done["variant"])):
             cell = done[done["variant"] == variant]
-            colour, marker = COLOURS[j % len(COLOURS)], MARKERS[j % len(MARKERS)]
+            colour, marker = variant_key(order, variant)
             wide = seed_matrix(curves, list(cell["run"]))
             train = smoothed_train(cell)
             for ax in (top, bottom):
                 if not train.empty:
-                    seeds = "mean of seeds" if len(cell) > 1 else "one seed"
-                    ax.plot(train.index, train.values, color=colour, alpha=0.35, linewidth=1,
-                            label=f"{variant} train (EMA, {seeds})")  # fmt: skip
+                    ax.plot(train.index, train.values, color=colour, alpha=0.35, linewidth=1)
                 if wide.empty:
                     continue
                 mean = wide.mean(axis=1)
-                n = wide.shape[1]
-                ax.plot(mean.index, mean.values, color=colour, marker=marker, markersize=4, linewidth=1.5,
-                        label=f"{variant} val (mean of n={n})" if n > 1 else f"{variant} val (one seed)")  # fmt: skip
+                ax.plot(mean.index, mean.values, color=colour, marker=marker, markersize=4, linewidth=1.5)
                 if wide.shape[1] > 1:
                     ax.fill_between(wide.index, wide.min(axis=1), wide.max(axis=1), color=colour, alpha=0.18,
-                                    linewidth=0, label=f"{variant} val min–max over seeds")  # fmt: skip
+                                    linewidth=0)  # fmt: skip
+            if not train.empty:
+                zoom_ys.append(train[train.index >= lo_x].to_numpy())
             if not wide.empty:
-                zoom_ys += [wide[wide.index >= lo_x].to_numpy().ravel()]
+                zoom_ys.append(wide[wide.index >= lo_x].to_numpy().ravel())
+                seeds.append(wide.shape[1])
+                legend.setdefault(variant, Line2D([], [], color=colour, marker=marker, markersize=5, linewidth=1.5))
         _zoom_limits(bottom, lo_x, end, zoom_ys)
-        title = f"{optimizer} | {group.title}"
+        title = f"{optimizer} | {group.title}" + seed_note(seeds)
         _decorate(top, title, "loss", False, group.matched_tokens)
         _decorate(bottom, title, "loss", True, group.matched_tokens)
-    fig.suptitle("Loss vs tokens: val = line with markers at evaluations (band: min–max over seeds); "
-                 "train = light line (EMA)", fontsize=10)  # fmt: skip
-    fig.tight_layout()
+    share_y(axes[0])
+    share_y(axes[1])
+    grey = "#555555"
+    legend["val: mean over seeds, markers at evaluations (band: min–max)"] = Line2D(
+        [], [], color=grey, marker="o", markersize=4, linewidth=1.5)
+    legend["train: mean over seeds, EMA (light)"] = Line2D([], [], color=grey, alpha=0.35, linewidth=1)
+    legend["compared here"] = Line2D([], [], color="grey", linewidth=0.8, linestyle="-.")
+    figure_legend(fig, legend)
+    fig.suptitle("Loss vs tokens, one colour per column; each row of panels shares one y-range", fontsize=10)
     return save_figure(fig, path)
 
 
+def seed_note(seeds: list[int]) -> str:
+    """" | 3 seeds" (or " | 1-8 seeds per column") for a panel's title."""
+    if not seeds:
+        return ""
+    lo, hi = min(seeds), max(seeds)
+    return f" | {hi} seed{'s' if hi > 1 else ''}" if lo == hi else f" | {lo}-{hi} seeds per column"
+
+
 def paired_gap(curves: pd.DataFrame, cell: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
-    """Per token count: mean, sample std and n of (run(seed) - reference run(seed)) over the seeds both have."""
+    """Per token count: mean, sample std, n and the 95% t-interval's half-width of (run(seed) - reference run(seed))
+    over the seeds both have (the same interval as the report's text: asyncpipe.report.stats.t_interval)."""
     ref_by_seed = dict(zip(ref["seed"], ref["run"]))
     pairs = [(r, ref_by_seed[s]) for r, s in zip(cell["run"], cell["seed"]) if s in ref_by_seed]
     if not pairs or len(set(cell["seed"])) != len(cell) or len(set(ref["seed"])) != len(ref):
@@ -159,54 +224,72 @@ def paired_gap(curves: pd.DataFrame, cell: pd.DataFrame, ref: pd.DataFrame) -> p
     if wide.empty:
         return pd.DataFrame()
     diffs = pd.concat([wide[a] - wide[b] for a, b in pairs], axis=1)
-    return pd.DataFrame({"mean": diffs.mean(axis=1), "std": diffs.std(axis=1, ddof=1), "n": diffs.shape[1]})
+    n = diffs.shape[1]
+    std = diffs.std(axis=1, ddof=1)
+    half = std * t_quantile(n) / np.sqrt(n) if n > 1 else std * np.nan
+    return pd.DataFrame({"mean": diffs.mean(axis=1), "std": std, "n": n, "half95": half})
 
 
 def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[GroupTable], order: list[str],
                        path: Path) -> list[Path]:  # fmt: skip
-    """Val loss minus the reference's, same seed: mean with error bars (sample std of the per-seed differences)."""
+    """Val loss minus the reference's, same seed: the mean with error bars of its 95% t-interval (the text's)."""
     cols = _columns(runs, groups)
     fig, axes = _figure(len(cols))
+    legend: dict[str, Line2D] = {}
+    references, single = set(), False
     for i, (group, optimizer, done) in enumerate(cols):
         top, bottom = axes[0, i], axes[1, i]
         ref = done[done["variant"] == group.reference]
+        references.add(group.reference)
         end = max([float(t) for t in curves.loc[curves["run"].isin(done["run"]), "tokens"]] or [0.0])
-        lo_x, zoom_ys = end * (1 - ZOOM_FRAC), []
-        for j, variant in enumerate(v for v in order if v in set(done["variant"])):
+        lo_x, zoom_ys, seeds = end * (1 - ZOOM_FRAC), [], []
+        for variant in (v for v in order if v in set(done["variant"])):
             if variant == group.reference or ref.empty:
                 continue
             gap = paired_gap(curves, done[done["variant"] == variant], ref)
             if gap.empty:
                 continue
-            colour, marker = COLOURS[j % len(COLOURS)], MARKERS[j % len(MARKERS)]
+            colour, marker = variant_key(order, variant)
             n = int(gap["n"].iloc[0])
-            err = gap["std"].fillna(0.0) if n > 1 else None
-            label = f"{variant} − {group.reference} (same seed, n={n}" + (", bars: ±1 std)" if n > 1 else ")")
+            err = gap["half95"].fillna(0.0) if n > 1 else None
             for ax in (top, bottom):
-                ax.errorbar(gap.index, gap["mean"], yerr=err, color=colour, marker=marker, markersize=4,
-                            capsize=3, linewidth=1.5, label=label)  # fmt: skip
+                ax.errorbar(gap.index, gap["mean"], yerr=err, color=colour, marker=marker, markersize=4, capsize=3,
+                            linewidth=1.5 if n > 1 else 1.0, linestyle="-" if n > 1 else ":")  # fmt: skip
             tail = gap[gap.index >= lo_x]
-            zoom_ys += [(tail["mean"] - tail["std"].fillna(0)).to_numpy(), (tail["mean"] + tail["std"].fillna(0)).to_numpy()]
+            half = tail["half95"].fillna(0.0)
+            zoom_ys += [(tail["mean"] - half).to_numpy(), (tail["mean"] + half).to_numpy()]
+            seeds.append(n)
+            single = single or n < 2
+            legend.setdefault(variant, Line2D([], [], color=colour, marker=marker, markersize=5, linewidth=1.5))
             last = gap.iloc[-1]
             bottom.annotate(f"{last['mean']:+.4f}", (gap.index[-1], last["mean"]), textcoords="offset points",
-                            xytext=(-4, 6), ha="right", fontsize=7, color=colour)  # fmt: skip
+                            xytext=(-4, 6), ha="right", fontsize=8, color=colour)  # fmt: skip
         for ax in (top, bottom):
-            ax.axhline(0.0, color="black", linewidth=0.8, label=f"{group.reference} (reference)")
-        _zoom_limits(bottom, lo_x, end, zoom_ys)  # the gaps alone: a 0.01 difference fills part of the panel
-        title = f"{optimizer} | {group.title}"
-        _decorate(top, title, f"val loss − {group.reference} val loss", False, group.matched_tokens, "upper left")
+            ax.axhline(0.0, color="black", linewidth=0.8)
+        _zoom_limits(bottom, lo_x, end, zoom_ys, include=(0.0,))  # every bar and 0 stay in view
+        title = f"{optimizer} | {group.title}" + seed_note(seeds)
+        _decorate(top, title, f"val loss − {group.reference} val loss", False, group.matched_tokens)
         _decorate(bottom, title, f"val loss − {group.reference}", True, group.matched_tokens)
-    for row in axes:
-        share_y(row)
-    fig.suptitle("Loss gap to the reference vs tokens, paired by seed (mean; error bars: sample std of the per-seed "
-                 "differences); one y-axis per row", fontsize=10)  # fmt: skip
-    fig.tight_layout()
+    share_y(axes[0])
+    share_y(axes[1])
+    legend[f"0: the reference ({', '.join(sorted(references))}), same seed"] = Line2D([], [], color="black", linewidth=0.8)
+    if single:
+        legend["one seed: dotted, no error bar"] = Line2D([], [], color="#555555", linewidth=1.0, linestyle=":")
+    legend["compared here"] = Line2D([], [], color="grey", linewidth=0.8, linestyle="-.")
+    figure_legend(fig, legend)
+    fig.suptitle(GAP_CAPTION, fontsize=10)
     return save_figure(fig, path)
+
+
+GAP_CAPTION = ("Loss gap to the reference vs tokens, paired by seed: mean over seeds, error bars = the 95% t-interval "
+               "the report's text uses; each row of panels shares one y-range")
 
 
 def share_y(axes: np.ndarray) -> None:
     """One y-range for every panel of a row: the union of their own ranges."""
-    limits = [ax.get_ylim() for ax in axes]
+    limits = [ax.get_ylim() for ax in axes if ax.lines or ax.collections]
+    if not limits:
+        return
     lo, hi = min(a for a, _ in limits), max(b for _, b in limits)
     for ax in axes:
         ax.set_ylim(lo, hi)

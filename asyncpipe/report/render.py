@@ -1,5 +1,6 @@
-"""A report as markdown (report.md) and on the terminal: the takeaways first, then the tables, then the notes (what
-was compared and how), the intervals, time to target, runs and provenance."""
+"""A report as markdown (report.md) and on the terminal: the headline first (each optimizer's gap and their ratio,
+asyncpipe.report.headline), the takeaways, then the tables, then the notes (what was compared and how), the
+intervals, time to target, runs and provenance."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from asyncpipe.report.groups import fmt_value
+from asyncpipe.report.headline import headline
 from asyncpipe.report.load import COMPLETED, accounting
 from asyncpipe.report.paper import PAPER, SOURCE, table_lines
 from asyncpipe.report.tables import GroupTable, matched_values
@@ -107,6 +109,11 @@ def runs_note(report: Any) -> str:
 
 def to_markdown(report: Any) -> str:
     parts = [f"# Loss-gap report\n\nSource: `{report.source}`. {runs_note(report)}\n"]
+    glance = headline(report.claims)
+    if glance or "glance.png" in report.files:
+        parts.append("## At a glance\n\n" + "\n".join(f"- {line}" for line in glance) + "\n")
+        if "glance.png" in report.files:
+            parts.append(GLANCE_CAPTION + "\n\n![each optimizer's gap at a glance](glance.png)\n")
     if report.takeaways:
         parts.append("## Takeaways\n\n" + "\n".join(f"- {t}" for t in report.takeaways) + "\n")
     for group in report.groups:
@@ -160,6 +167,10 @@ def to_markdown(report: Any) -> str:
     return "\n".join(parts)
 
 
+GLANCE_CAPTION = ("Each optimizer's final gap to the reference (the bar: the mean over seeds; the error bar: the same "
+                  "95% interval as the text) and, with several budgets, the tokens each column needs to reach sync's "
+                  "final val loss.")
+
 TARGET_RULE = (
     "Target: each seed's sync run's final val loss. A variant run at several token budgets (same settings but "
     "`train.steps`) reaches it at the smallest budget whose final val loss is at or below it, interpolated linearly "
@@ -206,7 +217,8 @@ def render_terminal(report: Any) -> Any:
     from rich.console import Group
     from rich.text import Text
 
-    items: list[Any] = [Text(t, style="bold") for t in report.takeaways]
+    items: list[Any] = [Text(line, style="bold cyan") for line in headline(report.claims)]
+    items += [Text(t, style="bold") for t in report.takeaways]
     note = runs_note(report)
     items.append(Text(note, style="yellow" if "skipped" in note else ""))
     for group in report.groups:

@@ -205,7 +205,7 @@ class SweepDisplay:
                 extra += f" in {took:.0f}s"
             if s.state == COMPLETED and s.final_val_loss is not None:
                 extra += f", val loss {s.final_val_loss:.4f}"
-            if s.state in (COMPLETED, DIVERGED, FAILED):
+            if s.state in (COMPLETED, DIVERGED, FAILED) and took is not None:  # ran here, not found finished
                 extra += f" | sweep: {self.sweep_clock(states, etas)}"
             print(f"[{done}/{len(states)}] {s.name}: {s.state}{extra}", file=self.stream, flush=True)
         self._progress_lines(states, etas, now)

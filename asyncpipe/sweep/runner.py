@@ -128,6 +128,17 @@ def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -
     return sweep_dir, cfgs, launcher
 
 
+def warn_lr_regimes(cfgs: dict[str, DictConfig], stream: Optional[TextIO] = None) -> list[str]:
+    """Print once each distinct warning of a run whose default lr was tuned for another regime
+    (`asyncpipe.config.tuned.regime_warning`); returns them."""
+    from asyncpipe.config.tuned import regime_warning
+
+    said = list(dict.fromkeys(w for w in map(regime_warning, cfgs.values()) if w))
+    for line in said:
+        print(line, file=stream or sys.stderr, flush=True)
+    return said
+
+
 def estimates(plan: SweepPlan, cfgs: dict[str, DictConfig], launcher: DictConfig, out: Path) -> Any:
     """The dry-run's estimate (`asyncpipe.sweep.estimate.DryRun`) of every run of the plan."""
     from asyncpipe.sweep.estimate import dry_run
@@ -148,8 +159,10 @@ def dry_run_sweep(
 
     plan = plan_sweep(overrides, file, name, out)
     _, cfgs, launcher = check_sweep(plan, Path(out))
+    warn_lr_regimes(cfgs)
     cost = render_costs(family_costs(plan, cfgs))
-    return render(plan.name, estimates(plan, cfgs, launcher, Path(out))) + (f"\n{cost}" if cost else "")
+    return render(plan.name, estimates(plan, cfgs, launcher, Path(out))) + (f"
+{cost}" if cost else "")
 
 
 def run_sweep(
@@ -166,6 +179,7 @@ def run_sweep(
     """Expand, validate and launch a sweep (launcher=local or launcher=slurm); returns every run's state."""
     plan = plan_sweep(overrides, file, name, out)
     sweep_dir, cfgs, launcher = check_sweep(plan, Path(out))
+    warn_lr_regimes(cfgs)
     display = display or SweepDisplay(f"sweep {plan.name}")
     try:
         display.expected = {r["name"]: r["seconds"] for r in estimates(plan, cfgs, launcher, Path(out)).rows}
