@@ -22,18 +22,27 @@ $(STAMP): pyproject.toml
 # --durations=10: the slowest ten tests, so a test that grows is seen (issue 29: the suite stays under 10 min).
 # Two workers (pytest-xdist), the SLURM tests on one of them (tests/conftest.py); PYTEST_WORKERS=0 runs serially.
 # Three were measured slower on 2 cores (7:55 against 7:14; docs/performance.md, "The test suite").
+# The SLURM tests start a local cluster (tests/slurm/cluster.sh): as root with apt-get, and SLURM missing, it
+# installs Debian's slurmctld, slurmd, slurm-client, munge, slurmdbd and mariadb-server first. Said before it runs;
+# `make test-fast` (or PYTEST_MARK='not slurm') skips those tests and installs nothing.
 PYTEST_WORKERS ?= 2
+PYTEST_MARK ?=
 test: install
-	$(BIN)/python -m pytest -q --durations=10 -n $(PYTEST_WORKERS) tests
+	@echo "make test: the whole suite, $(PYTEST_WORKERS) workers (about 8-10 min on 2 cores)."
+	@echo "  The SLURM tests start a local cluster; run as root with SLURM missing, they first install via apt-get:"
+	@echo "  slurmctld slurmd slurm-client munge slurmdbd mariadb-server. Skip them: make test PYTEST_MARK='not slurm'"
+	$(BIN)/python -m pytest -q --durations=10 -n $(PYTEST_WORKERS) $(if $(PYTEST_MARK),-m "$(PYTEST_MARK)") tests
 
 test-fast: install
 	$(BIN)/python -m pytest -q --durations=10 -n $(PYTEST_WORKERS) -m "not slow and not slurm" tests
 
 # The main job on the embedded default: adamw and muon x sync / 1-step / 1-step+EF (seed 0), then its loss-gap
-# report. `asyncpipe sweep --file sweeps/smoke.yaml seed=0,1,2` extends the same sweep to 3 seeds.
+# report. `asyncpipe sweep --file sweeps/smoke.yaml seed=0,1,2` extends the same sweep to 3 seeds. Nothing is
+# deleted: a re-run keeps every run already there (completed ones are skipped, unfinished ones resume) and the report
+# covers all the seeds the sweep holds.
 SMOKE_OUT ?= runs/sweeps
 smoke-test: install
-	rm -rf $(SMOKE_OUT)/smoke
+	@echo "make smoke-test: sweep $(SMOKE_OUT)/smoke (seed 0; runs already there are kept, not re-run), then its report"
 	$(BIN)/asyncpipe sweep --file sweeps/smoke.yaml --out $(SMOKE_OUT)
 	$(BIN)/asyncpipe report $(SMOKE_OUT)/smoke
 

@@ -102,6 +102,7 @@ class Trainer:
         from asyncpipe.runtime.device import pick_device, vocab_size_for
 
         self.started = time.perf_counter()  # the run's wall time includes this set-up
+        self.earlier_wall = 0.0  # seconds of the run's earlier segments (a resume adds them: summary.json's wall_time)
         self.cfg, self.run_dir = cfg, run_dir
         env = rank_env()
         rank, world, local = env if env is not None else (0, 1, 0)
@@ -154,6 +155,7 @@ class Trainer:
             engine.load_state_dict(state)
             self.say(f"resumed from {path} at step {engine.step}")
         if engine.rank == 0:
+            self.earlier_wall = earlier_wall_time(run_dir)
             RunDir(run_dir).truncate_metrics(after_step=engine.step if state is not None else -1)
         return path
 
@@ -235,7 +237,7 @@ class Trainer:
         if engine.step == 0 and cfg.run.branch_from is not None:
             self.branch(Path(cfg.run.branch_from))
         start = engine.step
-        tracker = Tracker(cfg, run_dir, rank=rank) if run_dir is not None and rank == 0 else None
+        tracker = Tracker(cfg, run_dir, rank=rank, say=say) if run_dir is not None and rank == 0 else None
         status, final_val = FAILED, math.nan
         progress = Progress(t.steps, start, t.log_every, engine.describe()) if rank == 0 and show_progress else None
         book = Book(tracker, engine.tokens_per_step, t.diverge_loss, progress, on_step, vocab=self.setup.vocab_size)
@@ -288,18 +290,20 @@ class Trainer:
         except BaseException:
             if tracker is not None:
                 with contextlib.suppress(OSError):  # a full disk must not hide the error that ended the run
-                    tracker.finish({"status": FAILED, "wall_time": time.perf_counter() - self.started})
+                    tracker.finish({"status": FAILED, "wall_time": self.earlier_wall + time.perf_counter() - self.started})
             raise
         finally:
             if progress is not None:
                 progress.close()
         done = book.history[-1]["step"] if book.history else start
+        segment = time.perf_counter() - self.started
         summary = {
             "status": status,
             "final_val_loss": final_val if final_val is not None and math.isfinite(final_val) else None,
             "tokens": done * engine.tokens_per_step,
             "steps": done,
-            "wall_time": time.perf_counter() - self.started,
+            "wall_time": self.earlier_wall + segment,  # every segment of the run
+            **({"wall_time_this_segment": segment} if self.earlier_wall else {}),
             "exit_code": exit_code(status),
             "epochs": done * engine.tokens_per_step / self.train_tokens,  # passes over the train split (> 1: data repeated)
             **(self.branch_summary() if rank == 0 else {}),
@@ -311,6 +315,18 @@ class Trainer:
         if rank == 0 and run_dir is not None:
             say(f"{status}: final val loss {summary['final_val_loss']} | run dir {run_dir}")
         return {**summary, "history": book.history} if rank == 0 else {**summary, "rank": rank}
+
+
+def earlier_wall_time(run_dir: Path) -> float:
+    """The wall time the run's earlier segments recorded (summary.json, written when a segment ends), 0 without one;
+    a segment killed before writing its summary is not counted."""
+    from asyncpipe.track.files import read_summary
+
+    try:
+        value = (read_summary(run_dir) or {}).get("wall_time")
+    except UserError:
+        return 0.0
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
 
 
 def train(cfg: DictConfig, run_dir: Optional[Path], log: Log = print, stop: Optional[StopRequest] = None,

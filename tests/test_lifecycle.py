@@ -94,6 +94,9 @@ def test_a_stop_signal_checkpoints_exits_4_and_resume_is_exact(references, tmp_p
     assert f"resumed from {ckpt}" in done.stdout
     assert losses(run) == losses(reference)  # exact float equality, every step and every evaluation
     assert read_summary(run)["final_val_loss"] == read_summary(reference)["final_val_loss"]
+    # issue 41: wall_time covers both segments (the stopped one's summary, then this one's)
+    after = read_summary(run)
+    assert after["wall_time"] == pytest.approx(summary["wall_time"] + after["wall_time_this_segment"])
 
 
 @ENGINE

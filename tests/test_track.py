@@ -372,3 +372,19 @@ def test_provenance_of_a_launcher_and_its_ranks_is_one_start(tmp_path):
     resume = {"host": "h", "pid": 20, "ppid": 1, "overrides": ["a=1", "resume=true"]}
     write_provenance(tmp_path, resume)
     assert json.loads((tmp_path / "provenance.json").read_text()) == {**launcher, "resumed": [resume]}
+
+
+def test_offline_writing_is_announced_once_where_it_happens(clean_wandb_env, tmp_path, monkeypatch):
+    """Issue 41: a run that writes W&B files offline into its run dir says so (where, how to upload, how to turn it
+    off); a disabled one says nothing."""
+    import types
+
+    import wandb
+
+    monkeypatch.setattr(wandb, "init", lambda *a, **k: types.SimpleNamespace(step=0, log=lambda *a, **k: None))
+    said: list[str] = []
+    Tracker(make_cfg("offline"), tmp_path / "off", rank=0, say=said.append)
+    assert said == [f"W&B: writing this run offline to {tmp_path / 'off' / 'wandb'} (upload later: asyncpipe sync "
+                    f"{tmp_path / 'off'}; tracker.wandb.mode=disabled turns W&B off)"]  # fmt: skip
+    Tracker(make_cfg("disabled"), tmp_path / "no", rank=0, say=said.append)
+    assert len(said) == 1

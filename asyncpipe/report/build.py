@@ -1,7 +1,8 @@
 """Build a sweep's loss-gap report (tables, intervals, time to target, CSV, plots, markdown) from run dirs.
 
-Files go to DIR/NAME/report/: report.md, gaps.csv, intervals.csv, loss_curves.png, gap_vs_tokens.png and, when a
-delayed column can be timed to the sync target, wallclock.png; all written atomically.
+Files go to DIR/NAME/report/: report.md, gaps.csv, intervals.csv, glance.png (each optimizer's gap with its 95%
+interval, and time to target), loss_curves.png, gap_vs_tokens.png and, when a delayed column can be timed to the
+sync target, wallclock.png; all written atomically.
 """
 
 from __future__ import annotations
@@ -250,7 +251,8 @@ def build_report(
 
 
 def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
-    from asyncpipe.report.plots import plot_gap_vs_tokens, plot_loss_curves  # matplotlib only when writing
+    from asyncpipe.report.glance import plot_glance  # matplotlib only when writing
+    from asyncpipe.report.plots import plot_gap_vs_tokens, plot_loss_curves
     from asyncpipe.report.wallclock import plot_wallclock
 
     writable_dir(out_dir, "the report dir", "pass --out DIR to write the report elsewhere")  # a read-only sweep dir
@@ -260,6 +262,9 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
     atomic_write_text(files["intervals.csv"], pd.DataFrame([c.row() for c in report.claims]).to_csv(index=False))
     order = list(dict.fromkeys(report.cells["variant"])) if len(report.cells) else []
     if plots:
+        if any(c.kind == "gap" for c in report.claims):
+            for path in plot_glance(report.claims, report.ladders, order, out_dir / "glance.png"):
+                files[path.name] = path
         for plot, name in ((plot_loss_curves, "loss_curves.png"), (plot_gap_vs_tokens, "gap_vs_tokens.png")):
             for path in plot(report.runs, report.curves, report.groups, order, out_dir / name):
                 files[path.name] = path
