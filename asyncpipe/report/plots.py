@@ -138,7 +138,7 @@ def legend_columns(labels: list[str], width_px: float) -> int:
     for ncol in range(min(len(labels), 6), 1, -1):
         rows = -(-len(labels) // ncol)
         cols = [labels[i * rows:(i + 1) * rows] for i in range(ncol)]
-        need = sum(max(map(len, c)) * LEGEND_SIZE * 0.62 + 45 for c in cols if c)  # ~0.62 em per character
+        need = sum(max(map(len, c)) * LEGEND_SIZE * DPI / 72 * 0.6 + 50 for c in cols if c)  # ~0.6 em a character
         if need <= 0.95 * width_px:
             return ncol
     return 1
