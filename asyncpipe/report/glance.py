@@ -10,6 +10,7 @@ one seed draws its point values, said to have no interval.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -19,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from asyncpipe.report.claims import Claim  # noqa: E402
+from asyncpipe.report.headline import headline_variant  # noqa: E402
 from asyncpipe.report.plots import DPI, figure_legend, variant_key  # noqa: E402
 from asyncpipe.report.target import Ladder  # noqa: E402
 
@@ -77,10 +79,11 @@ def plot_glance(claims: list[Claim], ladders: list[Ladder], order: list[str], pa
     ax.set_xlabel(f"final val loss − {reference} val loss (same seed)")
     n = sorted({c.interval.n for c in drawn})
     seeds = f"{n[0]} seed{'s' if n[0] != 1 else ''}" if len(n) == 1 else f"{n[0]}-{n[-1]} seeds"
-    ratios = [c for c in claims if c.kind == "gap ratio" and c.variant in {d.variant for d in drawn}]
+    plain = headline_variant(claims)
+    ratios = [c for c in claims if c.kind == "gap ratio" and c.variant == plain]
     said = "; ".join(f"{c.label} {c.shown()}" for c in ratios[:3])
-    ax.set_title(f"Gap to {reference} per optimizer: mean and 95% interval ({seeds})" + (f"\n{said}" if said else ""),
-                 fontsize=10)  # fmt: skip
+    title = f"Gap to {reference} per optimizer: mean and 95% interval ({seeds})" + (f". {said}" if said else "")
+    ax.set_title("\n".join(textwrap.wrap(title, 120 // ncols)), fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     if timed:
         _plot_time_to_target(axes[0, 1], timed, tables)

@@ -243,12 +243,11 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
         references.add(group.reference)
         end = max([float(t) for t in curves.loc[curves["run"].isin(done["run"]), "tokens"]] or [0.0])
         lo_x, zoom_ys, seeds = end * (1 - ZOOM_FRAC), [], []
-        for variant in (v for v in order if v in set(done["variant"])):
-            if variant == group.reference or ref.empty:
-                continue
-            gap = paired_gap(curves, done[done["variant"] == variant], ref)
-            if gap.empty:
-                continue
+        drawn = [(v, paired_gap(curves, done[done["variant"] == v], ref)) for v in order
+                 if v in set(done["variant"]) and v != group.reference and not ref.empty]  # fmt: skip
+        drawn = [(v, gap) for v, gap in drawn if not gap.empty]
+        several = any(int(gap["n"].iloc[0]) > 1 for _, gap in drawn)  # then one-seed lines get no end label
+        for variant, gap in drawn:
             colour, marker = variant_key(order, variant)
             n = int(gap["n"].iloc[0])
             err = gap["half95"].fillna(0.0) if n > 1 else None
@@ -262,6 +261,8 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
             single = single or n < 2
             legend.setdefault(variant, Line2D([], [], color=colour, marker=marker, markersize=5, linewidth=1.5))
             last = gap.iloc[-1]
+            if several and n < 2:
+                continue
             bottom.annotate(f"{last['mean']:+.4f}", (gap.index[-1], last["mean"]), textcoords="offset points",
                             xytext=(-4, 6), ha="right", fontsize=8, color=colour)  # fmt: skip
         for ax in (top, bottom):

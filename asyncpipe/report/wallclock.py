@@ -1,6 +1,7 @@
 """Val loss against modelled wall-clock: a run's tokens divided by its schedule's throughput relative to 1F1B (sync
 = 1, a 2BW column = the measured or ideal ratio at the run's own P and m), one panel per (table, optimizer) that
-has a delayed column, mean over seeds; the dashed line is sync's final val loss (the target)."""
+has a delayed column, mean over seeds; the dashed line is sync's final val loss (the target). Each panel's legend
+sits below it, never over data."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from asyncpipe.report.load import COMPLETED
-from asyncpipe.report.plots import COLOURS, DPI, MARKERS, TOKENS, save_figure, seed_matrix
+from asyncpipe.report.plots import COLOURS, DPI, LEGEND_SIZE, MARKERS, TOKENS, save_figure, seed_matrix
 from asyncpipe.report.target import Ladder
 
 VIEW_FRAC = 0.4  # the x-axis starts at 40% of the longest run: the approach to the target is what matters
@@ -20,7 +21,8 @@ VIEW_FRAC = 0.4  # the x-axis starts at 40% of the longest run: the approach to 
 def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladders: list[Ladder], bench: list[dict],
                    path: Path) -> list[Path]:  # fmt: skip
     panels = list(dict.fromkeys((lad.table, lad.optimizer) for lad in ladders))
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(12, 6 * len(panels)), 5.5), dpi=DPI, squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(12, 6 * len(panels)), 7), dpi=DPI, squeeze=False,
+                             layout="constrained")  # fmt: skip
     for ax, (table, optimizer) in zip(axes[0], panels):
         group = next(g for g in groups if g.title == table)
         done = runs[(runs["status"] == COMPLETED) & runs["run"].isin(group.runs) & (runs["optimizer"] == optimizer)]
@@ -58,8 +60,7 @@ def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladde
         ax.set_ylabel("val loss")
         ax.set_title(f"{optimizer} | {table}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=LEGEND_SIZE - 1, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     fig.suptitle("Val loss vs modelled wall-clock: a curve that crosses the dashed line further left reaches sync's "
                  "final loss sooner", fontsize=10)  # fmt: skip
-    fig.tight_layout()
     return save_figure(fig, path)
