@@ -67,14 +67,9 @@ def train(overrides: Optional[List[str]] = OVERRIDES) -> None:
     from asyncpipe.config.validate import check_delay_fits
     from asyncpipe.run import run_training
 
-    from asyncpipe.config.tuned import regime_warning
-
     cfg = compose(overrides or [])
     check_delay_fits(cfg)
     check_train_paths(cfg)
-    warning = regime_warning(cfg)
-    if warning:
-        typer.secho(warning, err=True, fg="yellow")
     summary = run_training(cfg, overrides=overrides or [])  # overrides: as typed, for provenance.json only
     raise typer.Exit(summary.get("exit_code", 0))
 

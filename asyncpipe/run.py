@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from omegaconf import DictConfig
 
 from asyncpipe import registry
+from asyncpipe.config.tuned import regime_warning
 from asyncpipe.dist import destroy_process_group, rank_env
 from asyncpipe.errors import UserError, WriteFailed
 from asyncpipe.runtime.signals import StopRequest
@@ -93,6 +94,9 @@ def run_training(cfg: DictConfig, log: Optional[Callable[[str], None]] = None, o
                 f"(pipeline.stages x pipeline.data_parallel for engine=pipeline, pipeline.data_parallel for simulate)"
             )
         with _claimed(cfg, overrides, rank) as record:
+            warning = regime_warning(cfg) if rank == 0 else None
+            if warning:  # once the run is accepted, in its log: a default lr tuned for another regime
+                log(warning)
             if world > 1:  # one rank of a job started by torchrun or SLURM
                 summary = train(cfg, Path(cfg.run.dir), log=log if rank == 0 else (lambda _: None), stop=stop)
                 destroy_process_group()  # after a success only: with a rank gone, its barrier would wait forever

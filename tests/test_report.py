@@ -156,8 +156,8 @@ def test_files_written(sweep):
     out = sweep / "report"
     assert report.out_dir == out
     assert sorted(p.name for p in out.iterdir()) == [
-        "gap_vs_tokens.pdf", "gap_vs_tokens.png", "gaps.csv", "intervals.csv", "loss_curves.pdf", "loss_curves.png",
-        "report.md",
+        "gap_vs_tokens.pdf", "gap_vs_tokens.png", "gaps.csv", "glance.pdf", "glance.png", "intervals.csv",
+        "loss_curves.pdf", "loss_curves.png", "report.md",
     ]  # fmt: skip
     for name in ("loss_curves.png", "gap_vs_tokens.png"):  # one column per optimizer: 2 x 600 px wide
         assert matplotlib.image.imread(out / name).shape[:2] == (800, 1200)
@@ -323,8 +323,9 @@ def test_log_report_to_wandb(sweep, tmp_path, monkeypatch):
     assert not (sweep / "report" / "wandb").exists()
     table = logged[0]["loss_gaps"]
     assert len(table.data) == len(report.cells) == 6
-    assert {"loss_curves", "gap_vs_tokens"} <= set(logged[1])
-    assert {"report.md", "gaps.csv", "intervals.csv", "loss_curves.pdf", "gap_vs_tokens.pdf"} == {d["file"] for d in logged[2:]}
+    assert {"loss_curves", "gap_vs_tokens", "glance"} <= set(logged[1])
+    assert {"report.md", "gaps.csv", "intervals.csv", "loss_curves.pdf", "gap_vs_tokens.pdf", "glance.pdf"} == {
+        d["file"] for d in logged[2:]}  # fmt: skip
     assert finished == [0]
 
 

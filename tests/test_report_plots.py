@@ -63,7 +63,7 @@ def test_error_bars_are_the_texts_95_intervals_and_legends_sit_below(tmp_path, m
         labels = [t.get_text() for t in fig.legends[0].get_texts()]
         assert len(labels) <= 8 and fig.legends[0].get_texts()[0].get_fontsize() >= 9
     md = (tmp_path / "o" / "report.md").read_text()
-    assert "95% interval" in md and "![each optimizer's gap at a glance](glance.png)" in md
+    assert "error bars = the 95% t-interval" in md and "![each optimizer's gap at a glance](glance.png)" in md
 
 
 def test_zoomed_rows_keep_every_line_and_zero_and_panels_share_y(tmp_path, monkeypatch) -> None:

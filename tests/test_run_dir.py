@@ -76,7 +76,7 @@ def unfinished(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     "change,key,was,now",
     [
-        ("optimizer.lr=0.002", "optimizer.lr", "0.016", "0.002"),  # 0.016: tiny's tuned AdamW lr
+        ("optimizer.lr=0.002", "optimizer.lr", "0.005", "0.002"),  # 0.005: tiny's tuned AdamW lr on Hamlet
         ("seed=3", "seed", "0", "3"),
         ("train.steps=31", "train.steps", "30", "31"),
         ("model=small", "model.", "", ""),

@@ -141,7 +141,11 @@ def test_a_sweep_of_one_run():
 
 
 def test_sweep_file_variants_and_per_settings(tmp_path: Path):
-    plan = plan_sweep(file=REPO / "sweeps" / "smoke.yaml")
+    assert compose(list(plan_sweep(file=REPO / "sweeps" / "smoke.yaml").runs[0].overrides)).optimizer.lr == 5e-3  # tuned
+    smoke = tmp_path / "smoke.yaml"  # the smoke sweep with a per-optimizer lr of its own
+    smoke.write_text((REPO / "sweeps" / "smoke.yaml").read_text()
+                     + "per:\n  optimizer:\n    adamw: [optimizer.lr=3e-3]\n    muon: [optimizer.lr=0.01]\n")
+    plan = plan_sweep(file=smoke)
     assert plan.name == "smoke" and len(plan.runs) == 6
     assert list(plan.grid) == ["optimizer", "seed"] and list(plan.variants) == ["sync", "1-step", "1-step+EF"]
     by_name = {r.name: r for r in plan.runs}
@@ -151,11 +155,11 @@ def test_sweep_file_variants_and_per_settings(tmp_path: Path):
     assert (cfg.optimizer.name, cfg.delay, cfg.optimizer.ef.enabled, cfg.run.variant) == ("muon", 1, True, "1-step+EF")
     assert cfg.optimizer.lr == 0.01 and compose(list(by_name["optimizer=adamw,seed=0,variant=sync"].overrides)).optimizer.lr == 3e-3
     # Command-line values replace the file's: three seeds, each crossed with every variant.
-    three = plan_sweep(["seed=0,1,2"], file=REPO / "sweeps" / "smoke.yaml")
+    three = plan_sweep(["seed=0,1,2"], file=smoke)
     assert len(three.runs) == 18 and three.base == plan.base
     assert [r.name for r in three.runs if r.name in by_name] == [r.name for r in plan.runs]
     # One optimizer at a time (the command line narrows the file's grid): the other's per: entry is unused, not an error.
-    muon = plan_sweep(["optimizer=muon"], file=REPO / "sweeps" / "smoke.yaml")
+    muon = plan_sweep(["optimizer=muon"], file=smoke)
     assert [r.name for r in muon.runs] == [r.name for r in plan.runs if r.name.startswith("optimizer=muon")]
     assert all(compose(list(r.overrides)).optimizer.lr == 0.01 for r in muon.runs)
     for text, message in (

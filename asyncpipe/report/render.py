@@ -147,11 +147,12 @@ def to_markdown(report: Any) -> str:
     if "loss_curves.png" in report.files:
         parts += [
             "Val loss (line with markers at the evaluations: mean over seeds; band: min–max over seeds) and train loss "
-            "(light line: mean over seeds, EMA); the lower row zooms into the end of training. "
-            "PDF versions beside the PNGs.\n",
+            "(light line: mean over seeds, EMA); the lower row zooms into the end of training and holds every line; "
+            "each row shares one y-range. PDF versions beside the PNGs.\n",
             "![val and train loss vs tokens](loss_curves.png)\n",
-            "Gap to the reference column, paired by seed: mean of the per-seed differences, error bars ±1 sample std; "
-            "every panel of a row shares one y-axis, so gaps of different optimizers compare by eye.\n",
+            "Gap to the reference column, paired by seed: mean of the per-seed differences, error bars = the 95% "
+            "t-interval (the intervals the text gives; none for one seed, drawn dotted); every panel of a row shares "
+            "one y-axis, so gaps of different optimizers compare by eye; the zoomed row always shows 0.\n",
             "![loss gap to the reference vs tokens](gap_vs_tokens.png)\n",
         ]
     else:
@@ -167,7 +168,7 @@ def to_markdown(report: Any) -> str:
     return "\n".join(parts)
 
 
-GLANCE_CAPTION = ("Each optimizer's final gap to the reference (the bar: the mean over seeds; the error bar: the same "
+GLANCE_CAPTION = ("Each optimizer's final gap to the reference (the point: the mean over seeds; the error bar: the same "
                   "95% interval as the text) and, with several budgets, the tokens each column needs to reach sync's "
                   "final val loss.")
 
