@@ -199,3 +199,11 @@ def test_a_one_seed_sweep_still_says_its_point_values(tmp_path):
     report = build_report(tmp_path / "s", out_dir=tmp_path / "out", plots=False)
     adamw = next(t for t in report.takeaways if t.startswith("adamw:"))
     assert "1-step costs 0.4" in adamw and "closes" in adamw and "nothing resolved" in adamw, adamw
+    # issue 41: the console's first line still gives both gaps and their ratio, said to have no interval
+    from asyncpipe.report.headline import headline
+
+    (first,) = headline(report.claims)
+    claims = {(c.kind, c.optimizer): c.interval.value for c in report.claims if c.variant == "1-step"}
+    ratio = claims[("gap ratio", "adamw/muon")]
+    assert first.startswith("1-step − sync, final val loss (95% intervals, 1 seed): adamw +0.4")
+    assert f"adamw/muon gap ratio {ratio:.2f}x one seed: no interval" in first and ratio > 2

@@ -159,3 +159,21 @@ def test_status_of_a_run_whose_files_are_fifos_does_not_hang(tmp_path: Path) -> 
         os.mkfifo(run / name)  # each would block an open() for reading until a writer came
     state = run_state(run, "a")
     assert state.step is None and state.val_loss is None and state.final_val_loss is None
+
+
+def test_a_sweep_says_once_what_its_runs_will_do_unasked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: a default lr tuned for another regime, and W&B files written offline into every run dir, are each
+    said in one line when the sweep starts (not once per run)."""
+    from asyncpipe.config import compose
+    from asyncpipe.sweep.runner import warn_lr_regimes
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfgs = {f"r{s}": compose(["train.steps=1000", f"seed={s}"]) for s in range(3)}
+    out = io.StringIO()
+    said = warn_lr_regimes(cfgs, out)
+    assert len(said) == 2 and out.getvalue().splitlines() == said
+    assert said[0].startswith("warning: optimizer.lr=0.005 is adamw's tuned lr on tiny for 100 steps")
+    assert said[1].startswith("W&B: 3 of 3 runs write offline into RUN/wandb")
+    quiet = {"r": compose(["tracker.wandb.mode=disabled"])}
+    assert warn_lr_regimes(quiet, io.StringIO()) == []

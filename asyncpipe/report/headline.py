@@ -20,7 +20,7 @@ def _status(c: Claim) -> str:
 def _shown(c: Claim) -> str:
     """The claim's value and interval; with one seed the point value alone (its status says why)."""
     if c.interval.n < 2:
-        return c.interval.fmt(".2f", 1, "x") if c.kind == "gap ratio" else c.interval.fmt("+.4f")
+        return f"{c.interval.value:.2f}x" if c.kind == "gap ratio" else f"{c.interval.value:+.4f}"
     return c.shown()
 
 

@@ -130,10 +130,16 @@ def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -
 
 def warn_lr_regimes(cfgs: dict[str, DictConfig], stream: Optional[TextIO] = None) -> list[str]:
     """Print once each distinct warning of a run whose default lr was tuned for another regime
-    (`asyncpipe.config.tuned.regime_warning`); returns them."""
+    (`asyncpipe.config.tuned.regime_warning`), and once that runs will write W&B files offline into their run
+    dirs (where, and how to turn it off); returns the lines."""
     from asyncpipe.config.tuned import regime_warning
+    from asyncpipe.track.wandb_mirror import resolve_mode
 
     said = list(dict.fromkeys(w for w in map(regime_warning, cfgs.values()) if w))
+    offline = [c for c in cfgs.values() if resolve_mode(str(c.tracker.wandb.mode)) == "offline"]
+    if offline:
+        said.append(f"W&B: {len(offline)} of {len(cfgs)} runs write offline into RUN/wandb (no W&B API key, or mode "
+                    "offline); upload later with `asyncpipe sync SWEEP_DIR`, or turn it off: tracker.wandb.mode=disabled")
     for line in said:
         print(line, file=stream or sys.stderr, flush=True)
     return said
