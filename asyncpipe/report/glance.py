@@ -21,7 +21,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from asyncpipe.report.claims import Claim  # noqa: E402
 from asyncpipe.report.headline import headline_variant  # noqa: E402
-from asyncpipe.report.plots import DPI, figure_legend, variant_key  # noqa: E402
+from asyncpipe.report.plots import DPI, figure_legend, save_figure, variant_key  # noqa: E402
 from asyncpipe.report.target import Ladder  # noqa: E402
 
 ROW_IN = 0.55  # inches per optimizer row
@@ -44,8 +44,6 @@ def _label(row: tuple[str, str], tables: int) -> str:
 
 def plot_glance(claims: list[Claim], ladders: list[Ladder], order: list[str], path: Path) -> list[Path]:
     """Gap per optimizer (95% intervals) and, with budgets, the token ratio to reach sync's loss."""
-    from asyncpipe.report.plots import save_figure
-
     drawn = glance_claims(claims)
     rows = _rows(drawn)
     timed = [lad for lad in ladders if lad.ratio is not None or lad.bound is not None]

@@ -152,13 +152,16 @@ class SweepDisplay:
 
     def sweep_clock(self, states: list[RunState], etas: dict[str, float]) -> str:
         """"12s elapsed, ~1.5 min left": the time left is the running runs' ETAs plus the runs not started at the
-        mean time of the runs finished so far (else the dry-run's estimate), shared by the runs seen at once."""
+        mean time of the runs finished so far (else the running runs' projected times, else the dry-run's
+        estimate), shared by the runs seen at once."""
         now = time.monotonic()
         elapsed = now - (self._t0 if self._t0 is not None else now)
         took = [self._ended[k] - self._started[k] for k in self._ended if k in self._started]
-        guess = [float(v) for v in self.expected.values() if v]
-        per_run = sum(took) / len(took) if took else (sum(guess) / len(guess) if guess else None)
         running = [s for s in states if s.state == RUNNING]
+        ran = self._elapsed()
+        so_far = [ran[s.name] + etas[s.name] for s in running if s.name in etas and s.name in ran]  # projected
+        guess = [float(v) for v in self.expected.values() if v]
+        per_run = next((sum(x) / len(x) for x in (took, so_far, guess) if x), None)
         waiting = sum(1 for s in states if s.state in WAITING)
         text = f"{fmt_eta(elapsed)} elapsed"
         if not running and not waiting:
