@@ -167,8 +167,7 @@ def dry_run_sweep(
     _, cfgs, launcher = check_sweep(plan, Path(out))
     warn_lr_regimes(cfgs)
     cost = render_costs(family_costs(plan, cfgs))
-    return render(plan.name, estimates(plan, cfgs, launcher, Path(out))) + (f"
-{cost}" if cost else "")
+    return render(plan.name, estimates(plan, cfgs, launcher, Path(out))) + (f"\n{cost}" if cost else "")
 
 
 def run_sweep(
