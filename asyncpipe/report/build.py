@@ -172,9 +172,14 @@ def _source_order(runs: pd.DataFrame, named: list[str]) -> list[str]:
 
 
 def _same_length(base: pd.DataFrame, others: pd.DataFrame, baseline: Path) -> None:
-    """A --baseline trains as many steps as some compared run: a gap between runs of other lengths is no gap."""
+    """A --baseline trains as many steps as some compared run: a gap between runs of other lengths is no gap. Delayed
+    runs longer than the baseline are budget rungs (time to the baseline's loss, `report.target`), not gaps."""
     steps = lambda runs: {c.get("train.steps") for c in runs["config"]} if len(runs) else set()  # noqa: E731
-    ours, theirs = steps(base), steps(others)
+    ours = steps(base)
+    longest = max((int(s) for s in ours if s is not None), default=None)
+    rung = lambda c, d: longest is not None and int(d or 0) > 0 and int(c.get("train.steps") or 0) > longest  # noqa: E731
+    gaps = others[[not rung(c, d) for c, d in zip(others["config"], others["delay"])]] if len(others) else others
+    theirs = steps(gaps)
     if ours and theirs and ours.isdisjoint(theirs):
         show = lambda s: "/".join(map(str, sorted(s, key=str)))  # noqa: E731
         raise UserError(f"--baseline {baseline} trains train.steps={show(ours)}, the compared runs "
