@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python tests/golden/make_golden.py              # rewrites tests/golden/losses.json
     OMP_NUM_THREADS=1 python tests/golden/make_golden.py --this-cpu   # pins this CPU kind's own bits beside it
+    OMP_NUM_THREADS=1 python tests/golden/make_golden.py --add        # pins configs the file lacks, keeps the rest
 
 `losses.json` is the reference. Floating-point results are bit-reproducible on one CPU kind only (the vector
 units sum in another order elsewhere), so `--this-cpu` writes `losses-<kind>.json` for the CPU kind it runs on,
@@ -50,6 +51,22 @@ CONFIGS: dict[str, list[str]] = {
     "sim_moe_tiny_muon_d1": ["model=moe_tiny", "optimizer=muon", "delay=1", *MUON],
     "pipe_adamw_d0": ["engine=pipeline", "optimizer=adamw", "delay=0", *ADAMW],
     "pipe_muon_ef_d1": ["engine=pipeline", "optimizer=muon_ef", "delay=1", *MUON],
+    # Added before the schedules became declared components (issue 38): every schedule and method the
+    # refactor touches, pinned first (written with --add on the CPU kind named in `added`).
+    "sim_adamw_d2": ["optimizer=adamw", "delay=2", *ADAMW],
+    "sim_ef_d1": ["optimizer=adamw", "compensation=ef", "delay=1", *ADAMW],
+    # dc's default lam (2.0) moves the losses 3e-5 from sim_adamw_d1: too close to tell apart on another CPU kind
+    "sim_dc_d1": ["optimizer=adamw", "compensation=dc", "compensation.dc.lam=500", "delay=1", *ADAMW],
+    "sim_update_averaging_d1": ["optimizer=muon", "compensation=update_averaging", "delay=1", *MUON],  # with
+    # adamw it lands within 2.4e-2 of sim_soap_d1, inside SOAP's cross-kind tolerance
+    "sim_basis_rotation_d1": ["optimizer=adamw", "compensation=basis_rotation", "compensation.rotation.every=4",
+                              "delay=1", *ADAMW],
+    "sim_pipedream_p4": ["optimizer=adamw", "delay_profile=pipedream", "delay=1", "pipeline.stages=4", *ADAMW],
+    "sim_stage_lr_pipedream_p4": ["optimizer=adamw", "compensation=stage_lr", "compensation.stage_lr.anneal_frac=0",
+                                  "delay_profile=pipedream", "delay=1", "pipeline.stages=4", *ADAMW],
+    "pipe_adamw_d1": ["engine=pipeline", "optimizer=adamw", "delay=1", *ADAMW],
+    "pipe_dualpipev_d0": ["engine=pipeline", "pipeline.schedule=dualpipev", "optimizer=adamw", "delay=0",
+                          "train.micro_batches=4", *ADAMW],
 }
 
 
@@ -136,6 +153,15 @@ def run(names: list[str]) -> dict[str, dict]:
 def main(argv: list[str]) -> None:
     sys.path.insert(0, str(HERE.parents[1]))
     kind = cpu_kind()
+    if "--add" in argv:  # new configs into the reference, the pinned ones untouched (their bits stay the reference's)
+        data = json.loads(GOLDEN.read_text(encoding="utf-8"))
+        new = [n for n in CONFIGS if n not in data["losses"]]
+        data["losses"].update(run(new))
+        data["configs"] = CONFIGS
+        data.setdefault("added", {}).update({n: kind for n in new})
+        GOLDEN.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        print(f"added {', '.join(new) or 'nothing'} to {GOLDEN} on {kind}")
+        return
     losses = run(list(CONFIGS))
     if "--this-cpu" in argv:
         reference = json.loads(GOLDEN.read_text(encoding="utf-8"))["losses"]
