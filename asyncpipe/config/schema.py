@@ -117,7 +117,8 @@ class PipelineConfig:
     defer_step: Optional[bool] = None  # 2BW: step just before W(b+1) is first read, hiding the norm all-reduce (None = when needed)
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     threads: int = 1  # torch threads per process
-    schedule: str = "auto"  # auto: 1F1B (delay 0) or 2BW (delay 1); dualpipev: DeepSpeed's DualPipeV (delay 0, m >= 2P)
+    # 1f1b, 2bw, dualpipev, pipedream, paci (asyncpipe.schedules) or pkg.module; auto: 1f1b at delay 0, 2bw above
+    schedule: str = "auto"
     torch_schedule: Optional[str] = None  # run PyTorch's own schedule instead (torch.distributed.pipelining: 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev; delay 0)
 
 

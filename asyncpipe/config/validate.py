@@ -20,7 +20,6 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 CLIP_MODES = ("global", "stage")
 BACKENDS = ("auto", "gloo", "nccl")
-PIPE_SCHEDULES = ("auto", "dualpipev")
 COMPILE_BACKENDS = ("inductor", "aot_eager")  # train.compile_backend (asyncpipe.model.compile.compile_modules)
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
@@ -46,7 +45,6 @@ def validate(cfg: DictConfig) -> None:
     _choice("precision", cfg.precision, PRECISIONS)
     _choice("pipeline.clip", p.clip, CLIP_MODES)
     _choice("pipeline.backend", p.backend, BACKENDS)
-    _choice("pipeline.schedule", p.schedule, PIPE_SCHEDULES)
     _choice("tracker.wandb.mode", cfg.tracker.wandb.mode, WANDB_MODES)
     _choice("train.compile_backend", t.compile_backend, COMPILE_BACKENDS)
     _need(cfg.delay >= 0, f"delay={cfg.delay} must be >= 0 (0 = synchronous, 1 = PipeDream-2BW)")
@@ -83,35 +81,21 @@ def validate(cfg: DictConfig) -> None:
     _need(p.threads >= 1, f"pipeline.threads={p.threads} must be >= 1")
     _need(cfg.checkpoint.every >= 0 and cfg.checkpoint.keep >= 1, "checkpoint.every must be >= 0, checkpoint.keep >= 1")
     _need(cfg.diagnostics.fresh_grad_every >= 0, "diagnostics.fresh_grad_every must be >= 0")
-    if cfg.delay_profile == "pipedream":
-        _need(cfg.delay == 1, f"delay_profile=pipedream delays stage s by P-1-s steps; use it with delay=1, got delay={cfg.delay}")
     _validate_compensation(cfg)
-    staged = cfg.engine == "pipeline" or cfg.delay_profile == "pipedream"
-    if staged:
+    from asyncpipe.schedules import check as check_schedule
+    from asyncpipe.schedules import resolve, staged
+
+    if cfg.engine == "pipeline" or staged(resolve(cfg), p.stages, cfg.delay):
         _need(
             p.stages <= m.n_layer,
             f"pipeline.stages={p.stages} exceeds the {m.n_layer} transformer blocks of model '{m.name}'",
         )
     if cfg.engine == "pipeline":
-        _need(cfg.delay <= 1, f"engine=pipeline supports delay 0 (1F1B) or 1 (2BW), got delay={cfg.delay}")
-        _need(cfg.delay_profile == "uniform", "engine=pipeline runs the 2BW (uniform) delay; use engine=simulate for delay_profile=pipedream")
         _need(
             not m.tie_embeddings,
             f"engine=pipeline needs untied embeddings; add model.tie_embeddings=false (model '{m.name}' ties them)",
         )
-        if p.schedule == "dualpipev":
-            _need(cfg.delay == 0, f"pipeline.schedule=dualpipev is synchronous; use it with delay=0, got delay={cfg.delay}")
-            _need(t.micro_batches >= 2 * p.stages and t.eval_batches // p.data_parallel >= 2 * p.stages,
-                  f"pipeline.schedule=dualpipev needs train.micro_batches and train.eval_batches per replica >= 2 x "
-                  f"pipeline.stages = {2 * p.stages}, got {t.micro_batches} and {t.eval_batches}")  # fmt: skip
-            _need(2 * p.stages <= m.n_layer,
-                  f"pipeline.schedule=dualpipev cuts the model into 2 x {p.stages} chunks of at least one block; "
-                  f"model '{m.name}' has {m.n_layer} blocks")  # fmt: skip
-        if cfg.delay == 1:
-            _need(
-                t.micro_batches >= p.stages,
-                f"2BW needs train.micro_batches >= pipeline.stages, got {t.micro_batches} < {p.stages}",
-            )
+    check_schedule(cfg)  # the schedule's declaration (`asyncpipe.schedules`): engines, delay, clipping, methods, P, m
     if p.get("torch_schedule") is not None:
         from asyncpipe.torch_schedules import config_problem
 

@@ -50,10 +50,13 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     from asyncpipe.pipe.engine import ScheduledPipelineEngine
     from asyncpipe.pipe.stage import PipeSettings, StagedModule, deepspeed_config
 
+    from asyncpipe.schedules import resolve
+
     t, p = cfg.train, cfg.pipeline
+    spec = resolve(cfg)
     topo = PipeDataParallelTopology(num_pp=p.stages, num_dp=p.data_parallel)
     coord = topo.get_coord(rank)
-    v_shape = p.schedule == "dualpipev"
+    v_shape = spec.chunks == 2
     parts, mine = stage_layers(cfg.model.n_layer + 2, p.stages, coord.pipe, v_shape)
     baseline = memory.mark(device)  # the stage's peak memory is measured from here (stage_summary)
     # Only this stage's layers are built, each from (seed, layer index): the simulator's initial weights.
@@ -62,19 +65,15 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
         from asyncpipe.model.compile import compile_modules
 
         compile_modules(layers, t.compile_backend)
-    engine_cls: Any = ScheduledPipelineEngine
-    module_cls: Any = StagedModule
-    if v_shape:
-        from asyncpipe.pipe.dualpipev import DualPipeVModule, DualPipeVRunEngine
-
-        engine_cls, module_cls = DualPipeVRunEngine, DualPipeVModule
+    engine_cls: Any = _load(spec.engine_class) if spec.engine_class else ScheduledPipelineEngine
+    module_cls: Any = _load(spec.module_class) if spec.module_class else StagedModule
     with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints its seed and topology settings
         module = module_cls(layers, parts, topo, lm_loss)
     set_aux_grad_scale(module, 1.0 / t.micro_batches)  # MoE aux losses: scaled as DeepSpeed scales the LM loss
     optimizer = build_optimizer(module, cfg.optimizer, compensation=cfg.compensation, delays=cfg.delay, pipeline=True)
     ds_config = deepspeed_config(t.micro_batch_size, t.micro_batches, p.data_parallel, use_bf16(device, cfg.precision))
     settings = PipeSettings(
-        delay=cfg.delay, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip,
+        schedule=spec.name, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip,
         lr_schedule=LRSchedule.of(t), trace=p.trace, defer_step=p.defer_step,
     )  # fmt: skip
     mpu = module.mpu()
@@ -84,6 +83,14 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     )  # fmt: skip
     engine.memory_baseline = baseline
     return engine, coord.pipe, coord.data
+
+
+def _load(path: str) -> Any:
+    """The class a declaration names as ``module:Class``."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 class PipelineEngineAdapter:
@@ -118,7 +125,7 @@ class PipelineEngineAdapter:
         cfg, p = self.cfg, self.cfg.pipeline
         return (
             f"pipeline: {p.stages} stages x {p.data_parallel} replicas, delay {cfg.delay} "
-            f"({'2BW' if cfg.delay else '1F1B'}), {describe(cfg)}, model {cfg.model.name}, "
+            f"({self.engine.spec.name}), {describe(cfg)}, model {cfg.model.name}, "
             f"{cfg.train.steps} steps x {self.tokens_per_step} tokens{', compiled' if self.clock.compiled else ''}"
         )
 

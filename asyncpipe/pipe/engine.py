@@ -1,9 +1,13 @@
-"""`ScheduledPipelineEngine`: DeepSpeed's `PipelineEngine` running the schedule it is given (DeepSpeed's 1F1B at
-delay 0, PipeDream-2BW at delay 1, DeepSpeed's DualPipeV through the `asyncpipe.pipe.dualpipev` subclass), as
-DeepSpeed's own `DualPipeVEngine` adds a schedule, by subclassing and extending the instruction map.
+"""`ScheduledPipelineEngine`: DeepSpeed's `PipelineEngine` running the schedule its settings name, as declared in
+`asyncpipe.schedules` (DeepSpeed's 1F1B, PipeDream-2BW, PACI; DeepSpeed's DualPipeV through the
+`asyncpipe.pipe.dualpipev` subclass), as DeepSpeed's own `DualPipeVEngine` adds a schedule, by subclassing and
+extending the instruction map.
 
-delay=1 runs `TwoBWSchedule` as one instruction stream for the whole run (no flush), each micro-batch on its
-pinned weight version from a `WeightStash`; delay=0 runs DeepSpeed's `TrainSchedule` unchanged. Every schedule ends
+A schedule that declares a stream (2BW, PACI) runs as one instruction stream for the whole run (no flush), each
+micro-batch on the weight version its declaration pins, from a `WeightStash` of the declared number of versions;
+one that declares none runs its engine class's own (DeepSpeed's `TrainSchedule`) unchanged. A declaration with
+``recompute`` (PACI) has a micro-batch whose stage was stepped since its forward recompute that forward on the
+current weights before its backward (see `asyncpipe.schedules.paci`). Every schedule ends
 a batch with the same `ReduceGrads` / `OptimizerStep` handlers, which call `asyncpipe.optim` for clipping, the
 lr schedule and the update, so the math is the simulator's. Communication and step metrics never add a flush:
 gradient norms cross stages by an all-reduce that, when deferred, overlaps the next batch's work.
@@ -30,6 +34,7 @@ from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.pipe.p2p import BatchedP2P
 from asyncpipe.pipe.stage import PipeSettings
 from asyncpipe.pipe.stash import WeightStash
+from asyncpipe.schedules import get as get_schedule
 
 
 def _sq_norm_of(norms: torch.Tensor) -> torch.Tensor:
@@ -58,7 +63,9 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             raise ValueError("ScheduledPipelineEngine needs a plain pipeline: no tensor parallelism, no tied layers")
         if self.zero_optimization() or self.fp16_enabled() or self.bfloat16_enabled():
             raise ValueError("use a client fp32 optimizer (bf16 via torch_autocast), not DeepSpeed's ZeRO/fp16/bf16")
-        self.stash = WeightStash(self.module, settings.delay)
+        self.spec = get_schedule(settings.schedule)
+        P, s = self.num_stages, self.stage_id
+        self.stash = WeightStash(self.module, self.spec.weight_versions(P, s) - 1)  # the stash holds 1 or 2
         self.activations = ActivationMeter(self._weight_tensors)
         self.pipe_buffers["grads"] = []
         self.pipe_buffers["losses"] = []
@@ -77,17 +84,12 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         tdist.all_gather_object(counts, len(self.stash.params), group=self._pipe_group)
         self._tensor_offset, self._n_tensors_total = sum(counts[: self.stage_id]), sum(counts)
         defer = settings.defer_step if settings.defer_step is not None else cross_stage
-        self.defer_step = bool(defer and settings.delay == 1)
-        self._schedule: Optional[sched.TwoBWSchedule] = None
+        # A deferred step needs the next batch to run on another version meanwhile (2BW's second one).
+        self.defer_step = bool(defer and self.spec.stream is not None and self.stash.delay == 1)
         self._cmds: Optional[Iterator[sched.Instruction]] = None
-        if settings.delay == 1:
-            self._schedule = sched.TwoBWSchedule(
-                self.micro_batches, self.num_stages, self.stage_id, settings.total_steps, self.defer_step
-            )
-            # One stream for the whole run; train_batch() runs it up to the next optimizer step.
-            self._cmds = (cmd for tick in self._schedule.steps() for cmd in tick)
-        elif settings.delay != 0:
-            raise ValueError(f"the pipeline engine runs delay 0 or 1, got {settings.delay}")
+        self._fwd_version: dict[int, int] = {}  # buffer -> the version its micro-batch's forward read
+        self.recomputed = 0  # backwards recomputed on a newer version than their forward's (PACI's straddlers)
+        self._open_stream(0)
         self.fwd_outputs: list = []
         self._batches_run = 0
         self._batch_loss: dict[int, list] = {}
@@ -123,8 +125,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         if self._cmds is None:
             self._exec_schedule(self._train_schedule())  # DeepSpeed's TrainSchedule (or a subclass's, e.g. DualPipeV)
         else:
-            assert self._schedule is not None
-            self._reserve_pipe_buffers(self._schedule.num_pipe_buffers())
+            self._reserve_pipe_buffers(self._stream_buffers())
             while True:
                 cmd = next(self._cmds)
                 if isinstance(cmd, sched.OptimizerStep) and cmd.batch < self.global_steps:
@@ -152,10 +153,21 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         the next `train_batch` runs batch ``step``, warming the 2BW stream up again from there."""
         self.global_steps = self._batches_run = step
         self.global_samples = step * self.train_batch_size()
-        if self._schedule is not None:
-            s = self._schedule
-            self._schedule = sched.TwoBWSchedule(s.micro_batches, s.stages, s.stage_id, s.batches, s.defer_step, step)
-            self._cmds = (cmd for tick in self._schedule.steps() for cmd in tick)
+        self._open_stream(step)
+
+    def _open_stream(self, start: int) -> None:
+        """The declared stream from batch ``start`` to the end of the run, one for the whole run (no flush);
+        `train_batch` runs it up to the next cut."""
+        if self.spec.stream is None:
+            return
+        ticks = self.spec.stream(self.micro_batches, self.num_stages, self.stage_id, self.settings.total_steps,
+                                 start, self.defer_step)  # fmt: skip
+        self._cmds = (cmd for tick in ticks for cmd in tick)
+
+    def _stream_buffers(self) -> int:
+        """The declared peak in flight on this stage, plus a spare slot so a receive never lands on a slot whose
+        gradient is still being sent."""
+        return sum(self.spec.in_flight(self.num_stages, self.micro_batches, self.stage_id)) + 1
 
     def _exec_schedule(self, pipe_schedule: Any) -> None:
         self._reserve_pipe_buffers(pipe_schedule.num_pipe_buffers())
@@ -216,6 +228,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
     def _tb_forward(self, buffer_id: int, micro_batch: int, version: int) -> None:
         with self.stash.use(version):
             PipelineEngine._exec_forward_pass(self, buffer_id)
+        self._fwd_version[buffer_id] = version
         if self.is_last_stage():
             self.pipe_buffers["losses"][buffer_id] = self.loss
             acc = self._batch_loss.setdefault(micro_batch // self.micro_batches, [0.0, 0])
@@ -229,8 +242,11 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         else:
             self.grad_layer = self.pipe_buffers["grads"][buffer_id]
             self.pipe_buffers["grads"][buffer_id] = None
+        read = self._fwd_version.pop(buffer_id)
+        if read != version:
+            self._recompute(buffer_id, read, version)
         PipelineEngine._exec_backward_pass(self, buffer_id)
-        self.stash.release(version)
+        self.stash.release(read)
         # What DeepSpeed leaves to cyclic buffer reuse: the loss stage's logits and labels, stage 0's inputs.
         self.pipe_buffers["outputs"][buffer_id] = None
         self.grad_layer = None
@@ -239,9 +255,27 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         if self.is_first_stage():
             self.pipe_buffers["inputs"][buffer_id] = None
 
-    # -- the end of a batch: shared by both schedules ----------------------------------------------------
+    def _recompute(self, buffer_id: int, read: int, version: int) -> None:
+        """The forward of the micro-batch in ``buffer_id`` read W(read), this stage now holds W(version): run it
+        again from the saved stage input on the current weights and back-propagate through that graph. The old
+        graph (whose saved weights the in-place step overwrote) is dropped unused, so autograd's version check
+        never fires; the gradient is the stage's at W(version) for the input it was given."""
+        if not self.spec.recompute or version != self.stash.latest or self.is_last_stage():
+            raise RuntimeError(f"stage {self.stage_id}: backward on W{version} of a forward on W{read} "
+                               f"(schedule {self.spec.name} declares no recompute)")  # fmt: skip
+        from deepspeed.runtime.engine import DeepSpeedEngine
+
+        inputs = self.pipe_buffers["inputs"][buffer_id]
+        x = tuple(t.clone() for t in inputs) if isinstance(inputs, tuple) else inputs.clone()
+        self.pipe_buffers["outputs"][buffer_id] = None  # the stale graph goes first
+        self.pipe_buffers["outputs"][buffer_id] = DeepSpeedEngine.forward(self, x)
+        self.recomputed += 1
+
+    # -- the end of a batch: shared by every schedule ----------------------------------------------------
     def _batch_version(self, batch: int) -> int:
-        return max(batch - 1, 0) if self.settings.delay else batch
+        """The version batch ``batch``'s gradients accumulate on here: its last micro-batch's backward's."""
+        m = self.micro_batches
+        return self.spec.versions(self.num_stages, m, self.stage_id, (batch + 1) * m - 1)[1]
 
     def _exec_reduce(self, batch: Optional[int] = None) -> None:
         """Take the batch's gradients off its weight version, average them over data-parallel replicas and
@@ -341,6 +375,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             "param_bytes": self.stash.param_bytes, "peak_weight_bytes": self.stash.peak_bytes,
             "weight_versions_peak": self.stash.peak_bytes / max(1, self.stash.param_bytes),
             "deferred_step": self.defer_step, "global_norm_allreduce": self._global_norm,
+            "schedule": self.spec.name, "recomputed_backwards": self.recomputed,
             "seconds_by_op": dict(self._by_op), "seconds_blocked_in": dict(self._by_wait),
             "peak_mem_bytes": memory.peak_since(self.memory_baseline, self.device),  # since the stage was built
             "peak_activation_bytes": self.activations.peak_bytes,

@@ -67,9 +67,9 @@ def deepspeed_config(micro_batch_size: int, micro_batches: int, replicas: int, b
 
 @dataclass
 class PipeSettings:
-    """What the engine needs beyond DeepSpeed's config: the delay, the run length and the update rule."""
+    """What the engine needs beyond DeepSpeed's config: the schedule, the run length and the update rule."""
 
-    delay: int  # 0: DeepSpeed's 1F1B with flush; 1: 2BW
+    schedule: str  # a declared schedule's name (`asyncpipe.schedules`): 1f1b, 2bw, paci, dualpipev, ...
     total_steps: int
     max_norm: float  # train.grad_clip (0 = off)
     lr_schedule: LRSchedule  # the run's lr multiplier per step (train.lr_schedule)

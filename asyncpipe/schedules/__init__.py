@@ -1,0 +1,178 @@
+"""Pipeline schedules as declared components: one module per schedule (`onef1b`, `twobw`, `dualpipev`,
+`pipedream`, `paci`), each declaring a `ScheduleSpec` with `declare_schedule`, the way an optimizer declares
+itself in `asyncpipe.registry`.
+
+A declaration says everything the rest of the package needs and nothing else keeps a list of schedules:
+its instruction stream (pure Python, `asyncpipe.pipe.schedule`'s DeepSpeed vocabulary), the weight versions and
+in-flight micro-batches per stage (the memory model `plan` and `bench` read), its constraints (P, m, delay,
+clipping, engines, compensation methods: `config.validate` runs them), and its staleness pattern: which weight
+version each micro-batch's forward and backward read on each stage (the simulator reproduces it; the pipeline
+engine pins it; `schedule` draws it). ``pipeline.schedule`` picks one by name, or names a module by import path
+(``pipeline.schedule=mypkg.myschedule``) whose `declare_schedule` registers it. ``auto`` keeps the old
+configs' meaning: ``delay_profile=pipedream`` is `pipedream`, else `onef1b` at delay 0 and `twobw` above.
+Torch-free: `config` and `plan` import this.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from asyncpipe.errors import ConfigError, UserError
+
+Ticks = Iterable[list]  # lists of `asyncpipe.pipe.schedule.Instruction`, one per tick
+# (micro_batches, stages, stage, batches, start, defer_step) -> the stage's ticks for the whole run
+Stream = Callable[[int, int, int, int, int, bool], Ticks]
+Check = Callable[[Any], None]  # (the whole config) -> raise ConfigError
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """One pipeline schedule. Versions are counted in optimizer steps of the stage: W(v) after v updates."""
+
+    name: str
+    note: str  # one line: what it is (listings, `describe`)
+    # The staleness pattern: (P, m, stage, micro-batch k) -> (forward version, backward version), k numbered over
+    # the run (batch b holds k = b*m .. b*m+m-1). The simulator reproduces it exactly.
+    versions: Callable[[int, int, int, int], tuple[int, int]]
+    weight_versions: Callable[[int, int], int]  # (P, stage) -> weight copies the stage holds at most
+    in_flight: Callable[[int, int, int], list[int]]  # (P, m, stage) -> peak micro-batches held, per model chunk
+    stream: Optional[Stream] = None  # the engine's instruction stream; None: its engine class's own (DeepSpeed's)
+    ideal: Optional[Stream] = None  # the stream its ideal timeline replays, when not ``stream`` (DeepSpeed's, translated)
+    orders: Optional[str] = None  # or its one-batch op order in `asyncpipe.pipe.orders` (drawn by data dependencies)
+    delay: Optional[int] = None  # the uniform delay it implies (checked against `delay`); None: any the check allows
+    chunks: int = 1  # model chunks per rank (2: a V, DualPipeV)
+    engines: tuple[str, ...] = ("simulate", "pipeline")
+    clip_modes: tuple[str, ...] = ("global", "stage")  # pipeline.clip values it can honour (with grad_clip > 0)
+    compensations: Optional[tuple[str, ...]] = None  # methods it composes with; None: every one that fits 2BW
+    check: Optional[Check] = None  # its own constraints (P, m, eval batches, ...): one-line ConfigErrors
+    engine_class: Optional[str] = None  # "module:Class" of its pipeline engine (default ScheduledPipelineEngine)
+    module_class: Optional[str] = None  # "module:Class" of its staged module (default StagedModule)
+    recompute: bool = False  # backward recomputes a micro-batch whose stage was updated since its forward
+    flush: bool = True  # the stream ends every batch with all its micro-batches done (a synchronous schedule)
+    # The simulator's staleness when each stage reads one version per batch (fwd = bwd): (P, stage, delay) ->
+    # steps stale; None: per micro-batch (the simulator runs the stages apart, see `versions`).
+    stage_delay: Optional[Callable[[int, int, int], int]] = None
+    module: str = ""
+
+    def straddles(self, P: int, m: int, stage: int, k: int) -> bool:
+        """Whether micro-batch ``k``'s forward and backward read different versions on ``stage``."""
+        f, b = self.versions(P, m, stage, k)
+        return f != b
+
+
+_SCHEDULES: dict[str, ScheduleSpec] = {}
+_loaded = False
+
+
+def declare_schedule(spec: ScheduleSpec) -> ScheduleSpec:
+    """Register ``spec`` (call it at a module's top level); its ``module`` is filled from the caller's name."""
+    import inspect
+
+    caller = inspect.stack()[1].frame.f_globals.get("__name__", "")
+    spec = ScheduleSpec(**{**spec.__dict__, "module": spec.module or caller})
+    old = _SCHEDULES.get(spec.name)
+    if old is not None and old.module != spec.module:
+        raise ValueError(f"schedule {spec.name!r} is declared twice ({old.module} and {spec.module})")
+    _SCHEDULES[spec.name] = spec
+    return spec
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+def schedules() -> list[ScheduleSpec]:
+    _load_builtins()
+    return list(_SCHEDULES.values())
+
+
+def names() -> list[str]:
+    """The built-in and registered schedules' names: the one list (validation, `schedule`, bench read it)."""
+    return [s.name for s in schedules()]
+
+
+def get(name: str) -> ScheduleSpec:
+    """The schedule ``name``, or the one an import path (``pkg.module``) declares; unknown: one line."""
+    _load_builtins()
+    if name in _SCHEDULES:
+        return _SCHEDULES[name]
+    if "." in name:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise UserError(f"pipeline.schedule={name}: cannot import {name} ({exc}); is it on PYTHONPATH?") from None
+        found = [s for s in _SCHEDULES.values() if s.module == name]
+        if len(found) != 1:
+            raise UserError(f"pipeline.schedule={name} declares {len(found)} schedules with "
+                            "asyncpipe.schedules.declare_schedule; it must declare exactly one")  # fmt: skip
+        return found[0]
+    raise ConfigError(f"pipeline.schedule={name} is unknown; choose one of: auto, {', '.join(sorted(_SCHEDULES))} "
+                      "(or name your own module: pipeline.schedule=pkg.module)")  # fmt: skip
+
+
+def resolve(cfg: Any) -> ScheduleSpec:
+    """The schedule a composed config runs (``auto``: see the module docstring)."""
+    name = str(cfg.pipeline.schedule)
+    if name == "auto":
+        if cfg.get("delay_profile", "uniform") == "pipedream":
+            name = "pipedream"
+        else:
+            name = "1f1b" if int(cfg.delay) == 0 else "2bw"
+    return get(name)
+
+
+def check(cfg: Any) -> None:
+    """What every schedule's declaration implies for a config, then its own check (`config.validate` calls it)."""
+    s = resolve(cfg)
+    named = f"pipeline.schedule={s.name}"
+    if cfg.get("delay_profile", "uniform") == "pipedream" and s.name != "pipedream":
+        raise ConfigError(f"delay_profile=pipedream is the pipedream schedule (simulator only); {named} has its own "
+                          "staleness: drop one of them")  # fmt: skip
+    if cfg.engine not in s.engines:
+        raise ConfigError(f"{named} runs in engine={' or engine='.join(s.engines)}, not engine={cfg.engine}")
+    if s.delay is not None and int(cfg.delay) != s.delay:
+        raise ConfigError(f"{named} is {s.note}: its delay is {s.delay}; use delay={s.delay}, got delay={cfg.delay}")
+    t, p = cfg.train, cfg.pipeline
+    if t.grad_clip > 0 and p.clip not in s.clip_modes:
+        raise ConfigError(f"{named} cannot clip with pipeline.clip={p.clip}: {s.note}; use pipeline.clip="
+                          f"{' or pipeline.clip='.join(s.clip_modes)}, or train.grad_clip=0")  # fmt: skip
+    if s.compensations is not None:
+        comp = "ef" if cfg.optimizer.ef.enabled else cfg.compensation.name
+        if comp not in s.compensations:
+            raise ConfigError(f"compensation={comp} is not defined under {named}; use compensation="
+                              f"{' or compensation='.join(s.compensations)}")  # fmt: skip
+    if s.check is not None:
+        s.check(cfg)
+
+
+def staged(spec: ScheduleSpec, P: int, delay: int) -> bool:
+    """Whether the schedule's staleness differs between stages (the simulator then needs the stage cut)."""
+    if spec.stage_delay is None:
+        return True
+    return len({spec.stage_delay(P, s, delay) for s in range(P)}) > 1
+
+
+# -- helpers the declarations share -------------------------------------------------------------------------
+def one_f_one_b_in_flight(P: int, m: int, stage: int) -> list[int]:
+    """1F1B's rhythm: P-1-s warm-up forwards then one forward per backward, so min(P-s, m) micro-batches (the
+    2BW and PACI streams keep the rhythm across batches: P-s)."""
+    return [min(P - stage, m)]
+
+
+def uniform(delay: int) -> Callable[[int, int, int, int], tuple[int, int]]:
+    """Batch b reads W(max(b - delay, 0)) on every stage, forward and backward."""
+
+    def versions(P: int, m: int, stage: int, k: int) -> tuple[int, int]:
+        v = max(k // m - delay, 0)
+        return v, v
+
+    return versions
