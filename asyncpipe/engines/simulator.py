@@ -25,11 +25,12 @@ from asyncpipe.optim import (
     build_optimizer,
     clip_grads,
     compensate_grads,
-    delays_for,
     forward_weights,
     LRSchedule,
 )
+from asyncpipe.engines.staged import StagedStaleness, param_delays
 from asyncpipe.registry import describe
+from asyncpipe.schedules import resolve
 from asyncpipe.runtime.device import autocast_context
 from asyncpipe.runtime.engine import Agreement, Setup
 
@@ -65,10 +66,22 @@ class SimulatorEngine:
         self.n_params = count_parameters(self.model)
         set_aux_grad_scale(self.model, 1.0 / t.micro_batches)  # MoE aux losses are scaled like the LM loss
         named = list(self.model.named_parameters())
-        delays = delays_for(self.model, cfg.delay_profile, cfg.delay, cfg.pipeline.stages)
+        # The schedule's staleness (`asyncpipe.schedules`): one version per stage and batch (a delay per
+        # parameter), or forward and backward versions per micro-batch and stage (the stages run apart).
+        self.schedule = resolve(cfg)
+        P = cfg.pipeline.stages
+        self.staged: Optional[StagedStaleness] = None
+        if self.schedule.stage_delay is None:
+            self.staged = StagedStaleness(self.model, self.schedule, P, t.micro_batches)
+            delays = {name: int(cfg.delay) for name, _ in named}  # what the methods see, as in engine=pipeline
+            stale = {name: 0 for name, _ in named}
+        else:
+            delays = stale = param_delays(self.model, self.schedule, P, cfg.delay)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, compensation=cfg.compensation, delays=delays)
         self.params = [p for _, p in named]
-        self.delayed = DelayedWeights(self.params, [delays[name] for name, _ in named])
+        self.delayed = DelayedWeights(self.params, [stale[name] for name, _ in named])
+        # Clipping per stage where the config asks for it (a schedule with no global step requires it).
+        self.clip_groups = self.staged.stage_params() if self.staged and cfg.pipeline.clip == "stage" else [self.params]
         # train.compile: the model with its loss, in place (the model's state dict unchanged; evaluation and
         # diagnostics call the model itself, eagerly); the first step pays the compile.
         self.train_forward = TrainingForward(self.model)
@@ -91,6 +104,11 @@ class SimulatorEngine:
         for j in range(m):
             x, y = self.train_data.get(first + j)
             x, y = x.to(self.device), y.to(self.device)
+            if self.staged is not None:
+                # Numbered per replica, as each replica's pipeline numbers its own (PACI's a = m per replica).
+                total += self.staged.micro_batch(step * m + j, x, y, lm_loss,
+                                                 lambda: autocast_context(self.device, self.cfg.precision))
+                continue
             with autocast_context(self.device, self.cfg.precision):
                 loss = self.train_forward(x, y)
             (loss / m).backward()
@@ -112,11 +130,16 @@ class SimulatorEngine:
         if self._diagnose_now():
             extras.update(self._fresh_grad_cosine())
             pop_moe_stats(self.model)  # the extra pass's router statistics are not this step's
-        grad_norm = clip_grads(self.params, t.grad_clip)
+        norms = [clip_grads(group, t.grad_clip) for group in self.clip_groups]
+        grad_norm = math.sqrt(sum(n * n for n in norms))
         compensate_grads(self.optimizer, self.delayed.stale_weights())
         self.delayed.advance()
+        if self.staged is not None:
+            self.staged.before_step()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.staged is not None:
+            self.staged.after_step()
         for name in ("last_update_norm", "last_correction_norm"):
             value = getattr(self.optimizer, name, None)
             if value is not None:
@@ -219,6 +242,7 @@ class SimulatorEngine:
             "optimizer": self.optimizer.state_dict(),
             "delayed": self.delayed.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
+            **({"staged": self.staged.state_dict()} if self.staged is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -226,4 +250,6 @@ class SimulatorEngine:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.delayed.load_state_dict(state["delayed"])
+        if self.staged is not None:
+            self.staged.load_state_dict(state["staged"])
         torch.set_rng_state(state["rng"]["torch"])

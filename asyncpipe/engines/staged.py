@@ -1,0 +1,137 @@
+"""The simulator's side of a declared schedule (`asyncpipe.schedules`): each parameter's delay where a schedule
+reads one version per stage and batch (`param_delays`), and, where forward and backward may read different
+versions (PACI), the stages run apart, one micro-batch at a time, exactly as the pipeline engine runs them
+(`StagedStaleness`).
+
+`StagedStaleness` cuts the model where the pipeline does (`asyncpipe.model.partition`) and keeps, per stage, the
+version before the latest (the simulator's memory, not the schedule's). A micro-batch's forward runs stage by
+stage on each stage's declared forward version; a stage whose backward version differs (a straddler) ran its
+forward without a graph and recomputes it on the backward version from the saved stage input, then
+back-propagates the next stage's input gradient through it: the recipe of `asyncpipe.schedules.paci`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn as nn
+
+from asyncpipe.model.partition import layer_of_param, partition
+from asyncpipe.schedules import ScheduleSpec, staged
+
+
+def stage_cut(model: nn.Module, stages: int) -> list[int]:
+    """Stage boundaries over ``model.layers`` (the pipeline's)."""
+    return partition(len(model.layers), stages)  # type: ignore[arg-type]
+
+
+def param_delays(model: nn.Module, spec: ScheduleSpec, stages: int, delay: int) -> dict[str, int]:
+    """Each parameter's steps of staleness under a schedule with one version per stage and batch."""
+    assert spec.stage_delay is not None
+    named = [n for n, _ in model.named_parameters()]
+    if not staged(spec, stages, delay):
+        return {n: spec.stage_delay(stages, 0, delay) for n in named}
+    parts = stage_cut(model, stages)
+    stage_of = [s for s in range(stages) for _ in range(parts[s], parts[s + 1])]
+    return {n: spec.stage_delay(stages, stage_of[layer_of_param(n)], delay) for n in named}
+
+
+class StagedStaleness:
+    """Runs a batch's micro-batches through the stages of ``model`` on the versions ``spec`` declares."""
+
+    def __init__(self, model: nn.Module, spec: ScheduleSpec, stages: int, micro_batches: int) -> None:
+        if not spec.recompute:
+            raise ValueError(f"schedule {spec.name}: forward and backward versions differ only with recompute")
+        parts = stage_cut(model, stages)
+        layers = list(model.layers)  # type: ignore[arg-type]
+        self.spec, self.P, self.m = spec, stages, micro_batches
+        self.stages = [layers[parts[s] : parts[s + 1]] for s in range(stages)]
+        self.params = [[p for layer in st for p in layer.parameters()] for st in self.stages]
+        self.previous = [[p.detach().clone() for p in ps] for ps in self.params]  # W(v-1); W(-1) = W(0)
+        self.version = 0  # updates applied so far (every stage steps once per batch)
+        self.straddled = 0  # (micro-batch, stage) pairs whose forward read an older version than their backward
+
+    def stage_params(self) -> list[list[nn.Parameter]]:
+        return self.params
+
+    @contextlib.contextmanager
+    def _at(self, stage: int, version: int) -> Iterator[None]:
+        if version == self.version:
+            yield
+            return
+        if version != self.version - 1:
+            raise RuntimeError(f"stage {stage}: W{version} asked for, W{self.version - 1} and W{self.version} kept")
+        params, old = self.params[stage], self.previous[stage]
+        current = [p.data for p in params]
+        for p, t in zip(params, old):
+            p.data = t
+        try:
+            yield
+        finally:
+            for p, t in zip(params, current):
+                p.data = t
+
+    def _run(self, stage: int, h: torch.Tensor) -> torch.Tensor:
+        for layer in self.stages[stage]:
+            h = layer(h)
+        return h
+
+    def micro_batch(self, k: int, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable, autocast: Callable[[], Any]) -> float:
+        """Forward and backward of micro-batch ``k`` (numbered over the run); gradients accumulate (loss / m)."""
+        P = self.P
+        versions = [self.spec.versions(P, self.m, s, k) for s in range(P)]
+        inputs: list[torch.Tensor] = []
+        outputs: list[Any] = []
+        h = x
+        loss = None
+        for s, (fwd, bwd) in enumerate(versions):
+            inp = h if s == 0 else h.detach().requires_grad_(True)
+            keep = fwd == bwd  # a straddler's forward graph would be dropped: none is built
+            with self._at(s, fwd), torch.set_grad_enabled(keep), autocast():
+                out = self._run(s, inp)
+                if s == P - 1:
+                    loss = loss_fn(out, y)
+            inputs.append(inp)
+            outputs.append(loss if s == P - 1 else out)
+            h = out
+        assert loss is not None
+        value = float(loss.detach())
+        grad = None
+        for s in reversed(range(P)):
+            fwd, bwd = versions[s]
+            if bwd != self.version:
+                raise RuntimeError(f"stage {s}: micro-batch {k}'s backward reads W{bwd}, the stage holds W{self.version}")
+            out = outputs[s]
+            if fwd != bwd:
+                self.straddled += 1
+                with autocast():
+                    out = self._run(s, inputs[s])
+                    if s == P - 1:
+                        out = loss_fn(out, y)
+            if s == P - 1:
+                (out / self.m).backward()
+            else:
+                out.backward(grad)
+            grad = inputs[s].grad if s > 0 else None
+        return value
+
+    @torch.no_grad()
+    def before_step(self) -> None:
+        """Keep W(v) as the previous version: the next batch's first forwards may read it."""
+        for ps, old in zip(self.params, self.previous):
+            torch._foreach_copy_(old, [p.detach() for p in ps])
+
+    def after_step(self) -> None:
+        self.version += 1
+
+    def state_dict(self) -> dict:
+        return {"version": self.version, "previous": [list(t) for t in self.previous]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        self.version = int(state["version"])
+        for old, saved in zip(self.previous, state["previous"]):
+            for t, s in zip(old, saved):
+                t.copy_(s)
