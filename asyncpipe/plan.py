@@ -1,5 +1,5 @@
-"""Memory plan of a pipeline run before launching it: per stage, the bytes of weights (1 version for 1F1B, 2 for
-2BW), gradients, optimizer state, error-feedback buffers and the activations of the micro-batches in flight,
+"""Memory plan of a pipeline run before launching it: per stage, the bytes of weights (the versions the schedule
+declares, `asyncpipe.schedules`: 1 for 1F1B, DualPipeV and PACI, 2 for 2BW), gradients, optimizer state, error-feedback buffers and the activations of the micro-batches in flight,
 from the config's shapes alone (no tensor is allocated), against a GPU memory budget.
 
 The model (bytes per parameter, elements saved per token) follows what this code base stores:
@@ -13,8 +13,9 @@ The model (bytes per parameter, elements saved per token) follows what this code
 - the compensation method (EF included: `optimizer.ef.enabled` is the method ``ef``): the parameter-sized
   buffers its module declares (the step's snapshot included) plus its own memory model, in one column;
 - activations: the tensors autograd saves per token, counted layer by layer (`_saved_per_token`), for each
-  micro-batch in flight on stage s: min(P - s, m) under both 1F1B and 2BW; a stage's output activation is held
-  too until its gradient returns, and the last stage keeps its logits.
+  micro-batch in flight on stage s, as the schedule declares it per model chunk (min(P - s, m) under 1F1B, 2BW
+  and PACI; DualPipeV's two chunks per rank counted on DeepSpeed's order, each chunk at its own peak); a chunk's
+  output activation is held too until its gradient returns, and the loss chunk keeps its logits.
 It ignores allocator slack, framework workspaces and communication buffers other than those named.
 """
 
@@ -109,7 +110,7 @@ def _saved_per_token(m: Any, kind: str, vocab: int, bf16: bool) -> float:
 @dataclass
 class StagePlan:
     stage: int
-    layers: tuple[int, int]  # [first, last) index into the layer list
+    layers: tuple[int, int]  # [first, last) index into the layer list (the first chunk's, for a V)
     params: int
     versions: int
     weights: float  # bytes
@@ -121,6 +122,7 @@ class StagePlan:
     activations: float
     total: float
     max_micro_batch: int  # largest micro-batch size whose total fits the budget (0: none)
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # every chunk's range (two in DualPipeV's V)
 
 
 @dataclass
@@ -129,7 +131,7 @@ class Plan:
     total_params: int
     active_params: int
     stages: list[StagePlan]
-    schedule: str  # 1F1B or 2BW
+    schedule: str  # the declared schedule's name, upper case (1F1B, 2BW, DUALPIPEV, PACI, ...)
     gpu_mem_gib: float
     notes: list[str]
     n_layer: int = 0  # transformer blocks (the layer list is [embedding, blocks, head])
@@ -174,8 +176,10 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
     """The memory plan of ``cfg`` (a composed config) as `engine=pipeline` would run it on P x D devices."""
     from asyncpipe.errors import UserError
     from asyncpipe.model.partition import partition
+    from asyncpipe.schedules import resolve
 
     m, t, p = cfg.model, cfg.train, cfg.pipeline
+    spec = resolve(cfg)
     if gpu_mem_gib <= 0:
         raise UserError(f"--gpu-mem={gpu_mem_gib} must be > 0 (GiB per device)")
     if p.stages > m.n_layer:
@@ -183,29 +187,44 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
     vocab = _vocab(cfg)
     shapes = layer_shapes(m, vocab)
     P, delay = p.stages, min(int(cfg.delay), 1)
-    versions = 1 + int(cfg.delay)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cfg.device != "cpu")  # a plan is for GPUs
     tokens = t.micro_batch_size * t.seq_len
-    deferred = delay == 1 and p.clip == "global" and t.grad_clip > 0 and P > 1 and p.defer_step is not False
-    parts = partition(len(shapes), P)
+    deferred = (spec.name == "2bw" and p.clip == "global" and t.grad_clip > 0 and P > 1
+                and p.defer_step is not False)  # fmt: skip
+    n_chunks = spec.chunks * P
+    if n_chunks > m.n_layer:
+        raise UserError(f"pipeline.schedule={spec.name} cuts the model into {n_chunks} chunks of at least one block; "
+                        f"model '{m.name}' has {m.n_layer} blocks")  # fmt: skip
+    parts = partition(len(shapes), n_chunks)
     budget = gpu_mem_gib * GIB
     stages = []
     for s in range(P):
-        own = shapes[parts[s] : parts[s + 1]]
+        chunks = [s] if spec.chunks == 1 else [s, n_chunks - 1 - s]  # a V: rank s holds chunk s and its mirror
+        held = spec.in_flight(P, t.micro_batches, s)
+        own = [x for c in chunks for x in shapes[parts[c] : parts[c + 1]]]
         n = sum(x.params for x in own)
         w = 4.0 * n
+        versions = spec.weight_versions(P, s)
+        if spec.stage_delay is not None and spec.delay is None:  # the simulator's k-step generalisation
+            versions = max(versions, 1 + spec.stage_delay(P, s, int(cfg.delay)))
         grads = w * ((2 if deferred else 1) + (1 if p.data_parallel > 1 else 0))
         opt = _optimizer_bytes(cfg, own)
         ef = _compensation_bytes(cfg, own)
-        per_token = sum(_saved_per_token(m, x.kind, vocab, bf16) for x in own)
-        if s < P - 1:
-            per_token += m.d_model * (2 if bf16 else 4)  # the output activation, held until its gradient returns
-        in_flight = min(P - s, t.micro_batches)
+        per_chunk = []
+        for c in chunks:
+            per_token = sum(_saved_per_token(m, x.kind, vocab, bf16) for x in shapes[parts[c] : parts[c + 1]])
+            if c < n_chunks - 1:
+                per_token += m.d_model * (2 if bf16 else 4)  # the output activation, held until its gradient returns
+            per_chunk.append(per_token)
+        per_token = sum(per_chunk)
+        held_per_token = sum(k * x for k, x in zip(held, per_chunk))  # each chunk at its own peak: an upper bound
+        in_flight = max(held)
         act = per_token * tokens
         static = versions * w + grads + opt + ef
-        fit = int((budget - static) // (per_token * t.seq_len * in_flight)) if budget > static else 0
-        stages.append(StagePlan(s, (parts[s], parts[s + 1]), n, versions, versions * w, grads, opt, ef, in_flight,
-                                act, act * in_flight, static + act * in_flight, max(0, fit)))  # fmt: skip
+        fit = int((budget - static) // (held_per_token * t.seq_len)) if budget > static else 0
+        stages.append(StagePlan(s, (parts[chunks[0]], parts[chunks[0] + 1]), n, versions, versions * w, grads, opt,
+                                ef, in_flight, act, held_per_token * tokens, static + held_per_token * tokens,
+                                max(0, fit), [(parts[c], parts[c + 1]) for c in chunks]))  # fmt: skip
     total, active = model_params(m, vocab)
     notes = [n for n in (batch_note(cfg),) if n]
     if cfg.delay > 1:
@@ -216,7 +235,10 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
                      f"set train.micro_batches={P} or more")
     if deferred:
         notes.append("2BW defers each step past the next batch's first backward: two gradient buffers")
-    return Plan(m.name, total, active, stages, "2BW" if cfg.delay else "1F1B", gpu_mem_gib, notes, m.n_layer, runs)
+    if spec.chunks > 1:
+        notes.append(f"{spec.name}: in-flight is the larger chunk's peak; activations add each chunk's own peak "
+                     "(an upper bound when the peaks do not coincide)")  # fmt: skip
+    return Plan(m.name, total, active, stages, spec.name.upper(), gpu_mem_gib, notes, m.n_layer, runs)
 
 
 def verdict(pl: Plan) -> str:
@@ -281,7 +303,8 @@ def render(pl: Plan, cfg: Optional[Any] = None) -> str:
     rows = [head]
     for s in pl.stages:
         ok = s.total <= pl.gpu_mem_gib * GIB
-        rows.append((str(s.stage), layer_label(s.layers, pl.n_layer), f"{s.params / 1e6:.2f}M", str(s.versions),
+        label = " & ".join(layer_label(c, pl.n_layer) for c in (s.chunks or [s.layers]))
+        rows.append((str(s.stage), label, f"{s.params / 1e6:.2f}M", str(s.versions),
                      g(s.weights), g(s.grads), g(s.optimizer), g(s.ef), str(s.in_flight), g(s.activations),
                      g(s.total), "yes" if ok else "NO", str(s.max_micro_batch)))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

@@ -181,3 +181,21 @@ def test_performance_doc_shows_what_plan_prints() -> None:
     assert block is not None
     cfg = compose(shlex.split(command.group(1)))
     assert block.group(1) == render(plan(cfg, 80.0), cfg)
+
+
+def test_plan_reads_the_schedules_declaration() -> None:
+    """DualPipeV: 2P chunks in a V (rank 0 holds the embedding and the head), one version, its own in-flight
+    counts from DeepSpeed's order; PACI: 1F1B's weights and in-flight (one version), not 2BW's."""
+    base = ["model=mini", "pipeline.stages=2", "train.micro_batches=4", "engine=pipeline"]
+    one = plan(compose(base + ["delay=0"]))
+    dual = plan(compose(base + ["delay=0", "pipeline.schedule=dualpipev"]))
+    n = compose(["model=mini"]).model.n_layer + 2
+    parts = partition(n, 4)
+    assert dual.schedule == "DUALPIPEV" and [s.chunks for s in dual.stages] == [
+        [(parts[0], parts[1]), (parts[3], parts[4])], [(parts[1], parts[2]), (parts[2], parts[3])]]
+    assert [s.versions for s in dual.stages] == [1, 1] and [s.in_flight for s in dual.stages] == [4, 3]
+    assert [s.params for s in dual.stages] != [s.params for s in one.stages]
+    paci = plan(compose(base + ["delay=1", "pipeline.schedule=paci", "pipeline.clip=stage"]))
+    two = plan(compose(base + ["delay=1"]))
+    assert [s.weights for s in paci.stages] == [s.weights for s in one.stages] == [s.weights / 2 for s in two.stages]
+    assert [s.in_flight for s in paci.stages] == [s.in_flight for s in one.stages] == [2, 1]

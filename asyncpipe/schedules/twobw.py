@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncpipe.errors import ConfigError
-from asyncpipe.schedules import ScheduleSpec, declare_schedule, uniform
+from asyncpipe.schedules import ScheduleSpec, declare_schedule, one_f_one_b_in_flight, uniform
 
 
 def _stream(m: int, P: int, stage: int, batches: int, start: int = 0, defer_step: bool = False) -> Any:
@@ -30,6 +30,6 @@ def _check(cfg: Any) -> None:
 
 SPEC = declare_schedule(ScheduleSpec(
     name="2bw", note="PipeDream-2BW: no flush, every micro-batch of batch b on W(b-1), two weight versions",
-    versions=uniform(1), weight_versions=lambda P, s: 2, in_flight=lambda P, m, s: [P - s],
+    versions=uniform(1), weight_versions=lambda P, s: 2, in_flight=one_f_one_b_in_flight,
     stream=_stream, check=_check, flush=False, stage_delay=lambda P, s, delay: delay,
 ))  # fmt: skip
