@@ -166,3 +166,17 @@ def test_paci_pipeline_matches_the_simulator_at_two_and_four_stages():
     for cfgs in (two, four):
         for cfg, result in zip(cfgs, _launch(cfgs)):
             _check(cfg, result)
+
+
+def test_schedule_draws_paci_with_its_straddlers_marked(tmp_path):
+    from asyncpipe.pipe.draw import draw_schedule
+    from asyncpipe.pipe.orders import ideal_timeline
+
+    P, m = 4, 4
+    tl = ideal_timeline("paci", P, m, 3)
+    marked = sorted((e.stage, e.micro_batch) for e in tl.events if e.straddle)
+    assert marked == sorted((s, k) for s in range(P) for k in range(3 * m) if PACI.straddles(P, m, s, k))
+    recomputed = [e for e in tl.events if e.straddle]
+    assert all(e.end - e.start == 3.0 for e in recomputed)  # B (2) + the recomputed F (1)
+    text, files = draw_schedule("paci", P, m, 3, 1.0, 2.0, 1.0, None, tmp_path)
+    assert "B4*" in text and "straddles" in text and all(f.exists() for f in files)

@@ -39,7 +39,7 @@ def label(e: Event, local: Optional[dict] = None) -> str:
     text = LETTER[e.kind] + ("" if e.micro_batch is None else str(e.micro_batch))
     if e.chunk is not None and local is not None and len({c for (s, c) in local if s == e.stage}) > 1:
         text += "abcdefgh"[local[(e.stage, e.chunk)] % 8]
-    return text
+    return text + ("*" if e.straddle else "")
 
 
 def batch_size(timeline: Timeline) -> Optional[int]:
@@ -80,6 +80,9 @@ def version_rule(timeline: Timeline) -> Optional[str]:
         return "2bw: batch b reads weight version W(b-1) (batch 0: W0), one step stale, two versions per stage"
     if all(v == b for b, v in pairs):
         return "flushed: batch b reads weight version W(b), so it waits for step b-1"
+    if any(e.straddle for e in blocks):
+        return ("paci: one weight version stepped in place; a stage's backward reads the version after its last "
+                "step, a forward the one it holds then (the small bar: the version read)")
     return None
 
 
@@ -153,6 +156,9 @@ def text_legend(timelines: Sequence[Timeline], cell: float, width: int, line_wid
         parts.append(f"batch b is micro-batches {m}b .. {m}b+{m - 1}")
     rules = {r for r in (version_rule(tl) for tl in timelines) if r}
     parts += sorted(rules)
+    if any(e.straddle for tl in timelines for e in tl.events):
+        parts.append("* a backward on a newer weight version than its forward read (the micro-batch straddles "
+                     "the stage's step; PACI recomputes its forward)")  # fmt: skip
     plural = "" if cell == 1 or unit == "s" else "s"
     parts.append(f"one cell = {cell:.4g} {unit}{plural}; t = time at the start of a cell")
     return textwrap.fill("legend: " + "; ".join(parts) + ".", line_width) + "\n"
@@ -198,7 +204,7 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
     fig, axes = plt.subplots(len(panels), 1, figsize=(fig_w, sum(heights) + 0.7), dpi=dpi, squeeze=False,
                              layout="constrained", gridspec_kw={"height_ratios": heights})  # fmt: skip
     px_per_unit = (fig_w - 1.9) * dpi / span  # 1.9 in: the stage names and margins
-    kinds, versions, light_seen, bounds_seen = set(), set(), False, False
+    kinds, versions, light_seen, bounds_seen, straddle_seen = set(), set(), False, False, False
     for ax, (title, tl) in zip(axes[:, 0], panels):
         P, local = len(tl.busy), local_chunks(tl)
         versioned = any(e.version is not None for e in tl.events if e.kind in ("forward", "backward"))
@@ -212,17 +218,19 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
             light_seen |= light
             kinds.add(e.kind)
             span_ = (e.start, e.end - e.start)
-            bars.setdefault((e.stage + top, h, COLOR[e.kind], LIGHT if light else 1.0), []).append(span_)
+            bars.setdefault((e.stage + top, h, COLOR[e.kind], LIGHT if light else 1.0, e.straddle), []).append(span_)
             if versioned and e.version is not None:
                 versions.add(e.version)
                 version_color = VERSION_COLOR[e.version % len(VERSION_COLOR)]
-                bars.setdefault((e.stage + top + h + 0.03, 0.2, version_color, 1.0), []).append(span_)
+                bars.setdefault((e.stage + top + h + 0.03, 0.2, version_color, 1.0, False), []).append(span_)
             if e.kind != "eval":
                 text = label(e, local) if e.kind == "step" else label(e, local)[1:]
                 _put_label(ax, e, text, px_per_unit, e.stage + top + h / 2, h * row_in * dpi,
                            "#222222" if light else "white", dpi)  # fmt: skip
-        for (y, height, color, alpha), spans in bars.items():
-            ax.broken_barh(spans, (y, height), facecolors=color, alpha=alpha, edgecolor="white", linewidth=0.6)
+        for (y, height, color, alpha, hatched), spans in bars.items():
+            ax.broken_barh(spans, (y, height), facecolors=color, alpha=alpha, edgecolor="white", linewidth=0.6,
+                           hatch="///" if hatched else None)  # fmt: skip
+            straddle_seen |= hatched
         for s, b, t in batch_starts(tl):
             bounds_seen = True
             ax.plot([t, t], [s - 0.5, s + 0.5], color="black", linewidth=1.3, linestyle=(0, (3, 2)))
@@ -240,6 +248,9 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
         handles.append(Patch(color=COLOR["forward"], alpha=LIGHT, label="lighter: the rank's 2nd model chunk (b)"))
     handles += [Patch(color=VERSION_COLOR[v % len(VERSION_COLOR)], label=f"bar below: weights read, W{v}")
                 for v in sorted(versions)]  # fmt: skip
+    if straddle_seen:
+        handles.append(Patch(facecolor=COLOR["backward"], hatch="///", edgecolor="white",
+                             label="hatched *: straddles a step (recomputed)"))
     if bounds_seen:
         handles.append(Line2D([], [], color="black", linestyle=(0, (3, 2)), label="next batch's first forward"))
     one_row = sum(len(h.get_label()) * 8 * 0.55 * dpi / 72 + 45 for h in handles) <= fig_w * dpi  # fontsize 8
@@ -257,7 +268,9 @@ def draw_schedule(schedule: str, stages: int, micro_batches: int, batches: int, 
     from asyncpipe.pipe.timeline import steady_gaps
     from asyncpipe.pipe.trace_load import trace_timeline
 
-    sync = schedule in SYNC_SCHEDULES and schedule != "1f1b"  # 1f1b alone: the engine's streams, several batches
+    from asyncpipe.pipe.schedule import streamed
+
+    sync = schedule in SYNC_SCHEDULES and schedule not in streamed()  # a stream: the engine's, several batches
     if trace is not None:
         tl = trace_timeline(trace)
         stem = f"trace-{Path(trace).resolve().name}"

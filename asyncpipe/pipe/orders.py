@@ -244,17 +244,16 @@ def bubble_table(stages: int, micro_batches: int, forward: float = 1.0, backward
     return out
 
 
-SCHEDULES = ("gpipe", "1f1b", "2bw")  # the engine's own instruction streams (`asyncpipe.pipe.schedule.stream`)
-
-
 def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
                    forward: float = 1.0, backward: float = 2.0, step: float = 1.0) -> "Timeline":  # fmt: skip
-    """The timeline of the instruction streams the engine executes for ``kind`` (gpipe, 1f1b, 2bw), replayed
-    against each other with unit costs (F, B and optimizer step durations); an unknown kind is one line."""
+    """The timeline of the instruction streams the engine executes for ``kind`` (a declared schedule with a stream:
+    1f1b, 2bw, paci, ...; or gpipe), replayed against each other with unit costs (F, B and optimizer step
+    durations); an unknown kind is one line."""
+    from asyncpipe.pipe.schedule import streamed
     from asyncpipe.pipe.timeline import simulate_schedule
 
-    if kind not in SCHEDULES:
-        known = list(dict.fromkeys(SCHEDULES + SYNC_SCHEDULES))
+    if kind not in streamed():
+        known = list(dict.fromkeys(streamed() + list(SYNC_SCHEDULES)))
         raise UserError(f"--schedule {kind!r} is unknown; choose one of: {', '.join(known)}")
     if stages < 1 or micro_batches < 1 or batches < 1:
         raise UserError("--stages, --micro-batches and --batches must all be >= 1")

@@ -309,16 +309,26 @@ def two_bw_deferred_stream(micro_batches: int, stages: int, stage_id: int, batch
     return two_bw_stream(micro_batches, stages, stage_id, batches, defer_step=True)
 
 
+DRAWN_ONLY = {"2bw-deferred": two_bw_deferred_stream, "gpipe": gpipe_stream}  # streams no config runs
+
+
+def streamed() -> list[str]:
+    """Names `stream` knows: every declared schedule with a stream of its own (`asyncpipe.schedules`), and the
+    drawn-only ones."""
+    from asyncpipe.schedules import schedules
+
+    return [s.name for s in schedules() if s.stream or s.ideal] + list(DRAWN_ONLY)
+
+
 def stream(kind: str, micro_batches: int, stages: int, stage_id: int, batches: int = 1) -> list[Instruction]:
-    """A stage's instruction stream by schedule name: ``2bw``, ``2bw-deferred``, ``1f1b`` (DeepSpeed's) or
-    ``gpipe``."""
-    makers = {
-        "2bw": two_bw_stream,
-        "2bw-deferred": two_bw_deferred_stream,
-        "1f1b": train_schedule_stream,
-        "gpipe": gpipe_stream,
-    }
-    maker: Optional[Any] = makers.get(kind)
-    if maker is None:
-        raise UserError(f"unknown schedule {kind!r}; choose one of: {', '.join(makers)}")
-    return maker(micro_batches, stages, stage_id, batches)
+    """A stage's instruction stream by schedule name: a declared schedule's (``2bw``, ``paci``, ``1f1b`` as
+    DeepSpeed's, a registered one), ``2bw-deferred`` or ``gpipe``."""
+    from asyncpipe.schedules import get
+
+    maker: Optional[Any] = DRAWN_ONLY.get(kind)
+    if maker is not None:
+        return maker(micro_batches, stages, stage_id, batches)
+    if kind not in streamed():
+        raise UserError(f"unknown schedule {kind!r}; choose one of: {', '.join(streamed())}")
+    spec = get(kind)
+    return flatten((spec.ideal or spec.stream)(micro_batches, stages, stage_id, batches, 0, False))

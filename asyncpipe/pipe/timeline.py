@@ -39,6 +39,7 @@ class Event:
     version: Optional[int] = None
     batch: Optional[int] = None
     chunk: Optional[int] = None  # model chunk (virtual stage) of a multi-chunk schedule
+    straddle: bool = False  # a backward on a newer weight version than its forward's (PACI: recomputed)
 
 
 @dataclass
@@ -104,6 +105,7 @@ def simulate(
     # Per link and side: (micro_batch, post time) of every op posted so far, in order.
     posted: dict[tuple, dict[str, list[tuple[int, float]]]] = {}
     events: list[Event] = []
+    read: dict[tuple[int, int], Optional[int]] = {}  # (stage, micro-batch) -> the version its forward read
     busy = [0.0] * n
     started: dict[int, list[float]] = {}  # batch -> start times of its all-reduce, one per stage
 
@@ -171,7 +173,12 @@ def simulate(
             elif isinstance(cmd, (ForwardPass, BackwardPass)):
                 dur = fwd[i] if isinstance(cmd, ForwardPass) else bwd[i]
                 kind = "forward" if isinstance(cmd, ForwardPass) else "backward"
-                events.append(Event(i, kind, cmd.micro_batch, st.clock, st.clock + dur, cmd.version))
+                version = getattr(cmd, "version", None)
+                if kind == "forward":
+                    read[(i, cmd.micro_batch)] = version
+                straddle = kind == "backward" and read.get((i, cmd.micro_batch), version) != version
+                dur += fwd[i] if straddle else 0.0  # its forward is recomputed first (PACI)
+                events.append(Event(i, kind, cmd.micro_batch, st.clock, st.clock + dur, version, straddle=straddle))
                 st.clock += dur
                 busy[i] += dur
             elif isinstance(cmd, ReduceGrads):
