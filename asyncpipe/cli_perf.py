@@ -75,19 +75,19 @@ def bench_pipeline(
     rounds: int = typer.Option(3, help="Alternating rounds of every schedule after the warm-up."),
     steps: int = typer.Option(6, help="Optimizer steps per job (the first and last are not timed)."),
     warmup_steps: int = typer.Option(3, help="Steps of the untimed warm-up job."),
-    variants: str = typer.Option("1f1b,dualpipev,2bw,2bw_ef,pt_1f1b,pt_interleaved1f1b,pt_loopedbfs,pt_interleavedzb,"
-                                 "pt_zbv,pt_dualpipev", show_default=False, help="Schedules to run (1f1b is the "
-                                 "reference; pt_*: PyTorch's own torch.distributed.pipelining schedules on the same "
-                                 "model). Default: every one."),  # fmt: skip
+    variants: str = typer.Option("all", help="Schedules to run (1f1b is the reference): all (every schedule the "
+                                 "pipeline engine runs, 2bw_ef, and PyTorch's own torch.distributed.pipelining "
+                                 "schedules on the same model, pt_*), or names / import paths of declared schedules."),
     simulator: bool = typer.Option(True, "--simulator/--no-simulator", help="Also bench the simulator "
                                    "(delay=1 vs delay=0 step time)."),  # fmt: skip
     out: Optional[Path] = typer.Option(None, help="JSON result. Default: a file in runs/bench/ named after the model, "
                                        "P and m, e.g. pipeline-small-P2-m4.json."),  # fmt: skip
     compile_: str = typer.Option("eager", "--compile", help="eager, compiled or both (train.compile rows)."),
 ) -> None:
-    """Throughput of DeepSpeed's 1F1B and DualPipeV and PyTorch's own schedules (pt_*) against our 2BW (and 2BW + EF)
-    on the same model, stages and micro-batches, alternating in one launch: tokens/s, ratio to 1F1B against the
-    schedule model's ideal, idle fraction, and weight + optimizer + activation memory per stage."""
+    """Throughput of every declared pipeline schedule (DeepSpeed's 1F1B and DualPipeV, 2BW and 2BW + EF, PACI) and
+    PyTorch's own schedules (pt_*) on the same model, stages and micro-batches, alternating in one launch: tokens/s,
+    ratio to 1F1B against the schedule model's ideal, idle fraction, and weight + optimizer + activation memory per
+    stage."""
     from asyncpipe.bench.pipeline import bench_pipeline as run_bench
     from asyncpipe.bench.pipeline import format_result
     from asyncpipe.paths import writable_file

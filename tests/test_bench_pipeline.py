@@ -70,12 +70,12 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
     assert "fraction of ideal" in res.output
     assert "1 round: too few to judge (--rounds 3+)" in res.output  # issue 41: one round has no spread
     # m = 2 < 2P: DualPipeV cannot run; the bench says why instead of failing.
-    assert "dualpipev" in res.output and "needs m >= 2P" in res.output
+    assert "dualpipev" in res.output and "2 x pipeline.stages" in res.output
     r = json.loads(out.read_text())
     assert r["stages"] == 2 and r["micro_batches"] == 2 and r["ideal_ratio"] == pytest.approx(1.5)
     # PyTorch's own schedules run beside ours by default; its DualPipeV refuses m < 2P in its own words.
     torch_names = {"pt_1f1b", "pt_interleaved1f1b", "pt_loopedbfs", "pt_interleavedzb", "pt_zbv"}
-    assert set(r["variants"]) == {"1f1b", "2bw", "2bw_ef", *torch_names}
+    assert set(r["variants"]) == {"1f1b", "2bw", "2bw_ef", "paci", *torch_names}
     assert set(r["skipped"]) == {"dualpipev", "pt_dualpipev"} and "ScheduleDualPipeV" in r["skipped"]["pt_dualpipev"]
     assert "pt_zbv = PyTorch ScheduleZBVZeroBubble" in res.output
     v = r["variants"]
@@ -87,7 +87,7 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
     # The schedule model: 1F1B's bubble is (P-1)/(m+P-1) whatever the costs; 2BW's steady state has none.
     assert r["analytic_bubble"]["1f1b"] == pytest.approx(1 / 3) and v["2bw"]["analytic_bubble"] == pytest.approx(0.0)
     assert v["2bw"]["ideal_ratio_to_1f1b"] == pytest.approx(1.5)
-    for name, versions, ef in (("1f1b", 1.0, False), ("2bw", 2.0, False), ("2bw_ef", 2.0, True)):
+    for name, versions, ef in (("1f1b", 1.0, False), ("2bw", 2.0, False), ("2bw_ef", 2.0, True), ("paci", 1.0, False)):
         x = v[name]
         assert x["tokens_per_s"] > 0 and len(x["idle_frac_per_stage"]) == 2 and len(x["norm_wait_ms_per_step"]) == 2
         assert len(x["compute_s_per_micro_batch"]) == 2 and all(y > 0 for y in x["compute_s_per_micro_batch"])
@@ -110,7 +110,9 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
     assert m0["peak_activation_mb"] == pytest.approx(2 * m0["activation_mb_per_micro_batch"], rel=0.01)
     assert set(r["simulator"]["ratio_to_delay0"]) == {"delay0", "delay1", "delay1_ef"}
     assert set(r["targets"]) == {"ratio_ge_0.95_ideal", "fastest_step_ratio_ge_0.95_ideal", "weights_le_two_versions",
-                                "simulator_delay1_le_1.10"}
+                                "simulator_delay1_le_1.10", "paci_weights_equal_1f1b", "paci_tokens_per_s_ge_2bw"}
+    # PACI holds one weight version: the same bytes per stage as 1F1B (measured by the engine's stash).
+    assert r["targets"]["paci_weights_equal_1f1b"] and v["paci"]["analytic_bubble"] == pytest.approx(0.0)
 
 
 def test_the_table_flags_ratios_within_their_spread_or_from_too_few_rounds() -> None:

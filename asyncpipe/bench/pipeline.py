@@ -1,4 +1,5 @@
-"""Pipeline throughput: DeepSpeed's flushed 1F1B, DeepSpeed's DualPipeV, our 2BW and 2BW + EF on the same model,
+"""Pipeline throughput: every declared schedule the pipeline engine runs (`asyncpipe.schedules`: DeepSpeed's flushed
+1F1B and DualPipeV, 2BW, PACI, and one registered from outside by import path) and 2BW + EF, on the same model,
 data, stages and micro-batches, alternating job by job in one set of local processes after a warm-up.
 
 Each schedule runs eager, compiled (`train.compile`; rows named `<schedule>+compiled`) or both; a compiled row's
@@ -19,15 +20,28 @@ from omegaconf import DictConfig
 from asyncpipe.bench import torch_pipelining as pt
 from asyncpipe.errors import UserError
 
-# name -> overrides on top of the user's; every variant runs the same model, data, stages and micro-batches.
-VARIANTS = {
-    "1f1b": ["delay=0"],
-    "dualpipev": ["delay=0", "pipeline.schedule=dualpipev"],
-    "2bw": ["delay=1"],
-    "2bw_ef": ["delay=1", "optimizer.ef.enabled=true"],
-    **pt.VARIANTS,  # PyTorch's own schedules (pt_1f1b, pt_zbv, ...): `asyncpipe.bench.torch_pipelining`
-}
-SYNC_MODEL = {"1f1b": "1f1b", "dualpipev": "dualpipev"}  # variant -> its schedule in `asyncpipe.pipe.orders`
+EF_VARIANT = {"2bw_ef": ["pipeline.schedule=2bw", "delay=1", "optimizer.ef.enabled=true"]}  # a schedule + a method
+
+
+def variants_of(names: Sequence[str]) -> dict[str, list[str]]:
+    """Variant name -> overrides on top of the user's (every variant runs the same model, data, stages and
+    micro-batches): a declared schedule by name or import path, ``all`` (every schedule the pipeline engine runs,
+    2bw_ef and PyTorch's own, pt_*), 2bw_ef or a pt_* one. The schedule's own delay and, where it cannot clip globally, per-stage clipping."""
+    from asyncpipe.schedules import get, schedules
+
+    if list(names) == ["all"]:
+        names = [s.name for s in schedules() if "pipeline" in s.engines] + list(EF_VARIANT) + list(pt.VARIANTS)
+    out = {}
+    for name in names:
+        if name in EF_VARIANT or name in pt.VARIANTS:  # PyTorch's own schedules: `asyncpipe.bench.torch_pipelining`
+            out[name] = {**EF_VARIANT, **pt.VARIANTS}[name]
+            continue
+        spec = get(name)
+        if "pipeline" not in spec.engines:
+            raise UserError(f"variant {name}: pipeline.schedule={spec.name} runs only in engine=simulate")
+        out[name] = [f"pipeline.schedule={name}", f"delay={1 if spec.delay is None else spec.delay}"]
+        out[name] += [] if "global" in spec.clip_modes else [f"pipeline.clip={spec.clip_modes[0]}"]
+    return out
 # Defaults a user override may replace: evaluation is a collective that would sit inside the timed window.
 BENCH_DEFAULTS = ["train.eval_batches=1"]
 
@@ -65,7 +79,9 @@ def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
     from asyncpipe.runtime.device import vocab_size_for
 
     vocab = vocab_size_for(cfg.model, load_manifest(dataset_dir(cfg.data, cfg.tokenizer)))
-    v_shape = cfg.pipeline.get("schedule", "auto") == "dualpipev"
+    from asyncpipe.schedules import resolve
+
+    v_shape = resolve(cfg).chunks == 2
     torch_schedule = cfg.pipeline.get("torch_schedule") is not None
     out = []
     for s in range(cfg.pipeline.stages):
@@ -163,13 +179,15 @@ def bench_pipeline(
     simulator_rounds: int = 3,
     log: Callable[[str], None] = print,
     compose: Optional[Callable[[list[str]], DictConfig]] = None,
-    variants: Sequence[str] = tuple(VARIANTS),
+    variants: Sequence[str] = ("all",),
     modes: Sequence[str] = ("eager",),
 ) -> dict:
     """Run warm-up, then ``rounds`` x ``variants`` jobs of ``steps`` steps each in one launch; medians.
     A variant that cannot run this configuration (DualPipeV with m < 2P) is reported with the reason."""
     from asyncpipe.config import compose as default_compose
+    from asyncpipe.errors import ConfigError
     from asyncpipe.pipe.orders import bubble_table
+    from asyncpipe.schedules import resolve
     from asyncpipe.spawn import Job, launch
 
     compose = compose or default_compose
@@ -182,9 +200,9 @@ def bench_pipeline(
 
     if not torch.cuda.is_available():  # else DeepSpeed warns "Setting accelerator to CPU" in the middle of the output
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or "1f1b" not in variants:
-        raise UserError(f"variants must include 1f1b and come from {', '.join(VARIANTS)}; got {', '.join(variants)}")
+    table = variants_of(variants)
+    if "1f1b" not in table:
+        raise UserError(f"variants must include 1f1b (the reference); got {', '.join(variants)}")
     if not modes or set(modes) - {"eager", "compiled"}:
         raise UserError(f"--compile {','.join(modes)}: give eager, compiled or both")
     base = [*BENCH_DEFAULTS, *overrides, "engine=pipeline", f"train.steps={steps}", f"train.eval_every={steps}"]
@@ -192,14 +210,20 @@ def bench_pipeline(
     t, p = probe.train, probe.pipeline
     P, m, D = p.stages, t.micro_batches, p.data_parallel
     skipped: dict[str, str] = {}
-    if "dualpipev" in variants and m < 2 * P:
-        skipped["dualpipev"] = (f"not run: DeepSpeed's DualPipeV needs m >= 2P = {2 * P} micro-batches per batch "
-                                f"(got m={m}); it also needs its V-shaped module (2 chunks per rank)")  # fmt: skip
-    skipped.update(pt.skip_reasons(variants, base, compose, P, m, modes))
-    eval_v = [f"train.eval_batches={max(t.eval_batches, 2 * P * D)}"]  # DualPipeV evaluates >= 2P micro-batches too
-    cfgs = {n + ("" if mode == "eager" else "+compiled"):
-            compose([*base, *VARIANTS[n], *(eval_v if n == "dualpipev" else []), f"train.compile={mode == 'compiled'}"])
-            for mode in modes for n in variants if n not in skipped}  # fmt: skip
+    skipped.update(pt.skip_reasons(list(table), base, compose, P, m, modes))
+    eval_v = [f"train.eval_batches={max(t.eval_batches, 2 * P * D)}"]  # a V evaluates >= 2P micro-batches too
+    cfgs = {}
+    for n, over in table.items():
+        if n in skipped:
+            continue
+        try:
+            v_shape = resolve(compose([*base, *over])).chunks == 2
+        except ConfigError as err:  # e.g. DualPipeV with m < 2P: said, not failed
+            skipped[n] = f"not run: {err}"
+            continue
+        for mode in modes:
+            cfgs[n + ("" if mode == "eager" else "+compiled")] = compose(
+                [*base, *over, *(eval_v if v_shape else []), f"train.compile={mode == 'compiled'}"])
     names = list(cfgs)
     warm = compose([*BENCH_DEFAULTS, *overrides, "engine=pipeline", "delay=1", f"train.steps={max(1, warmup_steps)}"])
     cfg = next(iter(cfgs.values()))
@@ -252,11 +276,13 @@ def bench_pipeline(
             mem_cache[key] = optimizer_state_bytes(cfgs[name])
         summaries = js[-1]["stages"]
         base_name = name.split("+")[0]
+        spec = resolve(cfgs[name])
+        # No flush: 2BW's steady state (PACI's recomputed forwards are not in it); a flush: its own order's bubble.
         bub = (pt.analytic_bubble(base_name, P, m, b_over_f) if pt.is_torch(base_name)
-               else analytic["2bw"] if base_name.startswith("2bw") else analytic[SYNC_MODEL[base_name]])  # fmt: skip
+               else analytic["2bw"] if not spec.flush else analytic.get(spec.orders or spec.name))  # fmt: skip
         variants_out[name] = {
             "schedule": pt.label(name) if pt.is_torch(name) else f"asyncpipe/DeepSpeed {base_name}",
-            "synchronous": not base_name.startswith("2bw"),
+            "synchronous": pt.is_torch(base_name) or spec.flush,
             "tokens_per_s": statistics.median(j["tokens_per_s"] for j in js),
             "tokens_per_s_per_round": [j["tokens_per_s"] for j in js],
             "step_time_s": statistics.median(j["step_time_s"] for j in js),
@@ -308,6 +334,13 @@ def bench_pipeline(
                 "fastest_step_ratio_ge_0.95_ideal": v2["ratio_to_1f1b_best_step"] >= 0.95 * ideal,
                 "weights_le_two_versions": all(x["weight_versions_peak"] <= 2.0 + 1e-9 for x in v2["memory_per_stage"]),
             },
+        })  # fmt: skip
+    if "paci" in variants_out:
+        vp, one = variants_out["paci"], variants_out.get("1f1b")
+        weights = lambda v: [x["peak_weight_mb"] for x in v["memory_per_stage"]]  # noqa: E731
+        out.setdefault("targets", {}).update({
+            "paci_weights_equal_1f1b": one is not None and weights(vp) == weights(one),
+            "paci_tokens_per_s_ge_2bw": "2bw" in variants_out and vp["tokens_per_s"] >= variants_out["2bw"]["tokens_per_s"],
         })  # fmt: skip
     if simulator:
         out["simulator"] = simulator_result(overrides, simulator_rounds, log, compose, threads=p.threads)
