@@ -99,13 +99,34 @@ def build(optimizer, cfg, delays):
 '''
 
 
+FILL_DRAIN = '''
+"""Fill-drain (GPipe): every forward of a batch, then every backward, then the step."""
+from asyncpipe.pipe.schedule import COMM, CommitP2P, gpipe_stream
+from asyncpipe.schedules import ScheduleSpec, declare_schedule, uniform
+
+
+def stream(m, P, stage, batches, start=0, defer_step=False):
+    for cmd in gpipe_stream(m, P, stage, batches):
+        batch = cmd.batch if hasattr(cmd, "batch") else cmd.micro_batch // m
+        if batch >= start:  # a resumed run starts at batch `start`
+            yield [cmd, CommitP2P()] if isinstance(cmd, COMM) else [cmd]  # each message posted at once
+
+
+declare_schedule(ScheduleSpec(
+    name="fill_drain", note="GPipe's fill-drain, a flush per batch", versions=uniform(0),
+    weight_versions=lambda P, s: 1, in_flight=lambda P, m, s: [m], stream=stream, delay=0,
+    stage_delay=lambda P, s, delay: 0,
+))
+'''
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("outside")
     pkg = root / "mylab"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    for name, text in (("lion", LION), ("damped", DAMPED), ("forgetful", NO_MEMORY)):
+    for name, text in (("lion", LION), ("damped", DAMPED), ("forgetful", NO_MEMORY), ("fill_drain", FILL_DRAIN)):
         (pkg / f"{name}.py").write_text(textwrap.dedent(text))
     path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
     return cli_env(PYTHONPATH=path, ASYNCPIPE_DATA=os.environ["ASYNCPIPE_DATA"])
@@ -194,3 +215,47 @@ def test_an_optimizer_declared_without_a_memory_model_is_refused():
 
     with pytest.raises(TypeError, match="declare its memory model"):
         register("nomem")
+
+
+def test_own_schedule_by_import_path_trains_benches_plans_and_draws(lab, tmp_path):
+    """A schedule in the researcher's package (`pipeline.schedule=mylab.fill_drain`): the pipeline engine runs its
+    stream and trains exactly as 1F1B does (both synchronous: the same maths), `plan` holds m micro-batches in
+    flight (1F1B: P - s), `bench pipeline` times it beside 1F1B, `schedule` draws it. No edit to asyncpipe."""
+    runs = {}
+    for name in ("mylab.fill_drain", "1f1b"):
+        runs[name] = tmp_path / name
+        proc = _run(lab, "train", "engine=pipeline", f"pipeline.schedule={name}", "delay=0", "pipeline.stages=2",
+                    "pipeline.threads=1", "precision=fp32", "device=cpu", f"run.dir={runs[name]}", *TRAIN)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    mine, ref = ([m["train_loss"] for m in read_metrics(runs[n]) if "train_loss" in m] for n in runs)
+    assert len(mine) == 5 and mine == pytest.approx(ref, rel=1e-5) and mine[-1] < mine[0]
+
+    planned = _run(lab, "plan", "engine=pipeline", "pipeline.schedule=mylab.fill_drain", "delay=0", "pipeline.stages=2",
+                   "train.micro_batches=4")  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    rows = [line.split() for line in planned.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    head = next(line.split() for line in planned.stdout.splitlines() if line.split()[:1] == ["stage"])
+    assert [r[head.index("in-flight")] for r in rows] == ["4", "4"] and "fill_drain on 2 stages" in planned.stdout
+
+    drawn = _run(lab, "schedule", "--schedule", "mylab.fill_drain", "--stages", "2", "--micro-batches", "3",
+                 "--batches", "2", "--out", str(tmp_path / "draw"))  # fmt: skip
+    assert drawn.returncode == 0, drawn.stderr
+    assert "# mylab.fill_drain: P=2, m=3, 2 batches" in drawn.stdout and "F2" in drawn.stdout
+
+    out = tmp_path / "bench.json"
+    benched = _run(lab, "bench", "pipeline", "model=tiny", "pipeline.stages=2", "train.micro_batches=2",
+                   "train.micro_batch_size=2", "train.seq_len=16", "--variants", "1f1b,mylab.fill_drain",
+                   "--rounds", "1", "--steps", "3", "--warmup-steps", "1", "--no-simulator", "--out", str(out))
+    assert benched.returncode == 0, benched.stderr
+    import json
+
+    result = json.loads(out.read_text())
+    assert set(result["variants"]) == {"1f1b", "mylab.fill_drain"}
+    assert result["variants"]["mylab.fill_drain"]["tokens_per_s"] > 0
+
+
+def test_the_guide_shows_the_schedule_the_test_runs():
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    section = guide[guide.index("## 4. A pipeline schedule") :]
+    code = section[section.index("```python\n") + len("```python\n") : section.index("```\n\n")]
+    assert code.strip() == textwrap.dedent(FILL_DRAIN).strip()

@@ -252,7 +252,7 @@ def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
     from asyncpipe.pipe.schedule import streamed
     from asyncpipe.pipe.timeline import simulate_schedule
 
-    if kind not in streamed():
+    if kind not in streamed(kind) and "." not in kind:
         known = list(dict.fromkeys(streamed() + list(SYNC_SCHEDULES)))
         raise UserError(f"--schedule {kind!r} is unknown; choose one of: {', '.join(known)}")
     if stages < 1 or micro_batches < 1 or batches < 1:

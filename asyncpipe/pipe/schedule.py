@@ -312,11 +312,13 @@ def two_bw_deferred_stream(micro_batches: int, stages: int, stage_id: int, batch
 DRAWN_ONLY = {"2bw-deferred": two_bw_deferred_stream, "gpipe": gpipe_stream}  # streams no config runs
 
 
-def streamed() -> list[str]:
+def streamed(kind: str = "") -> list[str]:
     """Names `stream` knows: every declared schedule with a stream of its own (`asyncpipe.schedules`), and the
-    drawn-only ones."""
-    from asyncpipe.schedules import schedules
+    drawn-only ones; ``kind``, an import path (``pkg.module``), is imported first so its schedule is among them."""
+    from asyncpipe.schedules import get, schedules
 
+    if "." in kind:
+        get(kind)
     return [s.name for s in schedules() if s.stream or s.ideal] + list(DRAWN_ONLY)
 
 
@@ -328,7 +330,7 @@ def stream(kind: str, micro_batches: int, stages: int, stage_id: int, batches: i
     maker: Optional[Any] = DRAWN_ONLY.get(kind)
     if maker is not None:
         return maker(micro_batches, stages, stage_id, batches)
-    if kind not in streamed():
+    if kind not in streamed(kind) and get(kind).name not in streamed():
         raise UserError(f"unknown schedule {kind!r}; choose one of: {', '.join(streamed())}")
     spec = get(kind)
     return flatten((spec.ideal or spec.stream)(micro_batches, stages, stage_id, batches, 0, False))
