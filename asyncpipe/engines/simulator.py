@@ -20,14 +20,7 @@ from asyncpipe.data import MicroBatches
 from asyncpipe.dist import Comm
 from asyncpipe.model import GPT, count_parameters, lm_loss, pop_moe_stats, set_aux_grad_scale
 from asyncpipe.model.compile import CompileClock, TrainingForward, compile_modules, wanted
-from asyncpipe.optim import (
-    DelayedWeights,
-    build_optimizer,
-    clip_grads,
-    compensate_grads,
-    forward_weights,
-    LRSchedule,
-)
+from asyncpipe.optim import DelayedWeights, LRSchedule, apply_update, build_optimizer, forward_weights, set_lr
 from asyncpipe.engines.staged import StagedStaleness, param_delays
 from asyncpipe.registry import describe
 from asyncpipe.schedules import resolve
@@ -119,9 +112,7 @@ class SimulatorEngine:
         """One optimizer step (every step lands at once: ``sync`` is for engines that can defer)."""
         start = time.perf_counter()
         t = self.cfg.train
-        lr_scale = self.lr_schedule.factor(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["base_lr"] * lr_scale
+        set_lr(self.optimizer, self.lr_schedule, self.step)  # before the forward: weight prediction reads it
         with self.delayed.stale(), forward_weights(self.optimizer):
             loss = self.forward_backward(self.step)
         if self.world > 1:
@@ -130,16 +121,16 @@ class SimulatorEngine:
         if self._diagnose_now():
             extras.update(self._fresh_grad_cosine())
             pop_moe_stats(self.model)  # the extra pass's router statistics are not this step's
-        norms = [clip_grads(group, t.grad_clip) for group in self.clip_groups]
+        staged = self.staged
+
+        def before_step() -> None:
+            self.delayed.advance()
+            if staged is not None:
+                staged.before_step()
+
+        norms = apply_update(self.optimizer, self.step, self.lr_schedule, t.grad_clip, [(g, None) for g in self.clip_groups],
+                             self.delayed.stale_weights(), before_step, staged.after_step if staged else None)
         grad_norm = math.sqrt(sum(n * n for n in norms))
-        compensate_grads(self.optimizer, self.delayed.stale_weights())
-        self.delayed.advance()
-        if self.staged is not None:
-            self.staged.before_step()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.staged is not None:
-            self.staged.after_step()
         for name in ("last_update_norm", "last_correction_norm"):
             value = getattr(self.optimizer, name, None)
             if value is not None:

@@ -9,9 +9,12 @@ from asyncpipe.optim.combined import CombinedOptimizer
 from asyncpipe.optim.delay import DelayedWeights, delays_for
 from asyncpipe.optim.ef import ErrorFeedback
 from asyncpipe.optim.registry import available, block_matrices, build_optimizer, register
+from asyncpipe.optim.update import apply_update, set_lr
 
 __all__ = [
     "CombinedOptimizer",
+    "apply_update",
+    "set_lr",
     "DelayedWeights",
     "ErrorFeedback",
     "LRSchedule",

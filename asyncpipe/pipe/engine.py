@@ -26,7 +26,7 @@ from deepspeed.runtime.pipe import schedule as ds_schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from asyncpipe.model import pop_moe_sums
-from asyncpipe.optim import clip_grads, compensate_grads, grad_sq_norm
+from asyncpipe.optim import apply_update, grad_sq_norm
 from asyncpipe.pipe import memory
 from asyncpipe.pipe import schedule as sched
 from asyncpipe.pipe.actmem import ActivationMeter
@@ -319,17 +319,14 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         for p, g in zip(params, grads):
             p.grad = g
         s = self.settings
-        norm = clip_grads(params, s.max_norm, total_norm=total_sq.sqrt())
-        # Gradient-side staleness mitigation, while the batch's weight version is still stashed.
-        compensate_grads(self.optimizer, dict(zip(params, self.stash.weights(self._batch_version(b)))))
         src = self.stash.latest if src_version is None else src_version
-        self.stash.begin_update(src, src + 1 if dst_version is None else dst_version)
-        scale = s.lr_schedule.factor(b)
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["base_lr"] * scale
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.stash.end_update(self.stash.latest + 1)
+        # Compensation reads the batch's weight version while it is still stashed; the step writes a fresh one.
+        (norm,) = apply_update(
+            self.optimizer, b, s.lr_schedule, s.max_norm,
+            [(params, total_sq.sqrt())], dict(zip(params, self.stash.weights(self._batch_version(b)))),
+            before_step=lambda: self.stash.begin_update(src, src + 1 if dst_version is None else dst_version),
+            after_step=lambda: self.stash.end_update(self.stash.latest + 1),
+        )  # fmt: skip
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
         self._record(b, float(stage_sq), norm if self._global_norm else math.nan)
