@@ -25,7 +25,6 @@ from asyncpipe.errors import UserError
 if TYPE_CHECKING:
     from asyncpipe.pipe.timeline import Timeline
 
-SYNC_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "dualpipev")
 
 
 @dataclass(frozen=True)
@@ -149,6 +148,7 @@ def dualpipev(stages: int, micro_batches: int) -> Plan:
 PLANS: dict[str, Callable[[int, int], Plan]] = {
     "1f1b": one_f_one_b, "zb-h1": zb_h1, "interleaved-1f1b": interleaved_1f1b, "dualpipev": dualpipev,
 }  # fmt: skip
+SYNC_SCHEDULES = tuple(PLANS)  # the one-batch orders drawn by data dependencies
 
 
 def plan(name: str, stages: int, micro_batches: int) -> Plan:
