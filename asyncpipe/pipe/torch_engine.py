@@ -33,7 +33,7 @@ from asyncpipe.torch_schedules import rank_chunks, spec
 from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale
 from asyncpipe.model.compile import compile_modules, wanted
 from asyncpipe.lr_schedule import LRSchedule
-from asyncpipe.optim import build_optimizer, clip_grads, grad_sq_norm
+from asyncpipe.optim import apply_update, build_optimizer, grad_sq_norm
 from asyncpipe.pipe import memory
 from asyncpipe.pipe.actmem import ActivationMeter
 from asyncpipe.pipe.faults import CutControl
@@ -205,14 +205,15 @@ class TorchPipeliningEngine:
             total = grad_sq_norm([_Grad(v) for v in everywhere.unbind()]).sqrt()
         else:
             total = torch.tensor(stage_sq).sqrt()
-        norm = clip_grads(self.params, t.grad_clip, total_norm=total)
-        scale = self.lr_schedule.factor(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["base_lr"] * scale
-        began = time.perf_counter()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.clock["by_op"]["OptimizerStep"] = self.clock["by_op"].get("OptimizerStep", 0.0) + time.perf_counter() - began
+        began = [0.0]
+
+        def done() -> None:
+            took = time.perf_counter() - began[0]
+            self.clock["by_op"]["OptimizerStep"] = self.clock["by_op"].get("OptimizerStep", 0.0) + took
+
+        # Synchronous (delay 0): nothing stale to compensate for.
+        (norm,) = apply_update(self.optimizer, self.step, self.lr_schedule, t.grad_clip, [(self.params, total)], {},
+                               before_step=lambda: began.__setitem__(0, time.perf_counter()), after_step=done)
         return norm, stage_sq
 
     @property

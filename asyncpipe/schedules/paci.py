@@ -15,8 +15,13 @@ the next stage through that graph, so it is exactly the gradient of the stage at
 never back-propagates through a graph whose saved weights the in-place step overwrote, so stock torch's version
 check holds; the forward graph of a straddler is discarded). The simulator runs the same recipe stage by stage.
 
-No global step: clipping is per stage (pipeline.clip=stage). Compensation: none or EF (each stage's own update
-stream, `asyncpipe.optim.compensation.ef`). A resumed run re-runs the micro-batches in flight at its checkpoint on
+No global step: clipping is per stage (pipeline.clip=stage; pipeline.clip=global is refused). Compensation: none or
+EF. EF under PACI is EF's rule, x -= u(t) + lam (u(t) - u(t-1)), applied by each stage to its own update stream at
+its own step (u: the optimizer's update from that stage's gradient). PACI's staleness is partial: in a batch only
+micro-batches j < P-1 read a one-step-older version on some stage (j < P-1-s' on stage s'), so a stage's gradient is
+a mix of fresh and partly stale terms; to first order its error is at most (P-1)/m of 2BW's, and lam = (P-1)/m is EF's
+matching strength (the default lam = 1 corrects for a fully stale gradient). Methods that read the stale weights
+(dc, weight prediction, ...) are refused: the stage's weights at backward are the current ones. A resumed run re-runs the micro-batches in flight at its checkpoint on
 the checkpoint's weights (the straddlers of that one batch read W(b), not W(b-1)).
 """
 
