@@ -65,6 +65,11 @@ CONFIGS: dict[str, list[str]] = {
     "sim_stage_lr_pipedream_p4": ["optimizer=adamw", "compensation=stage_lr", "compensation.stage_lr.anneal_frac=0",
                                   "delay_profile=pipedream", "delay=1", "pipeline.stages=4", *ADAMW],
     "pipe_adamw_d1": ["engine=pipeline", "optimizer=adamw", "delay=1", *ADAMW],
+    # PACI (issue 38): its per-stage, per-micro-batch staleness in the simulator and on the pipeline engine
+    "sim_paci_p4": ["optimizer=adamw", "pipeline.schedule=paci", "delay=1", "pipeline.clip=stage", "pipeline.stages=4",
+                    "train.micro_batches=4", *ADAMW],
+    "pipe_paci_p2": ["engine=pipeline", "optimizer=adamw", "pipeline.schedule=paci", "delay=1", "pipeline.clip=stage",
+                     *ADAMW],
     "pipe_dualpipev_d0": ["engine=pipeline", "pipeline.schedule=dualpipev", "optimizer=adamw", "delay=0",
                           "train.micro_batches=4", *ADAMW],
 }
