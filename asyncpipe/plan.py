@@ -189,8 +189,9 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
     P, delay = p.stages, min(int(cfg.delay), 1)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cfg.device != "cpu")  # a plan is for GPUs
     tokens = t.micro_batch_size * t.seq_len
-    deferred = (spec.name == "2bw" and p.clip == "global" and t.grad_clip > 0 and P > 1
-                and p.defer_step is not False)  # fmt: skip
+    # As the engine: a step can be deferred where the stream runs on while a second version holds the old weights.
+    deferred = (spec.stream is not None and spec.weight_versions(P, 0) > 1 and p.clip == "global" and t.grad_clip > 0
+                and P > 1 and p.defer_step is not False)  # fmt: skip
     n_chunks = spec.chunks * P
     if n_chunks > m.n_layer:
         raise UserError(f"pipeline.schedule={spec.name} cuts the model into {n_chunks} chunks of at least one block; "
