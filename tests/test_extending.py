@@ -235,7 +235,7 @@ def test_own_schedule_by_import_path_trains_benches_plans_and_draws(lab, tmp_pat
     assert planned.returncode == 0, planned.stderr
     rows = [line.split() for line in planned.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
     head = next(line.split() for line in planned.stdout.splitlines() if line.split()[:1] == ["stage"])
-    assert [r[head.index("in-flight")] for r in rows] == ["4", "4"] and "fill_drain on 2 stages" in planned.stdout
+    assert [r[head.index("in-flight")] for r in rows] == ["4", "4"] and "FILL_DRAIN on 2 stages" in planned.stdout
 
     drawn = _run(lab, "schedule", "--schedule", "mylab.fill_drain", "--stages", "2", "--micro-batches", "3",
                  "--batches", "2", "--out", str(tmp_path / "draw"))  # fmt: skip
