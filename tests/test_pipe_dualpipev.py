@@ -45,7 +45,9 @@ def test_dualpipev_matches_the_simulator() -> None:
     from asyncpipe.trainer import Trainer
 
     # m = 6 training micro-batches against 4 evaluation ones: the two schedules' buffers differ.
-    cfg = compose(["model=tiny", *BASE, "train.micro_batches=6", "optimizer=adamw"])
+    # At the lr this parity was validated at (v3's tiny AdamW winner), not the tuned table's default for this regime
+    # (5e-3 since 1f43965, where the engines part by 5e-5 relative at step 9: summation order under Adam's scaling).
+    cfg = compose(["model=tiny", *BASE, "train.micro_batches=6", "optimizer=adamw", "optimizer.lr=0.016"])
     (result,) = launch([Job(cfg, None, show_progress=False)], timeout_s=240)
     sim = Trainer(OmegaConf.merge(cfg, {"engine": "simulate"}))
     threads = torch.get_num_threads()
