@@ -15,12 +15,18 @@ The model (bytes per parameter, elements saved per token) follows what this code
 - activations: the tensors autograd saves per token, counted layer by layer (`_saved_per_token`), for each
   micro-batch in flight on stage s, as the schedule declares it per model chunk (min(P - s, m) under 1F1B, 2BW
   and PACI; DualPipeV's two chunks per rank counted on DeepSpeed's order, each chunk at its own peak); a chunk's
-  output activation is held too until its gradient returns, and the loss chunk keeps its logits.
+  output activation is held too until its gradient returns, and the loss chunk keeps its logits;
+- bf16 autocast copies (precision bf16): every micro-batch's forward casts each matmul weight to bf16 and autograd
+  keeps that copy until the micro-batch's backward (autocast's cast cache lives for one forward), so a stage holds
+  2 bytes x its matmul parameters (every 2+-D tensor but the embedding table, which is looked up, not multiplied;
+  all experts, as every expert receives tokens at real batch sizes) per micro-batch in flight (`_cast_params`,
+  measured in `tests/test_plan.py`). This does not depend on the micro-batch size.
 It ignores allocator slack, framework workspaces and communication buffers other than those named.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -107,6 +113,16 @@ def _saved_per_token(m: Any, kind: str, vocab: int, bf16: bool) -> float:
     return 2 * norm + attn + mlp
 
 
+def _cast_params(shape: LayerShape, vocab: int, d_model: int) -> int:
+    """Parameters of ``shape`` that bf16 autocast copies in every training forward: its matmul weights (a head
+    tied to the embedding is cast too; the embedding lookup is not)."""
+    if shape.kind == "embedding":
+        return 0
+    if shape.kind == "head":
+        return vocab * d_model
+    return sum(count * math.prod(dims) for count, dims, _ in shape.tensors)
+
+
 @dataclass
 class StagePlan:
     stage: int
@@ -123,6 +139,7 @@ class StagePlan:
     total: float
     max_micro_batch: int  # largest micro-batch size whose total fits the budget (0: none)
     chunks: list[tuple[int, int]] = field(default_factory=list)  # every chunk's range (two in DualPipeV's V)
+    casts: float = 0.0  # bf16 autocast copies of the matmul weights, one per micro-batch in flight (bytes)
 
 
 @dataclass
@@ -221,11 +238,13 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
         held_per_token = sum(k * x for k, x in zip(held, per_chunk))  # each chunk at its own peak: an upper bound
         in_flight = max(held)
         act = per_token * tokens
-        static = versions * w + grads + opt + ef
+        casts = 2.0 * sum(k * sum(_cast_params(x, vocab, m.d_model) for x in shapes[parts[c] : parts[c + 1]])
+                          for k, c in zip(held, chunks)) if bf16 else 0.0  # each chunk's copies, per micro-batch held
+        static = versions * w + grads + opt + ef + casts
         fit = int((budget - static) // (held_per_token * t.seq_len)) if budget > static else 0
         stages.append(StagePlan(s, (parts[chunks[0]], parts[chunks[0] + 1]), n, versions, versions * w, grads, opt,
                                 ef, in_flight, act, held_per_token * tokens, static + held_per_token * tokens,
-                                max(0, fit), [(parts[c], parts[c + 1]) for c in chunks]))  # fmt: skip
+                                max(0, fit), [(parts[c], parts[c + 1]) for c in chunks], casts))  # fmt: skip
     total, active = model_params(m, vocab)
     notes = [n for n in (batch_note(cfg),) if n]
     if cfg.delay > 1:
@@ -299,20 +318,21 @@ def render(pl: Plan, cfg: Optional[Any] = None) -> str:
             f"{pl.schedule} on {p.stages} stages x {p.data_parallel} {plural(p.data_parallel, 'replica')} | micro-batch {t.micro_batch_size} x "
             f"{t.seq_len} tokens, {t.micro_batches} per step | {describe(cfg)} | budget {pl.gpu_mem_gib:g} GiB per device"
         )
-    head = ("stage", "layers", "params", "ver", "weights", "grads", "optim", "EF/comp", "in-flight", "activ", "total",
-            "fits", "max mb")  # fmt: skip
+    head = ("stage", "layers", "params", "ver", "weights", "grads", "optim", "EF/comp", "in-flight", "activ",
+            "bf16 w", "total", "fits", "max mb")  # fmt: skip
     rows = [head]
     for s in pl.stages:
         ok = s.total <= pl.gpu_mem_gib * GIB
         label = " & ".join(layer_label(c, pl.n_layer) for c in (s.chunks or [s.layers]))
         rows.append((str(s.stage), label, f"{s.params / 1e6:.2f}M", str(s.versions),
                      g(s.weights), g(s.grads), g(s.optimizer), g(s.ef), str(s.in_flight), g(s.activations),
-                     g(s.total), "yes" if ok else "NO", str(s.max_micro_batch)))  # fmt: skip
+                     g(s.casts), g(s.total), "yes" if ok else "NO", str(s.max_micro_batch)))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     lines.append("layers: transformer blocks b0..b{n}; emb (token embedding) and head (final norm + output layer) "
                  "are the layer list's first and last entries, partitioned like blocks".format(n=pl.n_layer - 1))
     lines.append("GiB per device; in-flight: micro-batches whose activations a stage holds (min(P - s, m));")
+    lines.append("bf16 w: bf16 autocast's copy of the stage's matmul weights, kept by each in-flight micro-batch;")
     lines.append("max mb: the largest micro-batch size (sequences) whose total fits the budget.")
     lines += [f"note: {n}" for n in pl.notes]
     lines.append(verdict(pl))

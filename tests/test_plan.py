@@ -199,3 +199,54 @@ def test_plan_reads_the_schedules_declaration() -> None:
     two = plan(compose(base + ["delay=1"]))
     assert [s.weights for s in paci.stages] == [s.weights for s in one.stages] == [s.weights / 2 for s in two.stages]
     assert [s.in_flight for s in paci.stages] == [s.in_flight for s in one.stages] == [2, 1]
+
+
+def _bf16_copies_held(model: GPT, ids: torch.Tensor, in_flight: int) -> int:
+    """Bytes of the bf16 copies of whole parameters that autograd keeps while ``in_flight`` micro-batches, each
+    forwarded under its own autocast region (as DeepSpeed's engine and the simulator run them), await backward."""
+    masters = [p.detach().bfloat16().flatten() for p in model.parameters()]
+    copies: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if t.dtype == torch.bfloat16:
+            flat = torch.empty(0, dtype=torch.bfloat16).set_(st)
+            if any(flat.numel() == m.numel() and torch.equal(flat, m) for m in masters):
+                copies[st.data_ptr()] = st.nbytes()
+        return t
+
+    held = []
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for _ in range(in_flight):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                held.append(lm_loss(model(ids), ids))
+    return sum(copies.values())
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_bf16_autocast_copies_are_one_per_micro_batch_in_flight(name: str) -> None:
+    """Each micro-batch's forward keeps its own bf16 copy of every matmul weight until its backward: 3 in flight
+    hold 3 copies, exactly the bytes the plan counts (embedding table excluded: it is looked up)."""
+    over = [f"model={name}", "pipeline.stages=1", "train.micro_batch_size=1", "train.seq_len=16", "device=cpu"]
+    model = GPT(compose(over).model, 256)
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+    per_micro_batch = plan(compose(over + ["precision=bf16"])).stages[0].casts
+    assert per_micro_batch > 0 and plan(compose(over + ["precision=fp32"])).stages[0].casts == 0
+    assert _bf16_copies_held(model, ids, 3) == 3 * per_micro_batch
+
+
+def test_bf16_pipeline_stage_memory_is_within_the_plan() -> None:
+    """A CPU bf16 2BW pipeline (2 stages, m=4): each stage's measured activation peak (the engine's
+    saved-tensor meter, bf16 weight copies included) is within the 15 % the plan states for measured memory
+    (docs/performance.md); at 1 x 16 tokens the copies are most of it, so leaving them out would be 2.5x low."""
+    from asyncpipe.spawn import Job, launch
+
+    cfg = compose(["engine=pipeline", "device=cpu", "precision=bf16", "model=tiny", "pipeline.stages=2", "delay=1",
+                   "train.micro_batches=4", "train.steps=2", "train.eval_every=2", "train.eval_batches=1",
+                   "pipeline.threads=1", "train.micro_batch_size=1", "train.seq_len=16"])  # fmt: skip
+    planned = plan(cfg).stages
+    [result] = launch([Job(cfg, None, show_progress=False)], timeout_s=600)
+    for st in result["stages"]:
+        s = planned[st["stage"]]
+        assert st["peak_activation_bytes"] == pytest.approx(s.activations + s.casts, rel=0.15), st["stage"]
+        assert st["peak_activation_bytes"] > 1.5 * s.activations  # the copies matter here
