@@ -67,7 +67,7 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
             "train.seq_len=16", "--rounds", "1", "--steps", "3", "--warmup-steps", "1", "--out", str(out)]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "fraction of ideal" in res.output
+    assert "fraction of ideal" in res.output and "timed by: host" in res.output
     assert "1 round: too few to judge (--rounds 3+)" in res.output  # issue 41: one round has no spread
     # m = 2 < 2P: DualPipeV cannot run; the bench says why instead of failing.
     assert "dualpipev" in res.output and "2 x pipeline.stages" in res.output
@@ -92,6 +92,7 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
         assert x["tokens_per_s"] > 0 and len(x["idle_frac_per_stage"]) == 2 and len(x["norm_wait_ms_per_step"]) == 2
         assert len(x["compute_s_per_micro_batch"]) == 2 and all(y > 0 for y in x["compute_s_per_micro_batch"])
         assert all(0.0 <= f < 1.0 for f in x["idle_frac_per_stage"])
+        assert x["timing"] == ["host"]  # CPU: host clocks, and the bench says so
         for mem in x["memory_per_stage"]:
             assert mem["weight_versions_peak"] == pytest.approx(versions)
             assert mem["optimizer_state_mb"] > mem["param_mb"] > 0

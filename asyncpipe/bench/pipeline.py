@@ -301,6 +301,8 @@ def bench_pipeline(
             "seconds_blocked_in_per_stage": [x.get("seconds_blocked_in", {}) for x in summaries
                                              if x.get("replica", 0) == 0],
             "compile_s_per_stage": [x.get("compile_s") for x in summaries if x.get("replica", 0) == 0],
+            # What measured idle / wait / compute: host clocks (CPU, trace) or CUDA events (asyncpipe.pipe.clock).
+            "timing": sorted({x.get("timing", "host") for x in summaries}),
         }  # fmt: skip
     for name, v in variants_out.items():
         ref = variants_out["1f1b" + name[len(name.split("+")[0]):]]  # the same mode's 1F1B
@@ -409,6 +411,10 @@ def format_result(res: dict) -> str:
             rounds = ", ".join(f"{y:.3f}" for y in x["compile_speedup_per_round"])
             note = " (within the rounds' spread: not a difference)" if x["compile_speedup_within_spread"] else ""
             lines.append(f"{name}: {x['compile_speedup']:.3f}x the eager tokens/s, per round {rounds}{note}")
+    modes = sorted({m for x in v.values() for m in x.get("timing", [])})
+    if modes:
+        lines.append(f"idle, norm-wait and compute timed by: {', '.join(modes)} (host: perf_counter around each "
+                     "instruction, valid on CPU/gloo; cuda_events: the stage stream's view)")
     if "fraction_of_ideal" in res:
         flag = spread_note(res["ratio_per_round"])
         lines.append(f"2bw/1f1b {res['ratio_2bw_over_1f1b']:.3f}  ideal (m+P-1)/m {res['ideal_ratio']:.3f}  "

@@ -14,11 +14,10 @@ gradient norms cross stages by an all-reduce that, when deferred, overlaps the n
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from types import SimpleNamespace
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Iterator, Optional
 
 import torch
 import torch.distributed as tdist
@@ -30,6 +29,7 @@ from asyncpipe.optim import apply_update, grad_sq_norm
 from asyncpipe.pipe import memory
 from asyncpipe.pipe import schedule as sched
 from asyncpipe.pipe.actmem import ActivationMeter
+from asyncpipe.pipe.clock import StageClock
 from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.pipe.p2p import BatchedP2P
 from asyncpipe.pipe.stage import PipeSettings
@@ -94,10 +94,10 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         self._batches_run = 0
         self._batch_loss: dict[int, list] = {}
         self._pending: dict[int, tuple] = {}
-        self._clock = {"wait": 0.0, "compute": 0.0, "inner_wait": 0.0}
-        self._mark = dict(self._clock)
-        self._by_op: dict[str, float] = {}  # seconds per instruction kind, waits included
-        self._by_wait: dict[str, float] = {}  # seconds blocked inside handlers, per collective
+        # Seconds waiting / computing: host clocks on the CPU (and under trace, which synchronises), CUDA events
+        # on a GPU, where NCCL waits stall the stream, not the host (`asyncpipe.pipe.clock`).
+        self.timer = StageClock(self.device, host=settings.trace)
+        self._mark = dict(self.timer.totals)
         self._batch_walls: dict[int, float] = {}  # batch -> seconds its train_batch() call took here
         self.trace: list[tuple] = []
         self.last_loss = math.nan  # last stage: mean train loss of the latest reduced batch
@@ -183,25 +183,17 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         if self.settings.trace and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         start = time.perf_counter()
-        inner = self._clock["inner_wait"]
-        if isinstance(cmd, _FORWARD):
-            with self.activations.forward((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"])):
+        with self.timer.instruction(type(cmd).__name__, isinstance(cmd, _WAIT)):
+            if isinstance(cmd, _FORWARD):
+                with self.activations.forward((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"])):
+                    fn(self, **cmd.kwargs)
+            else:
                 fn(self, **cmd.kwargs)
-        else:
-            fn(self, **cmd.kwargs)
-            if isinstance(cmd, _BACKWARD):
-                self.activations.backward_done((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"]))
+                if isinstance(cmd, _BACKWARD):
+                    self.activations.backward_done((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"]))
         if self.settings.trace and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()
-        waited = self._clock["inner_wait"] - inner
-        name = type(cmd).__name__
-        self._by_op[name] = self._by_op.get(name, 0.0) + end - start
-        if isinstance(cmd, _WAIT):
-            self._clock["wait"] += end - start
-        else:
-            self._clock["wait"] += waited
-            self._clock["compute"] += end - start - waited
         if self.settings.trace:
             self.trace.append((type(cmd).__name__, cmd.kwargs.get("micro_batch"), start, end))
 
@@ -210,16 +202,8 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         slots = [t for slot in self.stash.slots if slot is not None for t in slot]
         return [*self.module.parameters(), *self.module.buffers(), *self.stash.params, *slots]
 
-    @contextlib.contextmanager
-    def _waiting(self, what: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            waited = time.perf_counter() - start
-            self._clock["inner_wait"] += waited
-            self._clock[what] = self._clock.get(what, 0.0) + waited
-            self._by_wait[what] = self._by_wait.get(what, 0.0) + waited
+    def _waiting(self, what: str) -> ContextManager[None]:
+        return self.timer.waiting(what)
 
     # -- 2BW compute: DeepSpeed's forward/backward on the micro-batch's pinned weight version ------------
     def _tb_load(self, buffer_id: int, micro_batch: int) -> None:
@@ -340,8 +324,9 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             else:
                 acc = self._batch_loss.pop(b)
                 loss_sum, count = float(acc[0]), acc[1]
-        d = {k: self._clock.get(k, 0.0) - self._mark.get(k, 0.0) for k in ("wait", "compute", "norm_allreduce")}
-        self._mark = dict(self._clock)
+        self.timer.settle()  # CUDA: the step's events have completed (its numbers are read here anyway)
+        d = {k: self.timer.totals.get(k, 0.0) - self._mark.get(k, 0.0) for k in ("wait", "compute", "norm_allreduce")}
+        self._mark = dict(self.timer.totals)
         moe_lb, moe_z, moe_count = pop_moe_sums(self.module)
         update = getattr(self.optimizer, "last_update_norm", None)
         corr = getattr(self.optimizer, "last_correction_norm", None)
@@ -365,7 +350,8 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
 
     def stage_summary(self) -> dict[str, Any]:
         """This rank's totals over the run: idle fraction, weight memory, schedule facts."""
-        wait, compute = self._clock["wait"], self._clock["compute"]
+        self.timer.settle()
+        wait, compute = self.timer.totals["wait"], self.timer.totals["compute"]
         return {
             "stage": self.stage_id, "replica": self.grid.data_parallel_id, "wait_s": wait, "compute_s": compute,
             "idle_frac": wait / (wait + compute) if wait + compute > 0 else 0.0,
@@ -373,7 +359,8 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             "weight_versions_peak": self.stash.peak_bytes / max(1, self.stash.param_bytes),
             "deferred_step": self.defer_step, "global_norm_allreduce": self._global_norm,
             "schedule": self.spec.name, "recomputed_backwards": self.recomputed,
-            "seconds_by_op": dict(self._by_op), "seconds_blocked_in": dict(self._by_wait),
+            "seconds_by_op": dict(self.timer.by_op), "seconds_blocked_in": dict(self.timer.by_wait),
+            "timing": self.timer.mode,  # host: perf_counter (CPU, or trace); cuda_events: the stream's view
             "peak_mem_bytes": memory.peak_since(self.memory_baseline, self.device),  # since the stage was built
             "peak_activation_bytes": self.activations.peak_bytes,
             "activation_bytes_per_micro_batch": self.activations.max_micro_batch_bytes,
