@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -28,14 +27,39 @@ from asyncpipe.runtime.device import autocast_context
 from asyncpipe.runtime.engine import Agreement, Setup
 
 
-@dataclass
 class StepResult:
-    step: int
-    train_loss: float
-    grad_norm: float
-    lr: float
-    step_time: float
-    extras: dict = field(default_factory=dict)
+    """One step's numbers, as its metrics record holds them. The loss, norms and diagnostics stay on the device
+    until read: the first read of any (or the engine's next host read, see `SimulatorEngine`) moves every
+    pending step's numbers to the host in one transfer."""
+
+    def __init__(self, record: dict, read: Callable[[], None]) -> None:
+        self._record, self._read = record, read
+
+    def _get(self, key: str) -> Any:
+        if any(torch.is_tensor(v) for v in self._record.values()):
+            self._read()
+        return self._record[key]
+
+    step = property(lambda self: self._record["step"])
+    lr = property(lambda self: self._record["lr"])
+    step_time = property(lambda self: self._record["step_time"])
+    train_loss = property(lambda self: self._get("train_loss"))
+    grad_norm = property(lambda self: self._get("grad_norm"))
+
+    @property
+    def extras(self) -> dict:
+        self._get("step")
+        return {k: v for k, v in self._record.items() if k not in RECORD_KEYS}
+
+
+RECORD_KEYS = ("step", "train_loss", "lr", "grad_norm", "step_time")
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on ``device``: on CUDA through pinned memory, so the copy does not block the host."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 class SimulatorEngine:
@@ -84,19 +108,32 @@ class SimulatorEngine:
             compile_modules([self.train_forward], t.compile_backend)
         self.step = 0
         self.tokens_per_step = t.micro_batch_size * t.micro_batches * t.seq_len * self.world
-        self.comm = Comm(self.world)  # the default process group (set up by the trainer when world > 1)
-        self._records: list[dict] = []
-        self._last: Optional[StepResult] = None
+        # The replicas' control messages (stop flags, gathers): the default group on the CPU; on CUDA a gloo group
+        # of their own, so agreeing on a flag each step never waits for the GPU (NCCL's object collectives do).
+        control = None
+        if self.world > 1 and self.device.type == "cuda":
+            import torch.distributed as tdist
+
+            control = tdist.new_group(list(range(self.world)), backend="gloo")
+        self.comm = Comm(self.world, control)
+        self._records: list[dict] = []  # steps not yet handed to the trainer, in order
+        self._unread: list[dict] = []  # records whose device scalars the host has not read yet
+        self._agreed: tuple[Optional[float], int] = (None, 0)  # the latest loss read on the host, and its step
+        # How often the host reads the step's scalars (loss, norms): every step on the CPU, where reading costs
+        # nothing; on CUDA once per logging interval (and at evaluations, checkpoints and the end), so the GPU's
+        # queue stays full between. Divergence is then seen at the next read.
+        self.read_every = 1 if self.device.type != "cuda" else max(1, int(cfg.train.log_every))
 
     # -- one optimizer step -------------------------------------------------------------------------------
-    def forward_backward(self, step: int) -> float:
-        """Accumulate the step's mean-loss gradient at the current model weights; returns the mean loss."""
+    def forward_backward(self, step: int) -> torch.Tensor:
+        """Accumulate the step's mean-loss gradient at the current model weights; returns the mean loss (a float64
+        scalar on the device, summed as Python floats would be: no host read per micro-batch)."""
         m = self.cfg.train.micro_batches
         first = (step * self.world + self.rank) * m
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for j in range(m):
             x, y = self.train_data.get(first + j)
-            x, y = x.to(self.device), y.to(self.device)
+            x, y = to_device(x, self.device), to_device(y, self.device)
             if self.staged is not None:
                 # Numbered per replica, as each replica's pipeline numbers its own (PACI's a = m per replica).
                 total += self.staged.micro_batch(step * m + j, x, y, lm_loss,
@@ -105,7 +142,7 @@ class SimulatorEngine:
             with autocast_context(self.device, self.cfg.precision):
                 loss = self.train_forward(x, y)
             (loss / m).backward()
-            total += loss.item()
+            total += loss.detach().double()
         return total / m
 
     def train_step(self, sync: bool = True) -> StepResult:
@@ -130,11 +167,14 @@ class SimulatorEngine:
 
         norms = apply_update(self.optimizer, self.step, self.lr_schedule, t.grad_clip, [(g, None) for g in self.clip_groups],
                              self.delayed.stale_weights(), before_step, staged.after_step if staged else None)
-        grad_norm = math.sqrt(sum(n * n for n in norms))
+        sq = norms[0].double() * norms[0].double()  # on the device, summed left to right as Python floats would be
+        for n in norms[1:]:
+            sq = sq + n.double() * n.double()
+        grad_norm = sq.sqrt()
         for name in ("last_update_norm", "last_correction_norm"):
             value = getattr(self.optimizer, name, None)
             if value is not None:
-                extras[name.removeprefix("last_")] = float(value)
+                extras[name.removeprefix("last_")] = value
         extras.update(getattr(self.optimizer, "diagnostics", {}))
         self.step += 1
         lr = self.optimizer.param_groups[0]["lr"]
@@ -144,22 +184,40 @@ class SimulatorEngine:
         compile_s = self.clock.record(took)
         if compile_s is not None:
             self.log(f"torch.compile: {compile_s:.1f} s of compile in the first step (counted apart)")
-        result = StepResult(self.step, loss, float(grad_norm), lr, took, extras)
-        self._last = result
-        self._records.append({"step": result.step, "train_loss": loss, "lr": lr, "grad_norm": result.grad_norm,
-                              "step_time": result.step_time, **extras})  # fmt: skip
-        return result
+        record = {"step": self.step, "train_loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time": took, **extras}
+        self._records.append(record)
+        self._unread.append(record)
+        if sync or self.step % self.read_every == 0 or self.step == t.steps:
+            self.read()
+        return StepResult(record, self.read)
+
+    def read(self) -> None:
+        """Move every unread step's device scalars to the host in one transfer (floats, as ``float(t)`` gives)."""
+        todo = [(rec, k) for rec in self._unread for k, v in rec.items() if torch.is_tensor(v)]
+        if todo:
+            flat = torch.stack([rec[k].detach().reshape(()).to(self.device, torch.float64) for rec, k in todo])
+            for (rec, k), value in zip(todo, flat.tolist()):
+                rec[k] = value
+        if self._unread:
+            last = self._unread[-1]
+            self._agreed = (last["train_loss"], last["step"])  # already the replicas' mean
+        self._unread = []
 
     # -- what the trainer asks of an engine ---------------------------------------------------------------
     def agree(self, stop: bool) -> Agreement:
-        loss = None if self._last is None else self._last.train_loss  # already the replicas' mean
-        return Agreement(self.comm.any(stop), loss, self.step)
+        """The stop flag of every replica, and the latest train loss the host has read (and its step)."""
+        loss, step = self._agreed
+        return Agreement(self.comm.any(stop), loss, step)
 
     def settle(self) -> None:
-        """Nothing is ever pending here."""
+        """Nothing is ever pending here (the update of every step has landed)."""
 
     def records(self, synced: bool = False) -> list[dict]:
-        out, self._records = self._records, []
+        """The steps read so far (``synced``: every step, read now)."""
+        if synced:
+            self.read()
+        n = len(self._records) - len(self._unread)
+        out, self._records = self._records[:n], self._records[n:]
         return out if self.rank == 0 else []
 
     def finish(self) -> tuple[Agreement, dict]:
@@ -174,19 +232,19 @@ class SimulatorEngine:
             f"{' compiled' if self.clock.compiled else ''}"
         )
 
-    def _average_replicas(self, loss: float) -> float:
+    def _average_replicas(self, loss: torch.Tensor) -> torch.Tensor:
         """Mean gradient and loss over replicas: one flat all-reduce, before clipping (as the pipeline does)."""
         import torch.distributed as tdist
 
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([loss], device=self.device, dtype=grads[0].dtype)])
+        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.as_tensor(loss, device=self.device).reshape(1).to(grads[0].dtype)])
         tdist.all_reduce(flat)
         flat /= self.world
         offset = 0
         for p, g in zip(self.params, grads):
             p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
             offset += g.numel()
-        return float(flat[-1])
+        return flat[-1].clone()  # not a view: the flat buffer is freed before the loss is read
 
     def _diagnose_now(self) -> bool:
         every = self.cfg.diagnostics.fresh_grad_every
@@ -198,7 +256,7 @@ class SimulatorEngine:
         self.optimizer.zero_grad(set_to_none=True)
         self.forward_backward(self.step)
         if self.world > 1:
-            self._average_replicas(0.0)
+            self._average_replicas(torch.zeros(()))
         fresh = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         dot = sum((a.double() * b.double()).sum() for a, b in zip(stale, fresh))
         na = math.sqrt(sum(float(a.double().pow(2).sum()) for a in stale))
@@ -221,7 +279,7 @@ class SimulatorEngine:
         losses = []
         for x, y in batches:  # the model itself: eager in both modes (train.compile compiles `train_forward`)
             with autocast_context(self.device, self.cfg.precision):
-                losses.append(lm_loss(self.model(x.to(self.device)), y.to(self.device)).item())
+                losses.append(lm_loss(self.model(to_device(x, self.device)), to_device(y, self.device)).item())
         self.model.train()
         return sum(losses) / len(losses)
 

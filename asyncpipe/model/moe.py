@@ -102,6 +102,8 @@ class MoE(nn.Module):
         token = order // k
         xs = flat.index_select(0, token)
         gates, ups, downs = self.w_gate.unbind(0), self.w_up.unbind(0), self.w_down.unbind(0)
+        # Dropless experts of data-dependent sizes: the split needs the counts on the host (one read per layer and
+        # micro-batch on a GPU; a grouped-GEMM kernel taking the counts on the device would remove it).
         pieces = [_swiglu(xe, gates[i], ups[i], downs[i]) for i, xe in enumerate(xs.split(kept.tolist())) if len(xe)]
         ys = torch.cat(pieces) if pieces else xs.new_zeros((0, shape[-1]))
         ys = ys * weights.reshape(-1).index_select(0, order).unsqueeze(-1).to(ys.dtype)

@@ -25,19 +25,20 @@ def grad_sq_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
 
 def clip_grads(
     params: Iterable[torch.Tensor], max_norm: float, total_norm: Optional[Union[float, torch.Tensor]] = None
-) -> float:
+) -> torch.Tensor:
     """Scale gradients by min(1, max_norm / (total_norm + 1e-6)); ``max_norm <= 0`` leaves them alone.
 
-    ``total_norm`` defaults to the global L2 norm of ``params``' gradients. Returns the (pre-clip) norm.
-    """
+    ``total_norm`` defaults to the global L2 norm of ``params``' gradients. Returns the (pre-clip) norm as a 0-dim
+    tensor on the gradients' device, and never reads it on the host: the scale is formed on the device (in float64,
+    the arithmetic a Python float would do, so the clipped gradients are bit for bit those of a host-side rule),
+    and a caller reads the norm when it records it."""
     params = list(params)
     if total_norm is None:
         total_norm = grad_sq_norm(params).sqrt()
-    norm = float(total_norm)
-    if max_norm > 0:
-        scale = max_norm / (norm + 1e-6)
-        if scale < 1:
-            grads = _grads(params)
-            if grads:
-                torch._foreach_mul_(grads, scale)
-    return norm
+    grads = _grads(params)
+    total_norm = torch.as_tensor(total_norm, device=grads[0].device if grads else None)
+    if max_norm > 0 and grads:
+        scale = max_norm / (total_norm.double() + 1e-6)
+        # Where the scale is not below 1 (NaN included) the gradients are multiplied by exactly 1: unchanged.
+        torch._foreach_mul_(grads, torch.where(scale < 1, scale, torch.ones_like(scale)))
+    return total_norm

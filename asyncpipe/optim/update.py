@@ -34,11 +34,12 @@ def apply_update(
     stale: Mapping[torch.Tensor, torch.Tensor],
     before_step: Optional[Callable[[], None]] = None,
     after_step: Optional[Callable[[], None]] = None,
-) -> list[float]:
+) -> list[torch.Tensor]:
     """Clip each group (its parameters, and its norm when already known, e.g. all-reduced across stages; None:
     computed here) to ``max_norm``, apply the compensation method with the weights the gradients were taken at
     (``stale``), run ``before_step`` (the engine's version bookkeeping), set the lr of ``step``, step, zero the
-    gradients, run ``after_step``. Returns each group's pre-clip norm."""
+    gradients, run ``after_step``. Returns each group's pre-clip norm (0-dim tensors on the device: read
+    them when recording)."""
     norms = [clip_grads(params, max_norm, total_norm=norm) for params, norm in clip_groups]
     compensate_grads(optimizer, stale)
     if before_step is not None:

@@ -32,6 +32,8 @@ the same quantity directly but costs a backward, so it is not used here. Full wr
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,18 +98,23 @@ class AdaptiveEF(Compensated):
         }
 
     def lam_for(self, p: torch.Tensor, rho: torch.Tensor | None) -> torch.Tensor | float:
+        """lam for ``p``: 0 without delay, ``lam_init`` until its scope has a correlation (``rho`` None or NaN:
+        no squared norm observed yet), else k (1 + 2 rho) / 3 clamped to [0, lam_max]. Formed on the device: no
+        host read per parameter."""
         k = self.delays[p]
         if k == 0:
             return 0.0
         if rho is None:
             return self.lam_init
-        return (k * (1 + 2 * rho) / 3).clamp(0.0, self.lam_max)
+        lam = (k * (1 + 2 * rho) / 3).clamp(0.0, self.lam_max)
+        return torch.where(rho.isnan(), torch.full_like(lam, self.lam_init), lam)
 
     def rho(self, key: Any) -> torch.Tensor | None:
+        """The scope's correlation estimate (NaN while its squared norm is not positive), None before any."""
         stat = self.stats.get(key)
-        if stat is None or float(stat[1]) <= 0:
+        if stat is None:
             return None
-        return stat[0] / stat[1]
+        return torch.where(stat[1] > 0, stat[0] / stat[1], torch.full_like(stat[1], math.nan))
 
     def _step(self) -> None:
         params = self._with_grad()
@@ -137,9 +144,11 @@ class AdaptiveEF(Compensated):
             lam = self.lam_for(p, rho)
             p.sub_(d * lam)
             d_prev[p] = d
-            lams.append(float(lam))
-        if lams:
-            self.diagnostics = {"ef_lam": sum(lams) / len(lams)}
+            lams.append(lam)
+        if lams:  # one host read for all of them, summed as Python floats
+            device = next((x.device for x in lams if torch.is_tensor(x)), None)
+            values = torch.stack([torch.as_tensor(x, dtype=torch.float64, device=device) for x in lams]).tolist()
+            self.diagnostics = {"ef_lam": sum(values) / len(values)}
 
     def extra_state(self) -> dict[str, Any]:
         return {"stats": {k: [float(a), float(b)] for k, (a, b) in self.stats.items()}}

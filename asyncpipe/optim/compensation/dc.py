@@ -57,7 +57,7 @@ class DelayCompensated(Compensated):
 
     @torch.no_grad()
     def compensate_grads(self, stale: Mapping[torch.Tensor, torch.Tensor]) -> None:
-        corr_sq = grad_sq = 0.0
+        corr_sq = grad_sq = 0.0  # float64 scalars on the device once a parameter adds to them: no host read
         for p in self._with_grad():
             old = stale.get(p)
             if old is None or self.delays[p] == 0:
@@ -71,10 +71,11 @@ class DelayCompensated(Compensated):
                 corr = gg.mul_(p.detach() - old).div_(v.add(self.eps).sqrt_()).mul_(self.lam)
             else:
                 corr = gg.mul_(p.detach() - old).mul_(self.lam)
-            corr_sq += float(corr.double().square().sum())
-            grad_sq += float(g.double().square().sum())
+            corr_sq = corr_sq + corr.double().square().sum()
+            grad_sq = grad_sq + g.double().square().sum()
             g.add_(corr)
-        self.diagnostics = {"dc_rel": (corr_sq / grad_sq) ** 0.5 if grad_sq > 0 else 0.0}
+        rel = (corr_sq / grad_sq).sqrt() if torch.is_tensor(grad_sq) else torch.zeros(())
+        self.diagnostics = {"dc_rel": torch.where(grad_sq > 0, rel, torch.zeros_like(rel))}  # read when recorded
 
 
 @dataclass
