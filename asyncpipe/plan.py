@@ -105,7 +105,8 @@ def _saved_per_token(m: Any, kind: str, vocab: int, bf16: bool) -> float:
         e, k, de = moe.experts, moe.top_k, moe.d_expert or m.d_ff
         # logits, probs, two logsumexp/sum scalars; per assignment: top-k value, index, sort order, token, weight
         router = 2 * e * 4 + (e * lo if bf16 else 0) + 8 + k * (4 + 8 + 8 + 8 + 4)
-        experts = k * (3 * d + 4 * de) * lo  # gathered inputs, SwiGLU internals, outputs before and after weighting
+        # gathered inputs, SwiGLU internals, outputs; the fp32 copy the top-k combine weights (fp32 accumulation)
+        experts = k * ((2 * d + 4 * de) * lo + d * 4)
         shared = 4 * de * lo if moe.shared_expert else 0
         mlp = router + experts + shared
     else:

@@ -99,7 +99,7 @@ class Trainer:
 
     def __init__(self, cfg: DictConfig, run_dir: Optional[Path] = None, log: Log = _silent) -> None:
         from asyncpipe.data import MicroBatches, load_manifest
-        from asyncpipe.runtime.device import pick_device, vocab_size_for
+        from asyncpipe.runtime.device import pick_device, set_deterministic, vocab_size_for
 
         self.started = time.perf_counter()  # the run's wall time includes this set-up
         self.earlier_wall = 0.0  # seconds of the run's earlier segments (a resume adds them: summary.json's wall_time)
@@ -111,6 +111,7 @@ class Trainer:
                 "engine=pipeline ranks need RANK and WORLD_SIZE in the environment (torchrun, SLURM, asyncpipe)"
             )
         self.say = log if rank == 0 else _silent
+        set_deterministic(cfg.train.deterministic)  # before the device's first use (cuBLAS reads its env then)
         device = pick_device(cfg.device)  # the run's one device choice (on CUDA: made current, LOCAL_RANK set)
         if world > 1 or cfg.engine == "pipeline":  # DeepSpeed needs torch.distributed even for one rank
             _join_process_group(cfg, device, local)

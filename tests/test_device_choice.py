@@ -205,3 +205,28 @@ def test_parallel_local_sweep_gives_each_running_run_its_own_gpus(monkeypatch, t
             if start < o_end and o_start < end:  # ran at the same time: never on the same GPU
                 assert set(gpus.split(",")).isdisjoint(other.split(","))
     assert {r[0] for r in sweep("cpu", "device=cpu")} == {"4,5,6,7"}  # no split: the runs see what the sweep sees
+
+
+# --- train.deterministic --------------------------------------------------------------------------------------
+
+
+def test_train_deterministic_sets_torchs_flags_and_changes_no_cpu_result(monkeypatch):
+    from asyncpipe.config import compose
+    from asyncpipe.trainer import Trainer
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    base = ["model=tiny", "device=cpu", "precision=fp32", "train.micro_batch_size=2", "train.seq_len=16",
+            "train.micro_batches=2", "train.steps=3", "tracker.wandb.mode=disabled"]  # fmt: skip
+    losses = {}
+    try:
+        for flag in ("true", "false"):
+            engine = Trainer(compose([*base, f"train.deterministic={flag}"])).engine
+            assert torch.are_deterministic_algorithms_enabled() == (flag == "true")
+            assert torch.backends.cudnn.deterministic == (flag == "true")
+            if flag == "true":
+                assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+            losses[flag] = [engine.train_step().train_loss for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+    assert losses["true"] == losses["false"]

@@ -50,6 +50,23 @@ def test_dropless_routing_matches_a_per_token_reference(shared: bool) -> None:
         assert torch.allclose(moe(x), _reference(moe, x), atol=1e-5)
 
 
+def test_top_k_combine_accumulates_in_fp32_under_bf16_autocast() -> None:
+    """The experts' bf16 outputs are weighted and summed per token in fp32 (the output is fp32): the combine adds
+    no bf16 rounding of its own, so it matches the fp32 sum of the same bf16 expert outputs exactly."""
+    moe = _moe(e=4, k=4).eval()  # every token takes every expert: the combine sums 4 outputs per token
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = moe(x)
+        flat = x.reshape(-1, 16)
+        w = F.softmax(moe.router(flat).float(), dim=-1)
+        want = torch.zeros(flat.shape[0], 16)
+        for e in range(4):  # expert order = the layer's (assignments grouped by expert)
+            h = F.silu(F.linear(flat, moe.w_gate[e])) * F.linear(flat, moe.w_up[e])
+            want += F.linear(h, moe.w_down[e]).float() * (w[:, e:e + 1] / w.sum(-1, keepdim=True))
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.reshape(-1, 16), want, rtol=1e-6, atol=1e-6)
+
+
 def test_capacity_factor_drops_assignments_beyond_capacity() -> None:
     moe = _moe(capacity=0.25, e=4, k=1).eval()  # capacity ceil(0.25 * 40 / 4) = 3 tokens per expert
     x = torch.randn(1, 40, 16, generator=torch.Generator().manual_seed(2))

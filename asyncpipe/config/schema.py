@@ -106,6 +106,7 @@ class TrainConfig:
     log_every: int = 10  # progress line every N steps when not on a terminal
     compile: str = "auto"  # torch.compile the model / stage layers: auto (per device, asyncpipe.model.compile), true, false
     compile_backend: str = "inductor"  # torch.compile backend: inductor, or aot_eager (graphs traced, kernels eager: a quick check)
+    deterministic: bool = False  # torch.use_deterministic_algorithms: same bits run to run and on resume on CUDA too (slower; an op without a deterministic kernel stops the run)
 
 
 @dataclass

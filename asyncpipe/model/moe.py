@@ -106,8 +106,10 @@ class MoE(nn.Module):
         # micro-batch on a GPU; a grouped-GEMM kernel taking the counts on the device would remove it).
         pieces = [_swiglu(xe, gates[i], ups[i], downs[i]) for i, xe in enumerate(xs.split(kept.tolist())) if len(xe)]
         ys = torch.cat(pieces) if pieces else xs.new_zeros((0, shape[-1]))
-        ys = ys * weights.reshape(-1).index_select(0, order).unsqueeze(-1).to(ys.dtype)
-        y = torch.zeros((n, shape[-1]), dtype=ys.dtype, device=flat.device).index_add_(0, token, ys)
+        # The top-k combine in fp32 (the weights are fp32 router probabilities): under bf16 autocast the experts'
+        # outputs are bf16, and k of them summed per token in bf16 would round every partial sum.
+        ys = ys.float() * weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+        y = torch.zeros((n, shape[-1]), dtype=torch.float32, device=flat.device).index_add_(0, token, ys)
         if self.shared is not None:
             y = y + _swiglu(flat, self.shared["gate"].weight, self.shared["up"].weight, self.shared["down"].weight)
         y = y.reshape(*shape[:-1], shape[-1])

@@ -112,6 +112,20 @@ def pick_device(name: str) -> "torch.device":
     return torch.device("cuda", index)
 
 
+def set_deterministic(on: bool) -> None:
+    """``train.deterministic``: every op takes its deterministic kernel, or raises where it has none (torch's
+    `use_deterministic_algorithms`: MoE's `index_add_` and the embedding's backward stop using atomics, cuDNN
+    and cuBLAS (CUBLAS_WORKSPACE_CONFIG, set here before any CUDA matmul) their reproducible algorithms). Call
+    before the device is first used. Off, runs are bit-reproducible on the CPU only (see docs/cluster.md)."""
+    import torch
+
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(on)  # set both ways: a process may build several runs (tests, benchmarks)
+    torch.backends.cudnn.deterministic = on
+
+
 def use_bf16(device: "torch.device", precision: str) -> bool:
     """bf16 autocast when asked for, or with precision=auto on CUDA."""
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
