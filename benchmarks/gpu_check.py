@@ -1,26 +1,31 @@
-"""The prepared GPU check (`make gpu-check`): on a machine with CUDA, in a few minutes,
+"""The prepared GPU check (`make gpu-check`): on a machine with CUDA, in a few minutes (not yet timed on a GPU),
 
 1. trains `135m` in the simulator with bf16 autocast, eager and compiled (`train.compile`), and reports tokens/s,
-   MFU and the compiled speed-up (compile time counted apart: the timed steps come after the warm-up);
+   MFU, the peak memory of each mode (the peak counter reset between them) and the compiled speed-up (compile time
+   counted apart: the timed steps come after the warm-up);
 2. checks that `tiny` trains to the same losses on CPU and CUDA for 5 steps (fp32, AdamW; relative tolerance
    LOSS_RTOL per step: different kernels sum in different orders, nothing else may differ);
-3. runs the pipeline engine (2 stages, 2BW, `tiny`, fp32), eager and compiled, against the simulator on CUDA
-   when >= 2 GPUs are visible, and says it skipped that otherwise.
+3. with two GPUs (`benchmarks/gpu_check_multi.py`): the pipeline engine on 2 GPUs over NCCL against the simulator
+   (2BW fp32 eager and compiled, 1F1B and DualPipeV fp32, 2BW bf16 with Muon + EF, 2BW moe_tiny with Muon), the
+   simulator with data_parallel=2, a kill-and-resume of the pipeline (bit for bit with train.deterministic=true),
+   and one launch in an emulated SLURM task environment (2 tasks on one node, SLURM's CUDA_VISIBLE_DEVICES).
 
-It exits 1 with one line on a machine without a CUDA device. Results also go to
-benchmarks/results/gpu-check.json.
+It exits 1 with one line on a machine without a CUDA device, 1 on a failed part, and 3 with "gpu-check: incomplete"
+naming the parts it could not run (one GPU: every part of 3). Results also go to benchmarks/results/gpu-check.json.
 
 MFU = model FLOPs per token x tokens/s / the card's dense bf16 peak (PEAK_TFLOPS, by device name; --peak-tflops
 overrides). Model FLOPs per token (PaLM's convention, training = forward + backward = 3 x forward):
     6 * N_matmul + 12 * n_layer * d_model * seq_len
 with N_matmul the weights a token multiplies by (attention and MLP/expert-active matrices of every block, plus the
 output head; not the embedding lookup), and the second term the attention scores and weighted values counted
-over the full (not causal) T x T matrix.
+over the full (not causal) T x T matrix. A causal kernel computes about half of that matrix, so the check also
+prints the MFU with the attention term halved ("causal"); the first is the convention, the second the work done.
 
     .venv/bin/python benchmarks/gpu_check.py [--modes eager,compiled] [--steps 30] [--micro-batch-size 16] [--seq-len 1024]
-    .venv/bin/python benchmarks/gpu_check.py --dry-run --steps 6 --micro-batch-size 2 --seq-len 64   # on a CPU
+    .venv/bin/python benchmarks/gpu_check.py --dry-run --steps 6 --micro-batch-size 2 --seq-len 64 --pipe-steps 6   # on a CPU
 
-A dry run compiles with `train.compile_backend=aot_eager` unless --compile-backend says otherwise: the compiled
+A dry run runs every part on the CPU (tiny in place of 135m, 2 CPU processes in place of 2 GPUs) and measures
+nothing. It compiles with `train.compile_backend=aot_eager` unless --compile-backend says otherwise: the compiled
 code paths run (dynamo and AOTAutograd trace the same graphs) without tens of seconds of CPU kernel compiling that
 say nothing about the GPU; tests/test_compile.py checks inductor's compiled training on the CPU.
 """
@@ -28,6 +33,7 @@ say nothing about the GPU; tests/test_compile.py checks inductor's compiled trai
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -40,7 +46,7 @@ from asyncpipe.config.validate import COMPILE_BACKENDS
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "gpu-check.json"
 LOSS_RTOL = 2e-3  # CPU vs CUDA, fp32, per step of the first 5
-PIPE_RTOL = 1e-3  # pipeline vs simulator on CUDA (NCCL vs one process: summation order only)
+EXIT_INCOMPLETE = 3  # every part that ran passed, but some could not run here
 # Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets; first match wins.
 PEAK_TFLOPS = [
     ("GH200", 989.0), ("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0),
@@ -56,14 +62,15 @@ def peak_tflops(device_name: str) -> Optional[float]:
     return None
 
 
-def flops_per_token(model: Any, vocab: int, seq_len: int) -> float:
-    """6 N_matmul + 12 L d T (see the module docstring)."""
+def flops_per_token(model: Any, vocab: int, seq_len: int, causal: bool = False) -> float:
+    """6 N_matmul + 12 L d T (see the module docstring); ``causal``: the attention term halved (the work a causal
+    kernel does)."""
     from asyncpipe.plan import layer_shapes
 
     norms = 2 * model.d_model
     blocks = sum(s.active - norms for s in layer_shapes(model, vocab) if s.kind == "block")  # MoE: router + top-k
     n_matmul = blocks + vocab * model.d_model  # head (tied or not, it is a matmul)
-    return 6.0 * n_matmul + 12.0 * model.n_layer * model.d_model * seq_len
+    return 6.0 * n_matmul + (6.0 if causal else 12.0) * model.n_layer * model.d_model * seq_len
 
 
 def _cfg(overrides: list[str], backend: str = "inductor") -> Any:
@@ -88,7 +95,10 @@ def _throughput(args: argparse.Namespace, log: Any, compiled: bool) -> dict:
     cfg = _cfg([f"model={model}", f"device={dev}", "precision=bf16", "optimizer=adamw", f"train.steps={args.steps}",
                 f"train.micro_batch_size={args.micro_batch_size}", f"train.seq_len={args.seq_len}",
                 "train.micro_batches=1", f"train.compile={compiled}"], args.compile_backend)  # fmt: skip
+    gc.collect()  # the previous mode's model and optimizer are gone before this one's peak is measured
     trainer = Trainer(cfg).engine
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # this mode's peak only (eager ran first in this process)
     warm = min(5, args.steps // 3)  # the first step compiles (train.compile=true): never timed
     losses = []
     _sync(dev)
@@ -106,15 +116,19 @@ def _throughput(args: argparse.Namespace, log: Any, compiled: bool) -> dict:
     peak = args.peak_tflops or peak_tflops(name)
     fpt = flops_per_token(cfg.model, trainer.vocab_size, args.seq_len)
     mfu = fpt * tokens_per_s / (peak * 1e12) if peak else None
+    causal = flops_per_token(cfg.model, trainer.vocab_size, args.seq_len, causal=True) * tokens_per_s / (peak * 1e12) if peak else None
     out = {"device": name, "peak_tflops": peak, "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "mfu": mfu,
+           "mfu_causal_attention": causal, "attention_flops": "full T x T (PaLM); mfu_causal_attention: halved",
            "compile": compiled, "warmup_s": start - began, "micro_batch_size": args.micro_batch_size,
            "seq_len": args.seq_len, "first_loss": losses[0], "last_loss": losses[-1],
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None}  # fmt: skip
-    mfu_text = (f"MFU {mfu:.1%} of {peak:g} TFLOP/s" if mfu is not None
+    mfu_text = (f"MFU {mfu:.1%} of {peak:g} TFLOP/s (attention over the full T x T; causal-half {causal:.1%})"
+                if mfu is not None and causal is not None
                 else f"MFU unknown ({name} not in the table; --peak-tflops)")  # fmt: skip
     mode = f"compiled ({args.compile_backend})" if compiled else "eager"
     log(f"{model} bf16 simulator, {mode}: {tokens_per_s:,.0f} tokens/s, {mfu_text}; warm-up {warm} steps "
-        f"{start - began:.1f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}")  # fmt: skip
+        f"{start - began:.1f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        + (f"; peak memory {out['peak_mem_gib']:.2f} GiB" if out["peak_mem_gib"] is not None else ""))  # fmt: skip
     if not all(math.isfinite(x) for x in losses) or losses[-1] >= losses[0]:
         raise SystemExit(f"FAIL: {model} {mode} did not train (loss not finite or not falling)")
     return out
@@ -147,39 +161,31 @@ def cpu_vs_cuda(log: Any, dry_run: bool = False) -> dict:
     return {"cpu": runs["cpu"], "cuda": runs["cuda"], "worst_rel": worst, "rtol": LOSS_RTOL}
 
 
-def pipeline(log: Any, dry_run: bool = False, modes: tuple = ("eager", "compiled"), backend: str = "inductor") -> dict:
+def multi_gpu(args: argparse.Namespace, log: Any) -> tuple[dict, dict[str, str]]:
+    """The parts that need two GPUs (`gpu_check_multi`); with fewer, each is named as not run, with the reason."""
     import torch
 
-    if not dry_run and torch.cuda.device_count() < 2:
-        log(f"pipeline engine: skipped ({torch.cuda.device_count()} GPU visible; it needs 2)")
-        return {"skipped": True}
-    from omegaconf import OmegaConf
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gpu_check_multi as multi
 
-    from asyncpipe.spawn import Job, launch
-    from asyncpipe.trainer import Trainer
+    parts = ("pipeline parity (2BW fp32 eager/compiled/deterministic, 1F1B, DualPipeV, 2BW bf16 Muon+EF, 2BW MoE, "
+             "simulate data_parallel=2)",
+             "kill and resume", "SLURM task environment")  # fmt: skip
+    gpus = torch.cuda.device_count()
+    if not args.dry_run and gpus < 2:
+        why = f"{gpus} GPU visible; it needs 2"
+        for part in parts:
+            log(f"{part}: not run ({why})")
+        return {"skipped": why}, dict.fromkeys(parts, why)
+    from asyncpipe.runtime.device import visible_gpus
 
-    dev = "cpu" if dry_run else "cuda"
-    cfgs = [_cfg(["model=tiny", "engine=pipeline", f"device={dev}", "precision=fp32", "optimizer=adamw", "delay=1",
-                  "pipeline.stages=2", "train.steps=20", "train.micro_batches=4", f"train.compile={c == 'compiled'}"], backend)
-            for c in modes]  # fmt: skip
-    started = time.perf_counter()
-    results = launch([Job(cfg, None, show_progress=False) for cfg in cfgs], timeout_s=480)
-    wall = time.perf_counter() - started
-    trainer = Trainer(OmegaConf.merge(cfgs[0], {"engine": "simulate", "train": {"compile": "false"}})).engine
-    sim = [trainer.train_step().train_loss for _ in range(20)]
-    where = "CPU processes" if dry_run else "GPUs"
-    out: dict = {"skipped": False, "wall_s": wall}
-    for mode, result in zip(modes, results):
-        pipe = [h["train_loss"] for h in result["history"]]
-        worst = max(abs(a - b) / abs(b) for a, b in zip(pipe, sim))
-        ok = result["status"] == "completed" and len(pipe) == 20 and worst <= PIPE_RTOL
-        log(f"pipeline engine, 2 {where}, 2BW tiny 20 steps, {mode}: worst relative loss difference to the eager "
-            f"simulator {worst:.2e} (tolerance {PIPE_RTOL:g}) {'ok' if ok else 'FAIL'}")  # fmt: skip
-        if not ok:
-            raise SystemExit(f"FAIL: pipeline ({mode}) {pipe} vs simulator {sim} (status {result['status']})")
-        out[mode] = {"worst_rel": worst, "compile_s": [st.get("compile_s") for st in result["stages"]]}
-    log(f"pipeline engine: {wall:.0f} s for {len(modes)} run(s)")
-    return out
+    dev = "cpu" if args.dry_run else "cuda"
+    out = {"parity": multi.parity(_cfg, dev, args.pipe_steps, args.modes, args.compile_backend, log)}
+    out["kill_and_resume"] = multi.kill_and_resume(dev, args.pipe_steps, out["parity"].pop("_deterministic"), log)
+    reference = out["parity"].pop("_reference")
+    visible = visible_gpus() or [str(i) for i in range(gpus)]
+    out["slurm_env"] = multi.slurm_env(dev, args.pipe_steps, visible, reference, log)
+    return out, {}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -192,8 +198,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--compile-backend", choices=COMPILE_BACKENDS, default=None,
                     help="train.compile_backend of the compiled runs (default: inductor; aot_eager in a dry run)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, if not in the table")
+    ap.add_argument("--pipe-steps", type=int, default=20, help="steps of each multi-GPU part's tiny runs")
     ap.add_argument("--dry-run", action="store_true", help="check this script on the CPU: tiny in place of 135m, "
-                    "CPU in place of CUDA (the pipeline on 2 CPU processes); measures nothing (tests use it)")  # fmt: skip
+                    "CPU in place of CUDA (the 2-GPU parts on 2 CPU processes); measures nothing (tests use it)")  # fmt: skip
     args = ap.parse_args(argv)
     if not args.modes or set(args.modes) - {"eager", "compiled"}:
         ap.error(f"--modes {','.join(args.modes)}: give eager, compiled or both")
@@ -206,16 +213,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     started = time.perf_counter()
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    result = {"throughput": train_135m(args, log), "cpu_vs_cuda": cpu_vs_cuda(log, args.dry_run),
-              "pipeline": pipeline(log, args.dry_run, args.modes, args.compile_backend)}  # fmt: skip
+    result = {"throughput": train_135m(args, log), "cpu_vs_cuda": cpu_vs_cuda(log, args.dry_run)}
+    result["multi_gpu"], not_run = multi_gpu(args, log)
     result["wall_s"] = time.perf_counter() - started
+    result["not_run"] = not_run
+    verdict = "ok" if not not_run else "incomplete"
     if args.dry_run:
-        log(f"gpu-check dry run: ok in {result['wall_s']:.0f} s (nothing written)")
-        return 0
+        log(f"gpu-check dry run: {verdict} in {result['wall_s']:.0f} s (every part ran on the CPU; nothing written)")
+        return 0 if not not_run else EXIT_INCOMPLETE
     OUT.parent.mkdir(parents=True, exist_ok=True)
     tmp = OUT.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(OUT)
+    if not_run:
+        log(f"gpu-check: incomplete in {result['wall_s']:.0f} s: not run: {'; '.join(f'{p} ({w})' for p, w in not_run.items())}; "
+            f"every part that ran passed; wrote {OUT}")
+        return EXIT_INCOMPLETE
     log(f"gpu-check: ok in {result['wall_s']:.0f} s; wrote {OUT}")
     return 0
 
