@@ -64,11 +64,11 @@ class StageClock:
     def instruction(self, name: str, is_wait: bool) -> Iterator[None]:
         """Time one instruction; ``is_wait``: all of it is waiting (send / receive / commit)."""
         span = _Span(name, is_wait, self._now())
-        self._open = span
+        outer, self._open = self._open, span
         try:
             yield
         finally:
-            self._open = None
+            self._open = outer
             span.end = self._now()
             self._pending.append(span)
             if self.mode == HOST:
