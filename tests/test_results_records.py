@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from asyncpipe.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "docs" / "results" / "cpu_study.md", REPO / "docs" / "results" / "cpu_study_v4.md"]
+DOCS = [REPO / "docs" / "results" / "cpu_study.md", REPO / "docs" / "results" / "cpu_study_v4.md",
+        REPO / "docs" / "results" / "cpu_study_v5.md"]
 DOC = DOCS[0]
 RECORD = ("config.yaml", "summary.json", "metrics.jsonl.gz")  # curves gzip-compressed: a clone pays 1/4
 
@@ -110,3 +111,16 @@ def test_v4_closures_are_judged_against_the_papers_own_figures_and_old_rules_kee
     for name in ("seeds", "fixed"):
         shown = set(pd.read_csv(reports / name / "gaps.csv")["variant"])
         assert not {v for v in shown if "stage_lr" in v and not v.endswith("@r1") and "pipedream4" not in v}, shown
+
+
+def test_v5_write_up_quotes_its_reports_and_states_no_number_they_lack():
+    """cpu_study_v5.md is in progress: each takeaway it quotes is a line of a committed report.md, and every gap,
+    interval and mean it states (4 decimals) is printed in one of those reports, so none is typed by hand."""
+    doc = DOCS[2]
+    _, reports = _paths(doc)
+    text = doc.read_text()
+    printed = "\n".join(p.read_text() for p in sorted(reports.rglob("report.md")))
+    quotes = re.findall(r"^- ((?:adamw|muon) \(model=.+|Tuned against tuned: .+)$", text, re.M)
+    assert len(quotes) >= 3 and all(f"- {q}" in printed for q in quotes), quotes
+    numbers = set(re.findall(r"[+-]?\d\.\d{4}", text))
+    assert len(numbers) >= 10 and not [n for n in numbers if n not in printed]
