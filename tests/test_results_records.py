@@ -103,7 +103,8 @@ def test_v4_closures_are_judged_against_the_papers_own_figures_and_old_rules_kee
     assert "1-step+EF recovers 52% [29%, 73%] of the gap (consistent with the paper's 58% for muon" in muon
     assert "1-step: adamw's gap / muon's: 7.94x [5.74x, 11.32x], below the paper's 23.2x" in report.takeaways[4]
     committed = (reports / "seeds" / "report.md").read_text().splitlines()
-    bullets = [line for line in committed if line.startswith("- ")]
+    takeaways = committed[committed.index("## Takeaways"):]  # after the At-a-glance headline
+    bullets = [line for line in takeaways if line.startswith("- ")]
     assert [f"- {t}" for t in report.takeaways] == bullets[:len(report.takeaways)]
     variants = set(report.cells["variant"])
     assert "1-step+stage_lr@r1" in variants and "1-step+stage_lr" not in variants
