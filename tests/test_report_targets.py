@@ -17,32 +17,15 @@ from asyncpipe.report import build_report, paper
 from asyncpipe.report.target import speedup_table, tokens_table
 from asyncpipe.track import RunDir
 
-DELAY = {"sync": 0, "1-step": 1, "1-step(x2)": 1, "1-step+EF": 1, "1-step+EF(x2)": 1}
+import report_runs
+from report_runs import line, sweep
 
 
 def write(root: Path, variant: str, opt: str, seed: int, finals: list[tuple[int, float]], steps: int = 100,
           lr: float = 1e-3) -> None:  # fmt: skip
-    """A completed run of `variant` whose val loss is `loss` at each (tokens, loss)."""
-    cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": DELAY[variant],
-           "engine": "simulate", "delay_profile": "uniform", "pipeline": {"stages": 2},
-           "train": {"steps": steps, "micro_batches": 4},
-           "optimizer": {"name": opt, "lr": lr, "ef": {"enabled": "+EF" in variant, "lam": 1.0}},
-           "run": {"variant": variant}}  # fmt: skip
-    run = RunDir(root / f"{opt}-{variant}-lr{lr}-s{seed}")
-    run.write_config(yaml.safe_dump(cfg))
-    for i, (tokens, loss) in enumerate(finals):
-        run.append_metrics({"step": i, "tokens": tokens, "val_loss": loss})
-    run.write_summary({"status": "completed", "final_val_loss": finals[-1][1], "tokens": finals[-1][0]})
+    """A completed run of `variant` in ROOT/{opt}-{variant}-lr{lr}-s{seed}."""
+    report_runs.write(root, variant, opt, seed, finals, steps, lr, name=f"{opt}-{variant}-lr{lr}-s{seed}")
 
-
-def sweep(root: Path, name: str, variants: list[str]) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "sweep.json").write_text(json.dumps({"name": name, "variants": {v: [] for v in variants}}))
-    return root
-
-
-def line(final: float, end: int = 5000) -> list[tuple[int, float]]:
-    return [(t, final + (end - t) / 1000 * 0.25) for t in range(1000, end + 1, 1000)]
 
 
 def test_the_papers_targets_are_derived_from_its_table():
@@ -137,7 +120,7 @@ def test_best_of_compares_each_column_at_its_own_best_lr_chosen_on_other_seeds(t
     for (variant, lr), base in loss.items():
         for seed in range(4):
             name = f"{variant}-lr{lr}-s{seed}"
-            cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": DELAY[variant],
+            cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": int(variant != "sync"),
                    "engine": "simulate", "optimizer": {"name": "adamw", "lr": lr, "ef": {"enabled": False, "lam": 1.0}},
                    "run": {"variant": variant}}  # fmt: skip
             run = RunDir(root / name)

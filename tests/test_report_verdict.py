@@ -9,42 +9,17 @@ import statistics
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from asyncpipe.cli import app
 from asyncpipe.cli import main as cli_main
 from asyncpipe.errors import UserError
 from asyncpipe.report import build_report
-from asyncpipe.track import RunDir
 
+from report_runs import line, sweep, write
 T_975 = {2: 4.302652729911275, 3: 3.182446305284263}  # df -> t_{df, 0.975}
-DELAY = {"sync": 0, "1-step": 1, "1-step(x2)": 1, "1-step+EF": 1}
 
 
-def write(root: Path, variant: str, opt: str, seed: int, finals: list[tuple[int, float]], steps: int = 100,
-          lr: float = 1e-3) -> None:  # fmt: skip
-    """A completed run whose val loss is `loss` at each (tokens, loss)."""
-    cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": DELAY[variant],
-           "engine": "simulate", "delay_profile": "uniform", "pipeline": {"stages": 2},
-           "train": {"steps": steps, "micro_batches": 4},
-           "optimizer": {"name": opt, "lr": lr, "ef": {"enabled": variant.endswith("+EF"), "lam": 1.0}},
-           "run": {"variant": variant}}  # fmt: skip
-    run = RunDir(root / f"{opt}-{variant}-s{seed}")
-    run.write_config(yaml.safe_dump(cfg))
-    for i, (tokens, loss) in enumerate(finals):
-        run.append_metrics({"step": i, "tokens": tokens, "val_loss": loss})
-    run.write_summary({"status": "completed", "final_val_loss": finals[-1][1], "tokens": finals[-1][0]})
-
-
-def sweep(root: Path, name: str, variants: list[str]) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "sweep.json").write_text(json.dumps({"name": name, "variants": {v: [] for v in variants}}))
-    return root
-
-
-def line(final: float, end: int = 5000) -> list[tuple[int, float]]:
-    return [(t, final + (end - t) / 1000 * 0.25) for t in range(1000, end + 1, 1000)]
 
 
 def test_takeaways_come_first_and_say_only_what_intervals_support(tmp_path):
