@@ -36,7 +36,7 @@ def schedule(
     """Draw a pipeline schedule as a stages x time timeline (PNG + text), from the engine's schedule classes,
     from a synchronous schedule's own rules, or from a traced run."""
     from asyncpipe.paths import writable_dir
-    from asyncpipe.pipe.draw import draw_schedule
+    from asyncpipe.timelines.draw import draw_schedule
 
     if trace is None:
         check_schedule_size(stages, micro_batches, batches, forward, backward, step)

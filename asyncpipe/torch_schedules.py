@@ -1,6 +1,6 @@
 """PyTorch's own pipeline schedules (`torch.distributed.pipelining`) as `pipeline.torch_schedule` values: which
 class each name runs, how many model chunks a rank holds and where they sit, and what in a config one cannot run.
-Torch-free (`config` validates with it); the orders, ideal bubbles and layer cut are `asyncpipe.pipe.torch_orders`,
+Torch-free (`config` validates with it); the orders, ideal bubbles and layer cut are `asyncpipe.timelines.torch_orders`,
 the engine `asyncpipe.pipe.torch_engine`.
 """
 

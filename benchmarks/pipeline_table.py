@@ -153,8 +153,8 @@ def strongest(results: list[dict]) -> str:
 
 
 def paper_table(backward: float = 2.0) -> str:
-    """Bubbles of every schedule from its own rules (`asyncpipe.pipe.orders.bubble_table`) at F=1, B=``backward``."""
-    from asyncpipe.pipe.orders import bubble_table
+    """Bubbles of every schedule from its own rules (`asyncpipe.timelines.orders.bubble_table`) at F=1, B=``backward``."""
+    from asyncpipe.timelines.orders import bubble_table
 
     names = ["1f1b", "zb-h1", "interleaved-1f1b", "dualpipev", "2bw", "2bw-run"]
     lines = ["| P | m | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]

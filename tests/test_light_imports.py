@@ -18,7 +18,7 @@ LIGHT = [
     "asyncpipe.config.keys", "asyncpipe.report", "asyncpipe.report.build", "asyncpipe.report.load",
     "asyncpipe.report.groups", "asyncpipe.sweep", "asyncpipe.sweep.state", "asyncpipe.sweep.expand",
     "asyncpipe.track.files", "asyncpipe.track.lock", "asyncpipe.session.rundir", "asyncpipe.paths",
-    "asyncpipe.pipe.draw", "asyncpipe.pipe.orders", "asyncpipe.pipe.timeline", "asyncpipe.pipe.trace_load",
+    "asyncpipe.timelines.draw", "asyncpipe.timelines.orders", "asyncpipe.timelines.timeline", "asyncpipe.timelines.trace_load",
 ]  # fmt: skip
 HEAVY = ("torch", "deepspeed")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

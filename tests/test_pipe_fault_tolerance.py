@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from asyncpipe.pipe import schedule as sched
 from asyncpipe.pipe.stash import WeightStash
-from asyncpipe.pipe.timeline import simulate
+from asyncpipe.timelines.timeline import simulate
 from helpers import asyncpipe, cli_env, losses, read_metrics, read_summary, wait_for_step
 
 RUN = [

@@ -1,4 +1,4 @@
-"""Synchronous low-bubble schedules (`asyncpipe.pipe.orders`): each rule runs every op once on its own rank,
+"""Synchronous low-bubble schedules (`asyncpipe.timelines.orders`): each rule runs every op once on its own rank,
 respects the data dependencies, and idles exactly what the hand-derived bubble formulas say."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from asyncpipe import cli_perf
 from asyncpipe.errors import UserError
-from asyncpipe.pipe.orders import SYNC_SCHEDULES, Op, Plan, bubble, deps, plan, replay
-from asyncpipe.pipe.timeline import ScheduleError
+from asyncpipe.timelines.orders import SYNC_SCHEDULES, Op, Plan, bubble, deps, plan, replay
+from asyncpipe.timelines.timeline import ScheduleError
 
 CASES = [(P, m) for P in (2, 3, 4) for m in (P, 2 * P, 2 * P + 1, 4 * P)]
 

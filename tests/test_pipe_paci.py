@@ -169,8 +169,8 @@ def test_paci_pipeline_matches_the_simulator_at_two_and_four_stages():
 
 
 def test_schedule_draws_paci_with_its_straddlers_marked(tmp_path):
-    from asyncpipe.pipe.draw import draw_schedule
-    from asyncpipe.pipe.orders import ideal_timeline
+    from asyncpipe.timelines.draw import draw_schedule
+    from asyncpipe.timelines.orders import ideal_timeline
 
     P, m = 4, 4
     tl = ideal_timeline("paci", P, m, 3)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from asyncpipe.pipe import schedule as sched
-from asyncpipe.pipe.timeline import ScheduleError, simulate, simulate_schedule
+from asyncpipe.timelines.timeline import ScheduleError, simulate, simulate_schedule
 
 CASES = [(P, m, N) for P in (2, 3, 4) for m in (P, P + 1, 2 * P) for N in (1, 2, 5)]
 

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from asyncpipe import cli_perf
 from asyncpipe.errors import UserError
-from asyncpipe.pipe import draw
-from asyncpipe.pipe.orders import ideal_timeline, sync_timeline
-from asyncpipe.pipe.timeline import steady_gaps
-from asyncpipe.pipe.trace_load import trace_timeline
+from asyncpipe.timelines import draw
+from asyncpipe.timelines.orders import ideal_timeline, sync_timeline
+from asyncpipe.timelines.timeline import steady_gaps
+from asyncpipe.timelines.trace_load import trace_timeline
 
 
 def _app() -> typer.Typer:
@@ -212,7 +212,7 @@ def test_a_trace_config_lacking_a_key_labels_with_the_schema_default() -> None:
     import dataclasses
 
     from asyncpipe.config.schema import PipelineConfig, TrainConfig
-    from asyncpipe.pipe.trace_load import eval_forwards
+    from asyncpipe.timelines.trace_load import eval_forwards
 
     t = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     d = {f.name: f.default for f in dataclasses.fields(PipelineConfig)}["data_parallel"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncpipe.pipe.torch_orders import ideal_bubble, problem, rank_layers
+from asyncpipe.timelines.torch_orders import ideal_bubble, problem, rank_layers
 from asyncpipe.torch_schedules import SCHEDULES, rank_chunks
 
 

@@ -4,7 +4,7 @@ data, stages and micro-batches, alternating job by job in one set of local proce
 
 Each schedule runs eager, compiled (`train.compile`; rows named `<schedule>+compiled`) or both; a compiled row's
 ratios are to compiled 1F1B, and `compile_speedup` is its tokens/s over the eager row's, paired round by round.
-Per schedule: tokens/s and their ratio to 1F1B against the schedule model's ideal (`asyncpipe.pipe.orders`
+Per schedule: tokens/s and their ratio to 1F1B against the schedule model's ideal (`asyncpipe.timelines.orders`
 bubbles; (m+P-1)/m for 2BW), the idle fraction and norm all-reduce wait per stage, and per stage the peak
 weight (versions), optimizer (+ EF) and activation memory; optionally the simulator bench beside it.
 """
@@ -131,7 +131,7 @@ def stage_cost_model(summaries: list[dict], P: int, m: int, steps: int, batches:
     costs (forward, backward per micro-batch; optimizer step and gradient reduction per batch, blocked time
     excluded) of one job: the ratio these unequal stages allow, to hold the measured ratio against."""
     from asyncpipe.pipe.schedule import stream
-    from asyncpipe.pipe.timeline import simulate
+    from asyncpipe.timelines.timeline import simulate
 
     by_stage = {x["stage"]: x for x in summaries if x.get("replica", 0) == 0}
     ops = [by_stage.get(s, {}).get("seconds_by_op", {}) for s in range(P)]
@@ -187,7 +187,7 @@ def bench_pipeline(
     A variant that cannot run this configuration (DualPipeV with m < 2P) is reported with the reason."""
     from asyncpipe.config import compose as default_compose
     from asyncpipe.errors import ConfigError
-    from asyncpipe.pipe.orders import bubble_table
+    from asyncpipe.timelines.orders import bubble_table
     from asyncpipe.schedules import resolve
     from asyncpipe.spawn import Job, launch
 

@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from asyncpipe.pipe.torch_orders import ideal_bubble, problem, rank_layers
+from asyncpipe.timelines.torch_orders import ideal_bubble, problem, rank_layers
 from asyncpipe.torch_schedules import SCHEDULES
 
 PREFIX = "pt_"

@@ -42,7 +42,7 @@ class ScheduleSpec:
     in_flight: Callable[[int, int, int], list[int]]  # (P, m, stage) -> peak micro-batches held, per model chunk
     stream: Optional[Stream] = None  # the engine's instruction stream; None: its engine class's own (DeepSpeed's)
     ideal: Optional[Stream] = None  # the stream its ideal timeline replays, when not ``stream`` (DeepSpeed's, translated)
-    orders: Optional[str] = None  # or its one-batch op order in `asyncpipe.pipe.orders` (drawn by data dependencies)
+    orders: Optional[str] = None  # or its one-batch op order in `asyncpipe.timelines.orders` (drawn by data dependencies)
     delay: Optional[int] = None  # the uniform delay it implies (checked against `delay`); None: any the check allows
     chunks: int = 1  # model chunks per rank (2: a V, DualPipeV)
     engines: tuple[str, ...] = ("simulate", "pipeline")

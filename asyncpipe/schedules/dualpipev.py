@@ -12,8 +12,8 @@ from asyncpipe.schedules import ScheduleSpec, declare_schedule, uniform
 
 def in_flight(P: int, m: int, stage: int) -> list[int]:
     """Peak micro-batches held per chunk of rank ``stage`` (its own chunk, then its mirror), counted on
-    DeepSpeed's DualPipeV order (`asyncpipe.pipe.orders.dualpipev`)."""
-    from asyncpipe.pipe.orders import dualpipev
+    DeepSpeed's DualPipeV order (`asyncpipe.timelines.orders.dualpipev`)."""
+    from asyncpipe.timelines.orders import dualpipev
 
     plan = dualpipev(P, m)
     own, mirror = stage, 2 * P - 1 - stage

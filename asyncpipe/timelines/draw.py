@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
 
-from asyncpipe.pipe.timeline import Event, Timeline
+from asyncpipe.timelines.timeline import Event, Timeline
 
 LINE_WIDTH = 100  # characters per text line: a terminal, an editor, a diff
 LETTER = {"forward": "F", "backward": "B", "weight": "W", "step": "U", "eval": "E"}
@@ -264,9 +264,9 @@ def draw_schedule(schedule: str, stages: int, micro_batches: int, batches: int, 
     """`asyncpipe schedule`: the timeline of ``schedule`` (the engine's streams, or a synchronous schedule drawn
     next to 1F1B and 2BW with its bubble table), or of a ``trace``d run, written to ``out`` as a PNG and a text
     file. Returns what to print (the text, then the steady-state idle per stage) and the files written."""
-    from asyncpipe.pipe.orders import SYNC_SCHEDULES, bubble_table, format_bubbles, ideal_timeline, sync_timeline
-    from asyncpipe.pipe.timeline import steady_gaps
-    from asyncpipe.pipe.trace_load import trace_timeline
+    from asyncpipe.timelines.orders import SYNC_SCHEDULES, bubble_table, format_bubbles, ideal_timeline, sync_timeline
+    from asyncpipe.timelines.timeline import steady_gaps
+    from asyncpipe.timelines.trace_load import trace_timeline
 
     from asyncpipe.pipe.schedule import streamed
 

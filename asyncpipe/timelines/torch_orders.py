@@ -1,7 +1,7 @@
 """The layer cut, action orders and ideal bubbles of PyTorch's own pipeline schedules (`asyncpipe.torch_schedules`):
 the layers of each rank's chunks (the same `asyncpipe.model.partition` cut as DeepSpeed's engine), why torch refuses
 a P and m (its own message, from building the schedule's `pipeline_order` on stub stages), and the ideal bubble of
-that order replayed by data dependencies (`asyncpipe.pipe.orders.replay`). Imports torch only when called.
+that order replayed by data dependencies (`asyncpipe.timelines.orders.replay`). Imports torch only when called.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ def problem(s: TorchSchedule, stages: int, micro_batches: int) -> Optional[str]:
 
 
 def ideal_plan(s: TorchSchedule, stages: int, micro_batches: int) -> Any:
-    """The schedule's order as an `asyncpipe.pipe.orders.Plan` (B split into input gradient B and weight
+    """The schedule's order as an `asyncpipe.timelines.orders.Plan` (B split into input gradient B and weight
     gradient W; a full backward is B then W at once; an overlapped F;B pair runs one after the other, as one
-    CPU core does), for `asyncpipe.pipe.orders.replay`."""
-    from asyncpipe.pipe.orders import Op, Plan, one_f_one_b
+    CPU core does), for `asyncpipe.timelines.orders.replay`."""
+    from asyncpipe.timelines.orders import Op, Plan, one_f_one_b
 
     order = build_order(s, stages, micro_batches)
     if order is None:
@@ -80,7 +80,7 @@ def ideal_plan(s: TorchSchedule, stages: int, micro_batches: int) -> Any:
 
 def ideal_bubble(s: TorchSchedule, stages: int, micro_batches: int, backward_over_forward: float) -> float:
     """Idle fraction of the most idle rank over one batch of the schedule's own order, communication free."""
-    from asyncpipe.pipe.orders import replay
+    from asyncpipe.timelines.orders import replay
 
     tl = replay(ideal_plan(s, stages, micro_batches), 1.0, backward_over_forward)
     return max(tl.idle_fraction)

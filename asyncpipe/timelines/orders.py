@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from asyncpipe.errors import UserError
 
 if TYPE_CHECKING:
-    from asyncpipe.pipe.timeline import Timeline
+    from asyncpipe.timelines.timeline import Timeline
 
 
 
@@ -174,7 +174,7 @@ def replay(p: Plan, forward: float = 1.0, backward: float = 2.0, weight_share: f
     are done. ``forward``/``backward`` are the costs of a whole stage's worth of layers (a chunk costs 1/chunks
     per rank of it); with a split backward, B costs (1 - weight_share) of it and W the rest. Raises
     `ScheduleError` on a deadlock, a dependency on an op no rank runs, or an op run twice or on the wrong rank."""
-    from asyncpipe.pipe.timeline import Event, ScheduleError, Timeline
+    from asyncpipe.timelines.timeline import Event, ScheduleError, Timeline
 
     n_chunks, v = len(p.chunk_rank), p.chunks_per_rank
     cost = {"F": forward / v, "B": backward / v, "W": 0.0}
@@ -231,7 +231,7 @@ def bubble_table(stages: int, micro_batches: int, forward: float = 1.0, backward
     A synchronous schedule flushes every batch, so that is its idle fraction over one batch; ``2bw`` is the
     idle share of the time one more batch adds to a run (its steady state; 0 with equal stages) and ``2bw-run``
     the idle fraction of a ``batches``-batch run, which pays one fill and drain."""
-    from asyncpipe.pipe.timeline import simulate_schedule
+    from asyncpipe.timelines.timeline import simulate_schedule
 
     out: dict[str, Optional[float]] = {k: bubble(k, stages, micro_batches, forward, backward) for k in SYNC_SCHEDULES}
     out["2bw"] = out["2bw-run"] = None
@@ -250,7 +250,7 @@ def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
     1f1b, 2bw, paci, ...; or gpipe), replayed against each other with unit costs (F, B and optimizer step
     durations); an unknown kind is one line."""
     from asyncpipe.pipe.schedule import streamed
-    from asyncpipe.pipe.timeline import simulate_schedule
+    from asyncpipe.timelines.timeline import simulate_schedule
 
     if kind not in streamed(kind) and "." not in kind:
         known = list(dict.fromkeys(streamed() + list(SYNC_SCHEDULES)))

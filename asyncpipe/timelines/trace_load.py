@@ -145,7 +145,7 @@ def label_ops(ops: list[dict], config: dict) -> list[tuple[str, Optional[int], f
 def trace_timeline(run_dir: Path) -> Any:
     """A `Timeline` of a real run from its ``trace-rank{r}.json`` files (replica 0 of every stage), times in
     seconds from the first recorded instruction; waiting on communication shows as idle."""
-    from asyncpipe.pipe.timeline import Event, Timeline
+    from asyncpipe.timelines.timeline import Event, Timeline
 
     files = sorted(Path(run_dir).glob("trace-rank*.json"))
     if not files:
