@@ -160,3 +160,22 @@ def test_a_stop_during_the_last_step_completes_the_run_with_its_final_val_loss(t
     last = read_metrics(tmp_path)[-1]
     assert last["step"] == steps and last["val_loss"] == summary["final_val_loss"]
     assert not (tmp_path / "checkpoints").exists()  # nothing to resume: the run is complete
+
+
+def test_a_setting_added_after_a_run_started_is_no_change_at_its_default() -> None:
+    """A run recorded before the schema gained `train.deterministic` (a study run stopped under an older commit)
+    resumes: the key is absent from its record and holds its default now. Absent with another value, or present
+    and changed, it is refused as before."""
+    from omegaconf import OmegaConf
+
+    from asyncpipe.config import compose
+    from asyncpipe.session.rundir import changed_settings
+
+    cfg = compose(["model=tiny", "run.dir=unused"])
+    recorded = OmegaConf.to_container(cfg, resolve=True)
+    del recorded["train"]["deterministic"]
+    assert changed_settings(recorded, cfg) == []
+    cfg.train.deterministic = True
+    assert changed_settings(recorded, cfg) == [("train.deterministic", None, True)]
+    recorded["train"]["lr_schedule"] = "wsd"
+    assert [k for k, _, _ in changed_settings(recorded, cfg)] == ["train.deterministic", "train.lr_schedule"]
