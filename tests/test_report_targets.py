@@ -148,6 +148,31 @@ def test_best_of_compares_each_column_at_its_own_best_lr_chosen_on_other_seeds(t
     assert "chosen on seed(s) 3, measured on seed(s) 0, 1, 2" in chosen.takeaways[0]
 
 
+def test_best_of_keeps_runs_recorded_before_a_key_existed_in_their_column(tmp_path):
+    """Study v5's records: the lr grid's first runs predate `train.deterministic`, its later ones (a grid edge, a
+    missing seed) record it at its default. They are one column (the key at its default is what the older runs
+    ran), so each column still gets exactly one chosen lr and its measurement seeds are averaged, not shown apart."""
+    root = sweep(tmp_path / "s", "s", ["sync", "1-step"])
+    for variant, lr, seed, final in [("sync", 0.004, 0, 3.0), ("sync", 0.004, 1, 3.1), ("sync", 0.008, 0, 3.2),
+                                     ("sync", 0.008, 1, 3.3), ("1-step", 0.004, 0, 3.4), ("1-step", 0.004, 1, 3.5),
+                                     ("1-step", 0.002, 0, 3.3), ("1-step", 0.002, 1, 3.45)]:  # fmt: skip
+        cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": int(variant != "sync"),
+               "engine": "simulate", "optimizer": {"name": "adamw", "lr": lr, "ef": {"enabled": False, "lam": 1.0}},
+               "run": {"variant": variant}}  # fmt: skip
+        if lr == 0.002 or (lr == 0.008 and seed == 1):  # recorded after the schema gained the key
+            cfg["train"] = {"deterministic": False}
+        run = RunDir(root / f"{variant}-lr{lr}-s{seed}")
+        run.write_config(yaml.safe_dump(cfg))
+        run.append_metrics({"step": 1, "tokens": 1000, "val_loss": final})
+        run.write_summary({"status": "completed", "final_val_loss": final, "tokens": 1000})
+    report = build_report(root, out_dir=tmp_path / "out", plots=False, best_of="optimizer.lr", select_seeds=["0"])
+    assert sorted(report.tuning.table[["column", "chosen"]].values.tolist()) == [["1-step", "0.002"], ["sync", "0.004"]]
+    (group,) = report.groups
+    assert group.table.loc["adamw", "1-step"].endswith("(n=1, lr=0.002)")
+    gap = next(c for c in report.claims if c.kind == "gap")
+    assert gap.interval.value == pytest.approx(3.45 - 3.1)
+
+
 @pytest.mark.parametrize("args,said", [
     (["--best-of", "optimizer.nope"], "no run records that setting"),
     (["--best-of", "optimizer.lr", "--select-seeds", "0,1"], "give some, not all"),

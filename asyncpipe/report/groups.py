@@ -105,16 +105,25 @@ def _distinct(values: Iterable[Any]) -> int:
     return len({repr(v) for v in values})
 
 
+def fill_unrecorded(values: Iterable[dict[str, Any]]) -> list[str]:
+    """Give every comparable config (`comparable`) the schema default of each key some of them do not record (a run
+    whose config predates a key ran with that key's default behaviour); the keys filled, sorted."""
+    values = list(values)
+    defaults = schema_defaults()
+    keys = sorted({k for v in values for k in v} - {ROW})
+    unrecorded = [k for k in keys if k in defaults and k != "pipeline.stages"  # dropped on purpose by comparable()
+                  and any(k not in v for v in values)]
+    for v in values:
+        v.update({k: defaults[k] for k in unrecorded if k not in v})
+    return unrecorded
+
+
 def classify(runs: list[tuple[str, dict, str, str, bool]]) -> Grouping:
     """Grouping of runs given as (run, flat config, optimizer, variant, variant is named) tuples."""
     values = {run: comparable(flat) for run, flat, _, _, _ in runs}
     named = any(n for *_, n in runs)
     keys = sorted({k for v in values.values() for k in v} - {ROW})
-    defaults = schema_defaults()
-    unrecorded = [k for k in keys if k in defaults and k != "pipeline.stages"  # dropped on purpose by comparable()
-                  and any(k not in v for v in values.values())]
-    for v in values.values():  # a run whose config predates a key ran with that key's default behaviour
-        v.update({k: defaults[k] for k in unrecorded if k not in v})
+    unrecorded = fill_unrecorded(values.values())
     cells: dict[tuple, list[str]] = {}
     optimizers: dict[str, list[str]] = {}
     for run, _, opt, variant, _ in runs:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from asyncpipe.errors import UserError
-from asyncpipe.report.groups import SEED, comparable, fmt_value, natural
+from asyncpipe.report.groups import SEED, comparable, fill_unrecorded, fmt_value, natural
 from asyncpipe.report.load import COMPLETED
 
 
@@ -81,8 +81,10 @@ def best_of(runs: pd.DataFrame, curves: pd.DataFrame, key: str,
     sel, meas = split_seeds(list(runs["seed"]), select)
     tuning = Tuning(key, sel, meas)
     finals = _final_losses(curves)
+    settings = [comparable(flat) for flat in runs["config"]]
+    fill_unrecorded(settings)  # a run recorded before a key existed is in the same column as one that records it
     runs = runs.assign(_value=values, _column=[
-        repr(sorted((k, repr(v)) for k, v in comparable(flat).items() if k != key)) for flat in runs["config"]])
+        repr(sorted((k, repr(v)) for k, v in flat.items() if k != key)) for flat in settings])
     keep, rows = [], []
     for (opt, variant, _), cell in runs.groupby(["optimizer", "variant", "_column"], sort=False, dropna=False):
         by_repr = {repr(v): v for v in cell["_value"]}

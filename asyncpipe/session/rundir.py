@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from asyncpipe.config.keys import flatten
+from asyncpipe.config.describe import schema_defaults
+from asyncpipe.config.keys import flatten, frozen
 from asyncpipe.errors import UserError
 from asyncpipe.paths import run_dir_place
 from asyncpipe.status import COMPLETED
@@ -41,22 +42,15 @@ def _check_place(path: Path) -> None:
         raise UserError(f"run.dir={path} is a file, not a directory; choose another run.dir")
 
 
-def _schema_defaults() -> dict[str, Any]:
-    """Every base setting's default, flattened (what a key added to the schema after a run started means)."""
-    from asyncpipe.config.schema import Config
-
-    return flatten(OmegaConf.to_container(OmegaConf.structured(Config), resolve=False, throw_on_missing=False))
-
-
 def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, new value) for every setting a resume may not change, in key order. A key the record
     lacks because the schema gained it after the run started is no change while it holds its default (the default
     is what the run ran before the key existed)."""
     old = flatten(recorded)
     new = flatten(OmegaConf.to_container(cfg, resolve=True))
-    defaults = _schema_defaults()
+    defaults = schema_defaults()
     keys = sorted(set(old) | set(new))
-    added = {k for k in keys if k not in old and k in defaults and new.get(k) == defaults[k]}
+    added = {k for k in keys if k not in old and k in defaults and frozen(new.get(k)) == defaults[k]}
     return [(k, old.get(k), new.get(k)) for k in keys
             if old.get(k) != new.get(k) and k not in added and not changes_no_result(k)]  # fmt: skip
 
