@@ -522,3 +522,27 @@ def test_a_one_seed_cell_is_paired_with_the_same_seed_of_a_three_seed_reference(
     write_run(tmp_path, "late-s0", config("adamw", "1-step", 0), curve(3.10, EVAL_TOKENS), {"status": "completed"})
     cells = build_report(tmp_path).cells.set_index("variant")
     assert close(cells.loc["1-step", "gap_to_sync"], 0.10)  # unpaired it would be 3.10 - 3.30 = -0.20
+
+
+def test_gap_plot_draws_only_tables_with_a_reference_and_another_column(tmp_path, monkeypatch):
+    """An lr grid's edge run without its sync partner (study v5's Muon 0.0025) is a table with no gap: no empty
+    panel for it. With no gap anywhere, no gap figure at all, and report.md does not point at one."""
+    import report_runs
+
+    from asyncpipe.report import plots
+
+    root = report_runs.sweep(tmp_path / "s", "s", ["sync", "1-step"])
+    for seed in range(2):
+        for variant, lr in (("sync", 0.01), ("1-step", 0.01), ("1-step", 0.0025)):
+            report_runs.write(root, variant, "muon", seed, report_runs.line(3.0 + 0.1 * (variant != "sync")), lr=lr,
+                              name=f"{variant}-lr{lr}-s{seed}")  # fmt: skip
+    panels: list[int] = []
+    real = plots._figure
+    monkeypatch.setattr(plots, "_figure", lambda n: (panels.append(n), real(n))[1])
+    report = build_report(root, out_dir=tmp_path / "out", plots=True)
+    assert len(report.groups) == 2 and panels == [2, 1]  # loss curves: both tables; gaps: the table with sync only
+    only_async = report_runs.sweep(tmp_path / "a", "a", ["sync", "1-step"])
+    report_runs.write(only_async, "1-step", "muon", 0, report_runs.line(3.1))
+    report = build_report(only_async, out_dir=tmp_path / "out2", plots=True)
+    md = (tmp_path / "out2" / "report.md").read_text()
+    assert "gap_vs_tokens.png" not in report.files and "gap_vs_tokens" not in md and "(loss_curves.png)" in md

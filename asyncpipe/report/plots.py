@@ -233,7 +233,10 @@ def paired_gap(curves: pd.DataFrame, cell: pd.DataFrame, ref: pd.DataFrame) -> p
 def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[GroupTable], order: list[str],
                        path: Path) -> list[Path]:  # fmt: skip
     """Val loss minus the reference's, same seed: the mean with error bars of its 95% t-interval (the text's)."""
-    cols = _columns(runs, groups)
+    cols = [(g, o, done) for g, o, done in _columns(runs, groups)  # a panel needs its reference and another column
+            if (done["variant"] == g.reference).any() and (done["variant"] != g.reference).any()]
+    if not cols:
+        return []
     fig, axes = _figure(len(cols))
     legend: dict[str, Line2D] = {}
     references, single = set(), False

@@ -150,12 +150,15 @@ def to_markdown(report: Any) -> str:
             "(light line: mean over seeds, EMA); the lower row zooms into the end of training and holds every line; "
             "each row shares one y-range. PDF versions beside the PNGs.\n",
             "![val and train loss vs tokens](loss_curves.png)\n",
+        ]
+    if "gap_vs_tokens.png" in report.files:
+        parts += [
             "Gap to the reference column, paired by seed: mean of the per-seed differences, error bars = the 95% "
             "t-interval (the intervals the text gives; none for one seed, drawn dotted); every panel of a row shares "
             "one y-axis, so gaps of different optimizers compare by eye; the zoomed row always shows 0.\n",
             "![loss gap to the reference vs tokens](gap_vs_tokens.png)\n",
         ]
-    else:
+    if "loss_curves.png" not in report.files:
         parts.append("Not drawn (`asyncpipe report --no-plots`).\n")
     parts += [
         "## Runs\n", md_table(run_table(report)) + "\n",
