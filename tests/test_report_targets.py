@@ -167,6 +167,7 @@ def test_best_of_keeps_runs_recorded_before_a_key_existed_in_their_column(tmp_pa
         run.write_summary({"status": "completed", "final_val_loss": final, "tokens": 1000})
     report = build_report(root, out_dir=tmp_path / "out", plots=False, best_of="optimizer.lr", select_seeds=["0"])
     assert sorted(report.tuning.table[["column", "chosen"]].values.tolist()) == [["1-step", "0.002"], ["sync", "0.004"]]
+    assert list(report.tuning.table.columns[3:]) == ["0.002", "0.004", "0.008"]  # ascending, not first-seen
     (group,) = report.groups
     assert group.table.loc["adamw", "1-step"].endswith("(n=1, lr=0.002)")
     gap = next(c for c in report.claims if c.kind == "gap")

@@ -61,6 +61,14 @@ def split_seeds(seeds: Sequence[Any], select: Sequence[str] | None) -> tuple[lis
     return chosen, [s for s in ordered if s not in chosen]
 
 
+def _number(text: str) -> Any:
+    """A value column's heading as the number it shows (so 0.0025 sorts between 0.002 and 0.004), else the text."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _final_losses(curves: pd.DataFrame) -> dict[str, float]:
     last = curves.sort_values(["run", "tokens"], kind="stable").groupby("run")["val_loss"].last()
     return last.to_dict()
@@ -102,7 +110,9 @@ def best_of(runs: pd.DataFrame, curves: pd.DataFrame, key: str,
         keep.append(cell[(cell["_value"].map(repr) == best) & cell["seed"].isin(meas)])
         means = {fmt_value(by_repr[v]): f"{x:.4f}" if math.isfinite(x) else "incomplete" for v, x in scores.items()}
         rows.append({"optimizer": opt, "column": variant, "chosen": fmt_value(by_repr[best]), **means})
-    tuning.table = pd.DataFrame(rows).fillna("—")
+    table = pd.DataFrame(rows).fillna("—")
+    values_shown = sorted(table.columns[3:], key=lambda c: natural(_number(c)))  # one ascending axis for every row
+    tuning.table = table[[*table.columns[:3], *values_shown]]
     out = pd.concat(keep, ignore_index=False) if keep else runs.iloc[:0]
     out = out.assign(config=[{k: v for k, v in flat.items() if k != key} for flat in out["config"]],
                      tuned=[f"{tuning.short}={fmt_value(v)}" for v in out["_value"]])
