@@ -81,10 +81,16 @@ MAX_GPU_MEM_GIB = 1e5  # per device; above any accelerator (H200: 141 GiB) by fa
 def plan_cmd(
     overrides: Optional[List[str]] = OVERRIDES,
     gpu_mem: float = typer.Option(80.0, "--gpu-mem", help="Memory budget per device, GiB."),
+    profile: str = typer.Option("h100_assumed", "--profile", help="Cost model for the speed table: a device profile "
+                                "(conf/device_profile/NAME or a YAML path; stated figures) or a `bench pipeline` JSON "
+                                "of the same model (measured here)."),
+    speed: bool = typer.Option(True, "--speed/--no-speed", help="Also predict every schedule's step time and tokens/s "
+                               "and name the fastest within --gpu-mem."),
 ) -> None:
     """Memory per pipeline stage before launching: weights (2 versions under 2BW), gradients, optimizer state,
-    EF, activations in flight, in GiB against --gpu-mem, and the largest micro-batch that fits. Ends with a
-    one-line verdict; exits 1 when a stage does not fit or the schedule cannot run the batch."""
+    EF, activations in flight, in GiB against --gpu-mem, and the largest micro-batch that fits; then, per
+    schedule, memory beside predicted step time and tokens/s (`asyncpipe.plan_speed`), and the fastest that fits.
+    Ends with a one-line verdict; exits 1 when a stage does not fit or the schedule cannot run the batch."""
     if not 0 < gpu_mem <= MAX_GPU_MEM_GIB:  # also refuses nan (every comparison with it is false)
         raise UserError(f"--gpu-mem {gpu_mem:g} must be a memory budget in GiB, > 0 and at most {MAX_GPU_MEM_GIB:g}")
     from asyncpipe.config import compose
@@ -93,6 +99,11 @@ def plan_cmd(
     cfg = compose(overrides or [])
     result = plan(cfg, gpu_mem)
     typer.echo(render(result, cfg))
+    if speed:
+        from asyncpipe import plan_speed
+
+        rows, label = plan_speed.speeds(overrides or [], gpu_mem, profile)
+        typer.echo(plan_speed.render(rows, gpu_mem, label))
     raise typer.Exit(0 if result.ok else 1)
 
 

@@ -193,7 +193,7 @@ def _compensation_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
 def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
     """The memory plan of ``cfg`` (a composed config) as `engine=pipeline` would run it on P x D devices."""
     from asyncpipe.errors import UserError
-    from asyncpipe.model.partition import partition
+    from asyncpipe.partition import partition
     from asyncpipe.schedules import resolve
 
     m, t, p = cfg.model, cfg.train, cfg.pipeline

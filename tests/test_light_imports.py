@@ -19,6 +19,7 @@ LIGHT = [
     "asyncpipe.report.groups", "asyncpipe.sweep", "asyncpipe.sweep.state", "asyncpipe.sweep.expand",
     "asyncpipe.track.files", "asyncpipe.track.lock", "asyncpipe.session.rundir", "asyncpipe.paths",
     "asyncpipe.timelines.draw", "asyncpipe.timelines.orders", "asyncpipe.timelines.timeline", "asyncpipe.timelines.trace_load",
+    "asyncpipe.timelines.cost", "asyncpipe.timelines.cost_source", "asyncpipe.partition", "asyncpipe.plan", "asyncpipe.plan_speed",
 ]  # fmt: skip
 HEAVY = ("torch", "deepspeed")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -1,9 +1,11 @@
 """2BW's throughput over the synchronous schedules at a pipeline depth P and m micro-batches: measured, from
-`asyncpipe bench pipeline` result files (JSON; `stages`, `micro_batches`, `variants.NAME.ratio_to_1f1b`), or the
-analytic ideal (m+P-1)/m (a flushed 1F1B batch lasts m+P-1 slots, a 2BW batch m) when none was measured.
+`asyncpipe bench pipeline` result files (JSON; `stages`, `micro_batches`, `variants.NAME.ratio_to_1f1b`), modelled
+(the cost model, `asyncpipe.timelines.cost`, calibrated on such a file's per-instruction stage timings at P = 2),
+or the analytic ideal (m+P-1)/m (a flushed 1F1B batch lasts m+P-1 slots, a 2BW batch m) when neither exists.
 
-Rule: a file measured at this P and m; else the file at this P with the nearest m (labelled with its m); else the
-ideal. The strongest sync schedule is the fastest of the measured synchronous variants in that file: DeepSpeed's
+Rule: a file measured at this P and m; else the file at this P with the nearest m (labelled with its m); else, at
+a depth no file covers, the cost model's 2BW (2BW + EF) over 1F1B at this P and m, calibrated on a P = 2 file's
+1F1B (labelled "modelled" with that file; no strongest sync schedule is modelled there); else the ideal. The strongest sync schedule is the fastest of the measured synchronous variants in that file: DeepSpeed's
 1F1B and DualPipeV, and PyTorch's own schedules (``pt_*``, `torch.distributed.pipelining`) where the file has them
 (a variant's ``synchronous`` flag says so; files written before it carry none: then 1F1B and DualPipeV).
 """
@@ -32,12 +34,12 @@ class Throughput:
     vs_1f1b: float  # 2BW (or 2BW + EF) tokens/s over 1F1B's
     vs_best_sync: float | None  # over the fastest measured sync schedule; None when not measured
     best_sync: str  # its name
-    source: str  # "measured, 2bw (FILE)", "measured at m=M, 2bw_ef (FILE)", "ideal (m+P-1)/m"
+    source: str  # "measured, 2bw (FILE)", "measured at m=M, 2bw_ef (FILE)", "modelled, 2bw (...)", "ideal (m+P-1)/m"
     best_sync_label: str = ""  # what it runs, as the bench file names it ("PyTorch ScheduleZBVZeroBubble")
 
     @property
     def kind(self) -> str:
-        """The label every figure drawn from it carries: `measured`, `measured at m=M` or `ideal (m+P-1)/m`."""
+        """The label every figure drawn from it carries: `measured`, `measured at m=M`, `modelled` or `ideal (m+P-1)/m`."""
         return self.source.split(",")[0]
 
 
@@ -61,7 +63,7 @@ def load_bench(paths: Sequence[Path]) -> list[dict]:
         flagged = any("synchronous" in v for v in measured.values())
         sync = [k for k, v in measured.items() if "+" not in k  # eager rows: the 2BW ratios read are eager too
                 and (v.get("synchronous") is True if flagged else k in SYNC_SCHEDULES)]  # fmt: skip
-        out.append({"path": str(path), "P": data["stages"], "m": data["micro_batches"], "sync": sync,
+        out.append({"path": str(path), "P": data["stages"], "m": data["micro_batches"], "sync": sync, "record": data,
                     "labels": {k: str(v.get("schedule", k)) for k, v in measured.items()},
                     "ratios": {k: float(v["ratio_to_1f1b"]) for k, v in measured.items()}})
     return out
@@ -80,4 +82,36 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         where = f"measured{at}, {name} ({Path(b['path']).name})"
         return Throughput(stages, micro_batches, ratio, ratio / syncs[best] if syncs else None, best, where,
                           b.get("labels", {}).get(best, best))
+    modelled = modelled_ratio(stages, micro_batches, bench, ef)
+    if modelled is not None:
+        return Throughput(stages, micro_batches, modelled[0], None, "1f1b", modelled[1])
     return Throughput(stages, micro_batches, ideal_ratio(stages, micro_batches), None, "1f1b", "ideal (m+P-1)/m")
+
+
+_MODELS: dict[str, object] = {}  # calibrations already made, by file
+
+
+def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool = False) -> tuple[float, str] | None:
+    """(2BW's (2BW + EF's) modelled throughput over 1F1B, its source label), from the first P = 2 file whose 1F1B
+    has per-instruction timings; None when no file has them or the model cannot run this P (too few blocks)."""
+    from asyncpipe.errors import UserError as Refused
+    from asyncpipe.timelines.cost import ratio
+    from asyncpipe.timelines.cost_source import from_bench
+
+    if micro_batches < stages:
+        return None
+    for b in bench:
+        rec = b.get("record") or {}
+        one = rec.get("variants", {}).get("1f1b")
+        if b["P"] != 2 or not isinstance(one, dict) or "seconds_by_op_per_stage" not in one:
+            continue
+        try:
+            model = _MODELS.get(b["path"]) or from_bench(rec, b["path"])
+            _MODELS[b["path"]] = model
+            value = ratio(model, "2bw", "1f1b", stages, micro_batches, ef=ef, torch_free=True)  # type: ignore[arg-type]
+        except Refused:
+            return None
+        name = "2bw_ef" if ef else "2bw"
+        return value, (f"modelled, {name} (cost model calibrated on {Path(b['path']).name}: 1F1B at P=2, "
+                       f"m={b['m']}, {rec.get('model', '?')})")  # fmt: skip
+    return None

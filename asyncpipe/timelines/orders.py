@@ -18,7 +18,7 @@ the idealised timeline, its bubble, and a deadlock check. Pure Python: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from asyncpipe.errors import UserError
 
@@ -169,17 +169,27 @@ def deps(op: Op, n_chunks: int, split_backward: bool) -> list[Op]:
     return [Op("B", op.chunk, op.micro_batch)]
 
 
-def replay(p: Plan, forward: float = 1.0, backward: float = 2.0, weight_share: float = 0.5) -> "Timeline":
+def replay(p: Plan, forward: float = 1.0, backward: float = 2.0, weight_share: float = 0.5,
+           chunk_costs: Optional[dict[str, Sequence[float]]] = None, latency: float = 0.0,
+           op_overhead: float = 0.0) -> "Timeline":  # fmt: skip
     """Run every rank's order against the others: an op starts when its rank is free and its dependencies
     are done. ``forward``/``backward`` are the costs of a whole stage's worth of layers (a chunk costs 1/chunks
     per rank of it); with a split backward, B costs (1 - weight_share) of it and W the rest. Raises
-    `ScheduleError` on a deadlock, a dependency on an op no rank runs, or an op run twice or on the wrong rank."""
+    `ScheduleError` on a deadlock, a dependency on an op no rank runs, or an op run twice or on the wrong rank.
+    ``chunk_costs`` ({"F": [...], "B": [...]}, one cost per chunk) replaces the uniform costs (the cost model's
+    measured, unequal chunks); ``latency`` delays a result read on another rank; ``op_overhead`` is added to
+    every op (the engine's instructions around it)."""
     from asyncpipe.timelines.timeline import Event, ScheduleError, Timeline
 
     n_chunks, v = len(p.chunk_rank), p.chunks_per_rank
     cost = {"F": forward / v, "B": backward / v, "W": 0.0}
     if p.split_backward:
         cost["B"], cost["W"] = backward * (1 - weight_share) / v, backward * weight_share / v
+
+    def duration(op: Op) -> float:
+        if chunk_costs is None or op.kind not in chunk_costs:
+            return cost[op.kind] + op_overhead
+        return float(chunk_costs[op.kind][op.chunk]) + op_overhead
     owner: dict[Op, int] = {}
     for r, ops in enumerate(p.ranks):
         for op in ops:
@@ -202,8 +212,8 @@ def replay(p: Plan, forward: float = 1.0, backward: float = 2.0, weight_share: f
                     raise ScheduleError(f"{op} on rank {r} needs {missing[0]}, which no rank runs")
                 if any(d not in end for d in need):
                     break
-                start = max([clock[r]] + [end[d] for d in need])
-                dur = cost[op.kind]
+                start = max([clock[r]] + [end[d] + (latency if owner[d] != r else 0.0) for d in need])
+                dur = duration(op)
                 kind = {"F": "forward", "B": "backward", "W": "weight"}[op.kind]
                 events.append(Event(r, kind, op.micro_batch, start, start + dur, chunk=op.chunk))
                 end[op] = clock[r] = start + dur

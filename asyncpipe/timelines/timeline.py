@@ -91,12 +91,15 @@ def simulate(
     step: Cost = 0.0,
     latency: float = 0.0,
     collective_steps: bool = False,
+    overhead: float = 0.0,
 ) -> Timeline:
     """Run the stages' streams against each other with the given durations (per stage where a sequence: a
     measured, unequal pipeline); raises `ScheduleError`.
 
     ``collective_steps``: a cross-stage all-reduce (global-norm clipping) starts at each stage's
     `ReduceGrads(b)` without blocking, and `OptimizerStep(b)` waits until every stage has started it.
+    ``overhead``: seconds the engine spends on every instruction besides its work (the cost model's
+    per-instruction term, `asyncpipe.timelines.cost`); ``latency``: seconds each completed exchange adds.
     """
     n = len(streams)
     fwd, bwd, upd = ([float(c)] * n if isinstance(c, (int, float)) else [float(x) for x in c]
@@ -161,6 +164,7 @@ def simulate(
                 return moved
             cmd = st.stream[st.pc]
             st.pc += 1
+            st.clock += overhead
             moved = True
             if isinstance(cmd, COMM):
                 if st.batched:

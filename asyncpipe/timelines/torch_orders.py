@@ -14,7 +14,7 @@ from asyncpipe.torch_schedules import TorchSchedule, rank_chunks
 def chunk_layers(s: TorchSchedule, n_layers_total: int, stages: int) -> list[list[int]]:
     """Layer indices of each chunk: ``[Embedding, Block x n, Head]`` cut into P x chunks pieces where
     `asyncpipe.model.partition` cuts them (one chunk per rank: exactly DeepSpeed's stages)."""
-    from asyncpipe.model.partition import partition
+    from asyncpipe.partition import partition
 
     parts = partition(n_layers_total, stages * s.chunks)
     return [list(range(parts[c], parts[c + 1])) for c in range(stages * s.chunks)]

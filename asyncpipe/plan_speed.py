@@ -1,0 +1,105 @@
+"""Which schedule is fastest within the memory budget: for every declared schedule the pipeline engine runs, the
+memory plan (`asyncpipe.plan`) beside the cost model's predicted step time and tokens/s
+(`asyncpipe.timelines.cost`) under a device profile (a stated one by default, `conf/device_profile/`) or a
+calibration measured on this machine (a `bench pipeline` JSON of the same model). `asyncpipe plan` prints it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from asyncpipe.errors import ConfigError, UserError
+
+DEFAULT_PROFILE = "h100_assumed"
+
+
+@dataclass
+class Speed:
+    schedule: str
+    reason: str = ""  # why it cannot run this config (then nothing else is set)
+    peak_gib: float = 0.0  # the largest stage's total
+    fits: bool = False  # every stage within the budget, and the engine can run the batch
+    step_s: float = 0.0
+    tokens_per_s: float = 0.0
+    bubble: float = 0.0
+
+
+def schedule_overrides(name: str) -> list[str]:
+    """What selects ``name`` on top of the user's overrides: the schedule, its delay, per-stage clipping where it
+    cannot clip globally (as `bench pipeline` runs it)."""
+    from asyncpipe.schedules import get
+
+    spec = get(name)
+    out = [f"pipeline.schedule={name}", f"delay={1 if spec.delay is None else spec.delay}"]
+    return out + ([] if "global" in spec.clip_modes else [f"pipeline.clip={spec.clip_modes[0]}"])
+
+
+def cost_model(cfg: Any, profile: str) -> Any:
+    """The cost model of ``cfg``'s model: a device profile by name / YAML path, or a bench JSON measured here."""
+    import json
+
+    from asyncpipe.timelines.cost_source import from_bench, from_profile, load_profile
+
+    if profile.endswith(".json"):
+        try:
+            rec = json.loads(Path(profile).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--profile {profile}: cannot read a bench pipeline result ({exc})") from None
+        if not isinstance(rec, dict) or rec.get("model") != cfg.model.name:
+            raise UserError(f"--profile {profile}: calibrated on model {rec.get('model') if isinstance(rec, dict) else '?'}"
+                            f", not model={cfg.model.name}; a measured calibration holds for its own model only")  # fmt: skip
+        return from_bench(rec, profile)
+    return from_profile(load_profile(profile), cfg)
+
+
+def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_PROFILE) -> tuple[list[Speed], str]:
+    """Per schedule (in declaration order) its memory and predicted speed; and the cost model's label."""
+    from asyncpipe.config import compose
+    from asyncpipe.plan import GIB, plan
+    from asyncpipe.schedules import schedules
+    from asyncpipe.timelines.cost import predict
+
+    out, label = [], ""
+    base = compose([*overrides, "engine=pipeline"])
+    p = base.pipeline  # evaluation enters neither memory nor speed: enough of it for a V's check (2P per replica)
+    evals = f"train.eval_batches={max(int(base.train.eval_batches), 2 * p.stages * p.data_parallel)}"
+    for spec in [s for s in schedules() if "pipeline" in s.engines]:
+        try:
+            cfg = compose([*overrides, "engine=pipeline", evals, *schedule_overrides(spec.name)])
+            pl = plan(cfg, gpu_mem_gib)
+            model = cost_model(cfg, profile)
+            p, t = cfg.pipeline, cfg.train
+            pred = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel,
+                           ef=bool(cfg.optimizer.ef.enabled), clip=p.clip if t.grad_clip > 0 else "stage")  # fmt: skip
+        except (ConfigError, UserError) as err:
+            out.append(Speed(spec.name, reason=str(err).split("\n")[0]))
+            continue
+        label = model.label
+        peak = max(s.total for s in pl.stages) / GIB
+        out.append(Speed(spec.name, "", peak, pl.ok, pred.step_s, pred.tokens_per_s(model.tokens_per_micro_batch),
+                         pred.bubble))  # fmt: skip
+    return out, label
+
+
+def fastest(rows: list[Speed]) -> Optional[Speed]:
+    fit = [r for r in rows if not r.reason and r.fits]
+    return max(fit, key=lambda r: r.tokens_per_s) if fit else None
+
+
+def render(rows: list[Speed], gpu_mem_gib: float, label: str) -> str:
+    lines = [f"schedules under the cost model ({label or 'no schedule could run'}):",
+             f"  {'schedule':10s} {'peak GiB':>9s} {'fits':>4s} {'step ms':>10s} {'tokens/s':>12s} {'bubble':>6s}"]
+    for r in rows:
+        if r.reason:
+            lines.append(f"  {r.schedule:10s} cannot run: {r.reason}")
+            continue
+        lines.append(f"  {r.schedule:10s} {r.peak_gib:9.1f} {'yes' if r.fits else 'NO':>4s} {r.step_s * 1e3:10.1f} "
+                     f"{r.tokens_per_s:12,.0f} {r.bubble:6.3f}")  # fmt: skip
+    best = fastest(rows)
+    if best is None:
+        lines.append(f"fastest within {gpu_mem_gib:g} GiB: none fits")
+    else:
+        lines.append(f"fastest within {gpu_mem_gib:g} GiB: {best.schedule}, {best.tokens_per_s:,.0f} tokens/s predicted "
+                     f"({best.step_s * 1e3:.1f} ms per step)")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""The pipeline cost model: what one optimizer step of a declared schedule costs at any P, m and data-parallel width,
+from per-layer forward / backward seconds, an optimizer-step cost per parameter, a p2p cost per exchange and the
+engine's overhead per instruction (a `CostModel`), replayed through the schedule's own instruction stream.
+
+How the work becomes a step time (`predict`):
+- The layer list [embedding, blocks, head] is cut as the engine cuts it (`asyncpipe.partition`: P chunks, or 2P in
+  a V for a two-chunk schedule); a stage's forward (backward) per micro-batch is the sum of its layers', its
+  optimizer step is ``step_per_param`` x its parameters (+ ``ef_per_param`` x them with error feedback: EF's extra
+  vector work per step), + the data-parallel gradient all-reduce when D > 1 (ring: 2 (D-1)/D x 4 bytes x params at
+  ``allreduce_bytes_per_s``, + ``allreduce_latency_s``).
+- A schedule with an instruction stream (1F1B as DeepSpeed's `TrainSchedule`, 2BW with its deferred step where
+  global clipping needs it, PACI with its recomputed straddlers and per-stage steps) is replayed by
+  `timelines.timeline.simulate` with those costs, ``overhead_s`` per instruction, ``p2p_s`` per exchange, and, under
+  global clipping, every stage's step waiting for the norm all-reduce (``allreduce_latency_s``). The step time is
+  the steady state: the makespan ``batches + 1`` batches add over ``batches``.
+- DualPipeV (no stream of ours: DeepSpeed's order over two chunks per rank) is replayed by data dependencies
+  (`timelines.orders.replay`, each chunk at its own cost, the overhead of its instructions spread over its ops);
+  a flush per batch, so a step is that batch, then the all-reduce and the slowest stage's optimizer step.
+Bubble: the idle share of the least busy stage over a steady step. Memory is `asyncpipe.plan`'s.
+Where the costs come from: `asyncpipe.timelines.cost_source` (a bench calibration or a device profile). Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from asyncpipe.errors import UserError
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-layer costs of one model (the layer list [embedding, blocks, head]) and the per-step terms, in seconds."""
+
+    label: str  # where the figures come from, said beside every prediction
+    measured: bool  # True: measured on a machine; False: a stated (assumed) device profile
+    forward: list[float]  # per layer: seconds per micro-batch
+    backward: list[float]
+    params: list[int]  # per layer
+    tokens_per_micro_batch: int
+    step_per_param: float  # optimizer step (clip, lr, update), seconds per parameter
+    ef_per_param: float = 0.0  # EF's extra work per step, seconds per parameter
+    p2p_s: float = 0.0  # each completed exchange (send / receive round)
+    overhead_s: float = 0.0  # the engine's own time per instruction
+    allreduce_latency_s: float = 0.0  # one small all-reduce (the global gradient norm; the start of a big one)
+    allreduce_bytes_per_s: Optional[float] = None  # data-parallel gradient all-reduce bandwidth; None: not known
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def with_overhead(self, overhead_s: float) -> "CostModel":
+        return CostModel(**{**self.__dict__, "overhead_s": overhead_s})
+
+
+@dataclass(frozen=True)
+class Prediction:
+    schedule: str
+    stages: int
+    micro_batches: int
+    data_parallel: int
+    ef: bool
+    step_s: float  # one optimizer step in the steady state
+    bubble: float  # idle share of the least busy stage over a step
+    forward_s: list[float]  # the per-stage figures it was replayed with
+    backward_s: list[float]
+    update_s: list[float]
+
+    def tokens_per_s(self, tokens_per_micro_batch: int) -> float:
+        return tokens_per_micro_batch * self.micro_batches * self.data_parallel / self.step_s
+
+
+def stage_costs(model: CostModel, stages: int, chunks: int = 1, data_parallel: int = 1,
+                ef: bool = False) -> tuple[list[float], list[float], list[float], list[int]]:  # fmt: skip
+    """Per chunk (P x chunks of them, in model order): forward and backward seconds per micro-batch; per rank:
+    optimizer-step seconds (+ EF, + the data-parallel all-reduce) and parameters."""
+    from asyncpipe.partition import partition
+
+    n_chunks = stages * chunks
+    n_layers = len(model.forward)
+    if n_chunks > n_layers - 2:
+        raise UserError(f"{n_chunks} model chunks need at least {n_chunks} transformer blocks; the model has "
+                        f"{n_layers - 2}")  # fmt: skip
+    parts = partition(n_layers, n_chunks)
+    fwd = [sum(model.forward[parts[c] : parts[c + 1]]) for c in range(n_chunks)]
+    bwd = [sum(model.backward[parts[c] : parts[c + 1]]) for c in range(n_chunks)]
+    chunk_params = [sum(model.params[parts[c] : parts[c + 1]]) for c in range(n_chunks)]
+    rank_chunks = [[r] if chunks == 1 else [r, n_chunks - 1 - r] for r in range(stages)]
+    params = [sum(chunk_params[c] for c in cs) for cs in rank_chunks]
+    update = []
+    for n in params:
+        u = n * (model.step_per_param + (model.ef_per_param if ef else 0.0))
+        if data_parallel > 1:
+            if model.allreduce_bytes_per_s is None:
+                raise UserError(f"data_parallel={data_parallel}: the cost model ({model.label}) has no all-reduce "
+                                "bandwidth; give a device profile with allreduce_bytes_per_s")  # fmt: skip
+            u += model.allreduce_latency_s + 2 * (data_parallel - 1) / data_parallel * 4 * n / model.allreduce_bytes_per_s
+        update.append(u)
+    return fwd, bwd, update, params
+
+
+def _streams(name: str, m: int, P: int, batches: int, defer: bool, torch_free: bool) -> list[list]:
+    from asyncpipe.pipe.schedule import TwoBWSchedule, flatten
+    from asyncpipe.schedules import get
+
+    spec = get(name)
+    if name == "1f1b" and torch_free:  # DeepSpeed's TrainSchedule without importing it: one flushed batch at a time
+        return [[c for b in range(batches) for c in flatten(TwoBWSchedule(m, P, s, b + 1, start=b).steps())]
+                for s in range(P)]  # fmt: skip
+    make = spec.ideal or spec.stream
+    return [flatten(make(m, P, s, batches, 0, defer)) for s in range(P)]
+
+
+def _defers(spec: Any, P: int, clip: str) -> bool:
+    """Whether the engine defers the step (`asyncpipe.plan`'s rule): two versions, global clipping, P > 1."""
+    return spec.stream is not None and spec.weight_versions(P, 0) > 1 and clip == "global" and P > 1
+
+
+def predict(model: CostModel, schedule: str, stages: int, micro_batches: int, data_parallel: int = 1,
+            ef: bool = False, clip: Optional[str] = None, batches: int = 4,
+            torch_free: bool = False) -> Prediction:  # fmt: skip
+    """The steady-state step of ``schedule`` (a declared schedule the pipeline engine runs) at P, m and D under
+    ``model``; ``clip``: global (one norm all-reduce across stages per step) or stage (default: global where the
+    schedule can). ``torch_free``: 1F1B's stream without DeepSpeed (same timeline; the report uses it)."""
+    from asyncpipe.schedules import get
+    from asyncpipe.timelines.timeline import simulate
+
+    spec = get(schedule)
+    P, m = stages, micro_batches
+    clip = clip or spec.clip_modes[0]
+    collective = clip == "global"
+    fwd, bwd, upd, _ = stage_costs(model, P, spec.chunks, data_parallel, ef)
+    if spec.chunks > 1:
+        return _predict_orders(model, spec, P, m, data_parallel, ef, collective, fwd, bwd, upd)
+    if spec.stream is None and spec.ideal is None:
+        raise UserError(f"schedule {schedule}: no instruction stream and no one-batch order to replay")
+    if not spec.flush and m < P:
+        raise UserError(f"schedule {schedule} needs micro-batches >= stages (got m={m}, P={P})")
+    defer = _defers(spec, P, clip)
+
+    def run(n: int) -> Any:
+        return simulate(_streams(spec.name, m, P, n, defer, torch_free), fwd, bwd, upd, latency=model.p2p_s,
+                        collective_steps=collective, overhead=model.overhead_s)  # fmt: skip
+
+    a, b = run(batches), run(batches + 1)
+    step = b.makespan - a.makespan
+    busy = [y - x for x, y in zip(a.busy, b.busy)]
+    return Prediction(spec.name, P, m, data_parallel, ef, step, max(0.0, 1 - min(busy) / step), fwd, bwd, upd)
+
+
+def _predict_orders(model: CostModel, spec: Any, P: int, m: int, D: int, ef: bool, collective: bool,
+                    fwd: list[float], bwd: list[float], upd: list[float]) -> Prediction:  # fmt: skip
+    """A two-chunk schedule's batch replayed by data dependencies (`timelines.orders`), then the step."""
+    from asyncpipe.timelines import orders
+
+    plan = orders.plan(spec.orders or spec.name, P, m)
+    per_op = model.overhead_s * _instructions_per_op(spec.orders or spec.name, P, m)
+    tl = orders.replay(plan, chunk_costs={"F": fwd, "B": bwd}, latency=model.p2p_s, op_overhead=per_op)
+    step = tl.makespan + (model.allreduce_latency_s if collective else 0.0) + max(upd)
+    busy = [x + u for x, u in zip(tl.busy, upd)]
+    return Prediction(spec.name, P, m, D, ef, step, max(0.0, 1 - min(busy) / step),
+                      [fwd[r] + fwd[2 * P - 1 - r] for r in range(P)],
+                      [bwd[r] + bwd[2 * P - 1 - r] for r in range(P)], upd)  # fmt: skip
+
+
+def _instructions_per_op(name: str, P: int, m: int) -> float:
+    """Engine instructions per forward or backward of a two-chunk schedule, counted on DeepSpeed's own ticks
+    (DualPipeV's: loads, sends, receives, commits and passes), the most on any rank."""
+    if name != "dualpipev":
+        return 3.0  # receive, pass, send
+    from deepspeed.runtime.pipe.schedule import BackwardPass, DualPipeVSchedule, ForwardPass
+
+    worst = 0.0
+    for r in range(P):
+        cmds = [c for tick in DualPipeVSchedule(micro_batches=m, stages=P, stage_id=r) for c in tick]
+        ops = sum(isinstance(c, (ForwardPass, BackwardPass)) for c in cmds)
+        worst = max(worst, len(cmds) / max(ops, 1))
+    return worst
+
+
+def ratio(model: CostModel, schedule: str, reference: str, stages: int, micro_batches: int, ef: bool = False,
+          torch_free: bool = False) -> float:  # fmt: skip
+    """Throughput of ``schedule`` over ``reference`` (the same tokens per step) under ``model``."""
+    mine = predict(model, schedule, stages, micro_batches, ef=ef, torch_free=torch_free)
+    ref = predict(model, reference, stages, micro_batches, torch_free=torch_free)
+    return ref.step_s / mine.step_s

@@ -1,0 +1,181 @@
+"""Where a `cost.CostModel`'s figures come from: a calibration measured on this machine (one `asyncpipe bench
+pipeline` result, real compute) or a device profile (a small YAML of stated, not measured, device figures).
+
+Calibration (`from_bench`), on one variant of a bench file (1F1B by default), from its last job's per-instruction
+seconds per stage (`seconds_by_op_per_stage`, `asyncpipe.pipe.clock.StageClock`):
+- forward per micro-batch: the stage's ForwardPass seconds over its forwards (steps x m training forwards plus the
+  2 x eval_batches of the job's evaluations at step 0 and at its last step); backward: BackwardPass over steps x m;
+- per layer: the blocks of stage 0 share its cost equally (the embedding, a table lookup, is taken as free), and
+  the head is what the last stage costs beyond its blocks at that block cost (floored at 0). A depth P then sums
+  the layers the engine's cut gives each stage (`asyncpipe.partition`), so per-stage costs scale by blocks per
+  stage, with the head on the last stage;
+- optimizer step: (OptimizerStep + ReduceGrads - time blocked in the norm all-reduce) per step, summed over
+  stages, per parameter (parameters per layer from `asyncpipe.plan.layer_shapes`); EF's extra work: the same for
+  the file's 2bw_ef variant minus its 2bw variant (0 when the file has not both);
+- p2p: 0, and the engine's overhead per instruction: the one value at which the calibration variant's replayed
+  step equals its measured median step (bisection): the only fitted figure, and it carries the exchanges' cost.
+Device profile (`from_profile`): forward seconds = FLOPs / (peak x an assumed efficiency), 2 x the active matmul
+parameters per token + causal attention's 2 x seq x d_model, the head's 2 x d_model x vocab; backward = a stated
+multiple; step and EF: bytes per parameter over memory bandwidth; p2p: a micro-batch's bf16 activation over the
+link + its latency. Such a profile is labelled as stated, never as measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from asyncpipe.errors import UserError
+from asyncpipe.timelines.cost import CostModel, predict
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "conf" / "device_profile"
+PROFILE_KEYS = ("name", "measured", "note", "matmul_flops", "efficiency", "backward_over_forward",
+                "memory_bytes_per_s", "step_bytes_per_param", "ef_bytes_per_param", "p2p_bytes_per_s",
+                "p2p_latency_s", "allreduce_bytes_per_s", "allreduce_latency_s", "overhead_s")  # fmt: skip
+
+
+def _config(overrides: list[str]) -> Any:
+    from asyncpipe.config import compose
+
+    return compose([o for o in overrides if not o.startswith(("engine=", "delay="))])
+
+
+def _layers(cfg: Any) -> list:
+    from asyncpipe.plan import layer_shapes
+
+    return layer_shapes(cfg.model, int(cfg.model.vocab_size or cfg.tokenizer.vocab_size))
+
+
+def _eval_batches(overrides: list[str]) -> int:
+    for o in reversed(overrides):
+        if o.startswith("train.eval_batches="):
+            return int(o.split("=", 1)[1])
+    return 1  # the bench's own default (`bench.pipeline.BENCH_DEFAULTS`)
+
+
+def _update_s(v: dict, stage: int, steps: int) -> float:
+    ops, blocked = v["seconds_by_op_per_stage"][stage], v["seconds_blocked_in_per_stage"][stage]
+    return max(0.0, ops.get("OptimizerStep", 0.0) + ops.get("ReduceGrads", 0.0) - sum(blocked.values())) / steps
+
+
+def _recomputes(variant: str) -> bool:
+    from asyncpipe.schedules import get, names
+
+    base = variant.split("+")[0]
+    return base in names() and get(base).recompute
+
+
+def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = True) -> CostModel:
+    """A cost model calibrated on ``variant`` of one `bench pipeline` result (see the module docstring)."""
+    from asyncpipe.partition import partition
+
+    v = record.get("variants", {}).get(variant)
+    if not isinstance(v, dict) or "seconds_by_op_per_stage" not in v:
+        raise UserError(f"{path or 'bench result'}: no per-instruction timings for {variant} to calibrate on")
+    P, m, steps = int(record["stages"]), int(record["micro_batches"]), int(record["steps_per_job"])
+    cfg = _config(list(record.get("overrides", [])))
+    shapes = _layers(cfg)
+    parts = partition(len(shapes), P)
+    forwards = steps * m + 2 * max(1, _eval_batches(list(record.get("overrides", []))) // max(1, record.get("data_parallel", 1)))
+    fwd = [v["seconds_by_op_per_stage"][s].get("ForwardPass", 0.0) / forwards for s in range(P)]
+    bwd = [v["seconds_by_op_per_stage"][s].get("BackwardPass", 0.0) / (steps * m) for s in range(P)]
+    if _recomputes(variant):  # PACI's backward holds its straddlers' recomputed forwards: the replay adds them back
+        bwd = [b - (steps - 1) * min(P - 1 - s, m) * f / (steps * m) for s, (f, b) in enumerate(zip(fwd, bwd))]
+    blocks = [sum(x.kind == "block" for x in shapes[parts[s] : parts[s + 1]]) for s in range(P)]
+    per_block = (fwd[0] / blocks[0], bwd[0] / blocks[0])
+    head = (max(0.0, fwd[-1] - blocks[-1] * per_block[0]), max(0.0, bwd[-1] - blocks[-1] * per_block[1]))
+    cost = {"embedding": (0.0, 0.0), "block": per_block, "head": head}
+    params = [x.params for x in shapes]
+    total = sum(params)
+    step_per_param = sum(_update_s(v, s, steps) for s in range(P)) / total
+    ef_per_param, notes = 0.0, []
+    variants = record["variants"]
+    if all(isinstance(variants.get(k), dict) and "seconds_by_op_per_stage" in variants[k] for k in ("2bw", "2bw_ef")):
+        extra = sum(_update_s(variants["2bw_ef"], s, steps) - _update_s(variants["2bw"], s, steps) for s in range(P))
+        ef_per_param = max(0.0, extra / total)
+    else:
+        notes.append("EF's extra step work not measured in this file (taken as 0)")
+    name = Path(path).name if path else "bench result"
+    model = CostModel(
+        label=f"measured: {name} ({record.get('model', '?')}, P={P}, m={m}, {variant})", measured=True,
+        forward=[cost[x.kind][0] for x in shapes], backward=[cost[x.kind][1] for x in shapes], params=params,
+        tokens_per_micro_batch=int(record["micro_batch_size"]) * int(record["seq_len"]),
+        step_per_param=step_per_param, ef_per_param=ef_per_param, notes=tuple(notes),
+    )  # fmt: skip
+    return fit_overhead(model, variant, P, m, float(v["step_time_s"])) if fit else model
+
+
+def fit_overhead(model: CostModel, schedule: str, P: int, m: int, measured_s: float) -> CostModel:
+    """``model`` with the per-instruction overhead at which ``schedule``'s predicted step equals ``measured_s``
+    (0 when the replay alone already takes longer)."""
+    if predict(model, schedule, P, m).step_s >= measured_s:
+        return model.with_overhead(0.0)
+    lo, hi = 0.0, measured_s / 10
+    while predict(model.with_overhead(hi), schedule, P, m).step_s < measured_s:
+        hi *= 2
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predict(model.with_overhead(mid), schedule, P, m).step_s < measured_s else (lo, mid)
+    return model.with_overhead((lo + hi) / 2)
+
+
+def load_profile(name_or_path: str) -> dict:
+    """A device profile by name (conf/device_profile/NAME.yaml) or path; unknown keys or a missing one: one line."""
+    from omegaconf import OmegaConf
+
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+        raise UserError(f"--profile {name_or_path}: no such device profile; give a YAML path or one of: {', '.join(known)}")
+    data = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(data, dict) or set(data) != set(PROFILE_KEYS):
+        got = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise UserError(f"--profile {path}: a device profile has exactly the keys {', '.join(PROFILE_KEYS)}; got {got}")
+    return data
+
+
+def from_profile(profile: dict, cfg: Any) -> CostModel:
+    """A cost model of ``cfg``'s model and batch under a device profile (see the module docstring)."""
+    m, t = cfg.model, cfg.train
+    shapes = _layers(cfg)
+    vocab = int(m.vocab_size or cfg.tokenizer.vocab_size)
+    tokens = int(t.micro_batch_size) * int(t.seq_len)
+    rate = float(profile["matmul_flops"]) * float(profile["efficiency"])
+
+    def flops(x: Any) -> float:
+        if x.kind == "embedding":
+            return 0.0
+        if x.kind == "head":
+            return 2.0 * m.d_model * vocab
+        return 2.0 * (x.active - 2 * m.d_model) + 2.0 * t.seq_len * m.d_model  # matmuls; causal QK^T and AV
+
+    fwd = [flops(x) * tokens / rate for x in shapes]
+    bw = float(profile["memory_bytes_per_s"])
+    measured = bool(profile["measured"])
+    kind = "measured" if measured else "stated, not measured"
+    return CostModel(
+        label=f"device profile {profile['name']} ({kind}: {profile['note']})", measured=measured,
+        forward=fwd, backward=[f * float(profile["backward_over_forward"]) for f in fwd],
+        params=[x.params for x in shapes], tokens_per_micro_batch=tokens,
+        step_per_param=float(profile["step_bytes_per_param"]) / bw, ef_per_param=float(profile["ef_bytes_per_param"]) / bw,
+        p2p_s=float(profile["p2p_latency_s"]) + tokens * m.d_model * 2 / float(profile["p2p_bytes_per_s"]),
+        overhead_s=float(profile["overhead_s"]), allreduce_latency_s=float(profile["allreduce_latency_s"]),
+        allreduce_bytes_per_s=float(profile["allreduce_bytes_per_s"]),
+    )  # fmt: skip
+
+
+def calibration(paths: list[str], P: int = 2) -> Optional[tuple[str, dict]]:
+    """The bench file (path, record) to calibrate on: one at P = ``P`` with 1F1B's per-instruction timings."""
+    import json
+
+    for p in paths:
+        try:
+            rec = json.loads(Path(p).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        v = rec.get("variants", {}).get("1f1b") if isinstance(rec, dict) else None
+        if rec.get("stages") == P and isinstance(v, dict) and "seconds_by_op_per_stage" in v:
+            return p, rec
+    return None

@@ -1,0 +1,154 @@
+"""The pipeline cost model (`asyncpipe.timelines.cost`): step times derived by hand on small cases, the calibration
+recovering the costs a bench record was written with, the committed check against the real engine re-rendered
+from its JSON, and its two users: `plan` naming the fastest schedule that fits, `report` labelling "modelled"."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from asyncpipe.timelines.cost import CostModel, predict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def hand_model(blocks: int = 2, f: float = 1.0, b: float = 2.0, u_per_block: float = 0.25) -> CostModel:
+    """[embedding, blocks x (F, B), head]: free embedding and head; the step costs u_per_block per block."""
+    return CostModel("hand", False, forward=[0.0] + [f] * blocks + [0.0], backward=[0.0] + [b] * blocks + [0.0],
+                     params=[0] + [1] * blocks + [0], tokens_per_micro_batch=1, step_per_param=u_per_block)  # fmt: skip
+
+
+def test_step_times_derived_by_hand() -> None:
+    """P = 2, one block per stage, F = 1, B = 2, step U = 0.25.
+    1F1B, m = 2: stage 0 F0 [0,1] F1 [1,2]; stage 1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7]; stage 0 B0 [4,6] B1 [7,9];
+    both step after the norm all-reduce, at 9: a batch is (m+P-1)(F+B) + U = 9.25.
+    2BW, m = 2: no flush, every stage busy m(F+B) + U = 6.25 per batch. PACI, m = 2: 2BW's order, and stage 0
+    recomputes the forward of its one straddling micro-batch (w = P-1 = 1): 6 + 1 + 0.25 = 7.25."""
+    model = hand_model()
+    assert predict(model, "1f1b", 2, 2).step_s == pytest.approx(9.25)
+    assert predict(model, "1f1b", 2, 2, torch_free=True).step_s == pytest.approx(9.25)
+    assert predict(model, "2bw", 2, 2).step_s == pytest.approx(6.25)
+    assert predict(model, "paci", 2, 2).step_s == pytest.approx(7.25)
+    one = predict(model, "1f1b", 2, 4)  # m = 4: (4+1) x 3 + 0.25; the idle share of a stage: 1 - (12.25 / 15.25)
+    assert (one.step_s, one.bubble) == (pytest.approx(15.25), pytest.approx(1 - 12.25 / 15.25))
+    # EF's extra work and the engine's overhead per instruction land where they should: in every step / instruction.
+    ef = CostModel(**{**model.__dict__, "ef_per_param": 0.5})
+    assert predict(ef, "2bw", 2, 2, ef=True).step_s == pytest.approx(6.75)
+    assert predict(model.with_overhead(0.01), "2bw", 2, 2).step_s > 6.25
+
+
+def test_dualpipev_replays_each_chunk_at_its_own_cost() -> None:
+    """Four blocks at P = 2: 4 chunks of one block in a V. Equal chunks: DeepSpeed's order replayed at the stage's
+    cost (`orders.replay`), plus the step; a heavier loss chunk (rank 0 holds it) makes the batch longer."""
+    from asyncpipe.timelines import orders
+
+    model = hand_model(blocks=4, f=0.5, b=1.0, u_per_block=0.0)
+    base = orders.replay(orders.plan("dualpipev", 2, 4), forward=1.0, backward=2.0).makespan
+    assert predict(model, "dualpipev", 2, 4).step_s == pytest.approx(base)
+    heavy = CostModel(**{**model.__dict__, "forward": model.forward[:-1] + [0.5], "backward": model.backward[:-1] + [1.0]})
+    assert predict(heavy, "dualpipev", 2, 4).step_s > base
+
+
+@pytest.mark.parametrize("P,m", [(2, 4), (4, 8), (8, 8)])
+def test_the_torch_free_1f1b_is_deepspeeds_timeline(P: int, m: int) -> None:
+    """The report replays 1F1B without DeepSpeed (a flushed batch of 2BW's stream at a time); with unequal stages and
+    a priced step it is DeepSpeed's `TrainSchedule` timeline to the last digit."""
+    blocks = 8
+    model = CostModel("x", False, forward=[0.0] + [0.3 + 0.1 * i for i in range(blocks)] + [0.4],
+                      backward=[0.0] + [0.7 + 0.05 * i for i in range(blocks)] + [0.9], params=[1] * (blocks + 2),
+                      tokens_per_micro_batch=1, step_per_param=0.05)  # fmt: skip
+    assert predict(model, "1f1b", P, m, torch_free=True).step_s == pytest.approx(predict(model, "1f1b", P, m).step_s)
+
+
+def _record(fwd: list[float], bwd: list[float], upd: list[float], steps: int = 6, m: int = 4) -> dict:
+    """A bench record of model small at P = 2 whose 1F1B stages ran these per-micro-batch costs (2 x 1 evaluation
+    forwards ride in ForwardPass, as in a job)."""
+    ops = [{"ForwardPass": f * (steps * m + 2), "BackwardPass": b * steps * m, "OptimizerStep": u * steps,
+            "ReduceGrads": 0.0} for f, b, u in zip(fwd, bwd, upd)]  # fmt: skip
+    v = {"seconds_by_op_per_stage": ops, "seconds_blocked_in_per_stage": [{}, {}], "step_time_s": 100.0}
+    return {"model": "small", "stages": 2, "micro_batches": m, "steps_per_job": steps, "micro_batch_size": 8,
+            "seq_len": 64, "overrides": ["model=small"], "variants": {"1f1b": v}}  # fmt: skip
+
+
+def test_calibration_recovers_the_costs_and_fits_the_overhead() -> None:
+    """Stage 0 = embedding (free) + 4 blocks, stage 1 = 4 blocks + head: a block is stage 0's quarter, the head the
+    rest of stage 1; the step per parameter is the steps over all parameters; the overhead is the one figure that
+    makes the calibration variant's replayed step its measured one."""
+    from asyncpipe.timelines.cost_source import from_bench
+
+    rec = _record([0.04, 0.05], [0.08, 0.09], [0.01, 0.01])
+    raw = from_bench(rec, fit=False)
+    assert raw.forward[1:9] == pytest.approx([0.01] * 8) and raw.forward[9] == pytest.approx(0.01)
+    assert raw.backward[1:9] == pytest.approx([0.02] * 8) and raw.backward[9] == pytest.approx(0.01)
+    assert raw.step_per_param * sum(raw.params) == pytest.approx(0.02)
+    target = predict(raw, "1f1b", 2, 4).step_s * 1.2
+    rec["variants"]["1f1b"]["step_time_s"] = target
+    fitted = from_bench(rec)
+    assert fitted.overhead_s > 0 and predict(fitted, "1f1b", 2, 4).step_s == pytest.approx(target, rel=1e-6)
+    assert fitted.label.startswith("measured:")
+
+
+def test_the_cost_table_in_the_doc_is_its_json() -> None:
+    """docs/performance.md's cost table is `benchmarks/cost_table.py` rendered from the committed JSON, and that JSON
+    is what the committed raw bench files give (re-computed here, no bench run)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from cost_table import END, START, TABLE, render, rows
+
+    table = json.loads(TABLE.read_text())
+    doc = (REPO / "docs" / "performance.md").read_text()
+    assert doc.split(START, 1)[1].split(END, 1)[0].strip() == render(table).strip()
+    again = rows(table["model"], table["stages"])
+    assert [(r["m"], r["variant"]) for r in again["rows"]] == [(r["m"], r["variant"]) for r in table["rows"]]
+    for a, b in zip(again["rows"], table["rows"]):
+        assert a["predicted_step_s"] == pytest.approx(b["predicted_step_s"], rel=1e-6)
+        assert a["error"] == pytest.approx(b["error"], abs=1e-6)
+
+
+def test_plan_names_the_fastest_schedule_that_fits() -> None:
+    """moe_10b at 8 stages under the stated H100 profile: every schedule's memory beside its predicted speed; the
+    named one is the fastest of those that fit, and a budget that 2BW's second version exceeds excludes it."""
+    from asyncpipe.cli import app
+    from asyncpipe.plan_speed import fastest, speeds
+
+    over = ["model=moe_10b", "pipeline.stages=8", "delay=1", "optimizer=muon_ef", "train.micro_batch_size=1",
+            "train.seq_len=2048", "train.micro_batches=16"]  # fmt: skip
+    rows, label = speeds(over, 80.0)
+    assert "h100_assumed" in label and "stated, not measured" in label
+    runnable = {r.schedule: r for r in rows if not r.reason}
+    assert {"1f1b", "2bw", "dualpipev"} <= set(runnable) and "paci" not in runnable  # PACI refuses MoE
+    best = fastest(rows)
+    assert best is not None and best.tokens_per_s == max(r.tokens_per_s for r in runnable.values() if r.fits)
+    tight = (runnable["1f1b"].peak_gib + runnable["2bw"].peak_gib) / 2  # 1F1B fits, 2BW does not
+    out = CliRunner().invoke(app, ["plan", *over, "--gpu-mem", f"{tight:.2f}"])
+    fit = [r for r in runnable.values() if r.peak_gib <= tight]
+    winner = max(fit, key=lambda r: r.tokens_per_s)
+    assert f"fastest within {float(f'{tight:.2f}'):g} GiB: {winner.schedule}, {winner.tokens_per_s:,.0f} tokens/s" in out.output
+    assert "device profile h100_assumed (stated, not measured" in out.output
+
+
+def test_report_labels_modelled_throughput_with_its_calibration(tmp_path: Path) -> None:
+    """A depth no bench file covers: the cost model calibrated on the P = 2 file's 1F1B, labelled "modelled" with
+    that file; the file's own depth stays measured; a file without stage timings leaves the ideal."""
+    from asyncpipe.report.target import speedup_table
+    from asyncpipe.report.throughput import load_bench, throughput
+
+    rec = _record([0.04, 0.05], [0.08, 0.09], [0.01, 0.01])
+    rec["variants"]["1f1b"]["step_time_s"] = 1.0
+    rec["variants"]["1f1b"]["ratio_to_1f1b"] = 1.0
+    rec["variants"]["2bw"] = {"ratio_to_1f1b": 1.2}
+    path = tmp_path / "cost-small-P2-m4.json"
+    path.write_text(json.dumps(rec))
+    bench = load_bench([path])
+    thr = throughput(4, 8, bench)
+    assert thr.kind == "modelled" and "cost-small-P2-m4.json" in thr.source and thr.vs_best_sync is None
+    assert 1.0 < thr.vs_1f1b < (8 + 4 - 1) / 8  # below the ideal: the step and the uneven head cost something
+    assert throughput(2, 4, bench).kind == "measured"
+    table = speedup_table([], bench)
+    assert "modelled, 2bw (cost model calibrated on cost-small-P2-m4.json" in table.loc[(8, 16), "2BW / 1F1B throughput"]
+    del rec["variants"]["1f1b"]["seconds_by_op_per_stage"]
+    path.write_text(json.dumps(rec))
+    assert throughput(4, 8, load_bench([path])).source == "ideal (m+P-1)/m"
