@@ -61,7 +61,7 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
     from asyncpipe.timelines.cost import predict
 
     out, label = [], ""
-    base = compose([*overrides, "engine=pipeline"])
+    base = compose(list(overrides))  # as `plan` composed it (a schedule the engine refuses is said per row)
     p = base.pipeline  # evaluation enters neither memory nor speed: enough of it for a V's check (2P per replica)
     evals = f"train.eval_batches={max(int(base.train.eval_batches), 2 * p.stages * p.data_parallel)}"
     for spec in [s for s in schedules() if "pipeline" in s.engines]:

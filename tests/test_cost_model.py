@@ -152,3 +152,28 @@ def test_report_labels_modelled_throughput_with_its_calibration(tmp_path: Path) 
     del rec["variants"]["1f1b"]["seconds_by_op_per_stage"]
     path.write_text(json.dumps(rec))
     assert throughput(4, 8, load_bench([path])).source == "ideal (m+P-1)/m"
+
+
+def test_deferred_steps_cost_p_minus_2_steps_at_depth() -> None:
+    """The doc's figure: equal stages, F = 1, B = 2, a step of 1 per stage, P = 8, m = 16: 2BW under global clipping
+    (deferred steps) 55 = m(F+B) + U + (P-2)U; per-stage clipping 49; at P = 2 the two agree (13)."""
+    model = hand_model(blocks=8, u_per_block=1.0)
+    assert predict(model, "2bw", 8, 16, clip="global").step_s == pytest.approx(55.0)
+    assert predict(model, "2bw", 8, 16, clip="stage").step_s == pytest.approx(49.0)
+    two = hand_model(blocks=2, u_per_block=1.0)
+    assert predict(two, "2bw", 2, 4, clip="global").step_s == pytest.approx(predict(two, "2bw", 2, 4, clip="stage").step_s)
+
+
+def test_the_docs_plan_speed_block_is_what_plan_prints() -> None:
+    import re
+    import shlex
+
+    from asyncpipe.plan_speed import render, speeds
+
+    doc = (REPO / "docs" / "performance.md").read_text()
+    cmd = re.search(r"^    asyncpipe plan --gpu-mem (\S+) (model=moe_10b .*)$", doc, re.M)
+    assert cmd is not None
+    block = re.search(r"```\n(schedules under the cost model.*?)\n```", doc, re.S)
+    assert block is not None
+    rows, label = speeds(shlex.split(cmd.group(2)), float(cmd.group(1)))
+    assert block.group(1) == render(rows, float(cmd.group(1)), label)
