@@ -5,6 +5,11 @@ m = 4 (`cost_source.from_bench`), and against a replay of the variant's own meas
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cost_table.py --measure --update-doc  # measure, then rewrite the doc
     .venv/bin/python benchmarks/cost_table.py --update-doc                               # re-compute from the saved files
+    .venv/bin/python benchmarks/cost_table.py --standin RUN.json --update-doc            # + a stand-in run's records
+
+The stand-in rows (`benchmarks/standin_table.py`'s JSON, saved as benchmarks/results/cost-standin.json): every record
+predicted by `cost_source.from_standin`, calibrated on one record (1F1B at P = 2, the largest m), beside the
+schedule's ideal step (free optimizer step and messages) the record carries.
 
 Raw results: benchmarks/results/cost-{model}-P{P}-m{m}.json; the table: benchmarks/results/cost-table.json, rendered
 into docs/performance.md between its cost-table markers (tests/test_cost_model.py re-renders and compares).
@@ -21,6 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 TABLE = RESULTS / "cost-table.json"
+STANDIN = RESULTS / "cost-standin.json"
+STANDIN_START, STANDIN_END = "<!-- cost-standin-table:start -->", "<!-- cost-standin-table:end -->"
 DOC = REPO / "docs" / "performance.md"
 START, END = "<!-- cost-table:start -->", "<!-- cost-table:end -->"
 VARIANTS = ["1f1b", "dualpipev", "2bw", "2bw_ef", "paci"]
@@ -81,6 +88,48 @@ def rows(model: str, P: int) -> dict:
         "notes": list(cal.notes)}, "rows": out}  # fmt: skip
 
 
+def standin_rows(run: dict, name: str) -> dict:
+    """Every stand-in record against the cost model calibrated on 1F1B at P = 2 (its largest m)."""
+    from asyncpipe.timelines.cost import predict
+    from asyncpipe.timelines.cost_source import from_standin
+
+    recs = run["records"]
+    cal = max((r for r in recs if r["schedule"] == "1f1b" and r["stages"] == 2), key=lambda r: r["micro_batches"])
+    out = []
+    for r in recs:
+        model = from_standin(cal, r["stages"], name)
+        pred = predict(model, r["schedule"], r["stages"], r["micro_batches"]).step_s
+        out.append({"P": r["stages"], "m": r["micro_batches"], "schedule": r["schedule"],
+                    "measured_step_s": r["step_time_s"], "predicted_step_s": pred, "error": pred / r["step_time_s"] - 1,
+                    "ideal_step_s": r["ideal_step_s"], "ideal_error": r["ideal_step_s"] / r["step_time_s"] - 1})  # fmt: skip
+    model = from_standin(cal, 2, name)
+    load = [float(run[k].split("load average:")[-1].split(",")[0]) for k in ("uptime_before", "uptime_after")]
+    return {"label": model.label, "overhead_s": model.overhead_s, "step_s": model.step_per_param * 2,
+            "forward_s": run["forward_s"], "backward_s": run["backward_s"], "load": load,
+            "provenance": f"commit {run.get('commit', '?')}{' (dirty)' if run.get('dirty') else ''}, "
+                          f"measured {run.get('measured_at', '?')}", "rows": out}  # fmt: skip
+
+
+def render_standin(st: dict) -> str:
+    lines = ["| P | m | schedule | measured step ms | predicted ms | error | ideal ms | ideal's error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in st["rows"]:
+        lines.append(f"| {r['P']} | {r['m']} | {r['schedule']} | {r['measured_step_s'] * 1e3:.1f} "
+                     f"| {r['predicted_step_s'] * 1e3:.1f} | {r['error']:+.1%} | {r['ideal_step_s'] * 1e3:.1f} "
+                     f"| {r['ideal_error']:+.1%} |")  # fmt: skip
+    within = sum(abs(r["error"]) <= 0.05 for r in st["rows"])
+    ideal_within = sum(abs(r["ideal_error"]) <= 0.05 for r in st["rows"])
+    worst = max(st["rows"], key=lambda r: abs(r["error"]))
+    lines.append(
+        f"\nStand-in F = {st['forward_s'] * 1e3:.0f} ms, B = {st['backward_s'] * 1e3:.0f} ms per stage and micro-batch; "
+        f"calibration: {st['label']}: optimizer step {st['step_s'] * 1e3:.1f} ms per stage, engine overhead "
+        f"{st['overhead_s'] * 1e3:.2f} ms per instruction (fitted on that one record). Within 5 %: {within} of "
+        f"{len(st['rows'])} (the ideal: {ideal_within}); worst {worst['schedule']} at P = {worst['P']}, m = {worst['m']} "
+        f"({worst['error']:+.1%}). Load {st['load'][0]:.1f} → {st['load'][1]:.1f} on 2 cores; {st['provenance']}."
+    )  # fmt: skip
+    return "\n".join(lines)
+
+
 def render(table: dict) -> str:
     """The doc's markdown table from cost-table.json (a pure function of it: the test re-renders it)."""
     cal = table["calibration"]
@@ -107,12 +156,12 @@ def render(table: dict) -> str:
     return "\n".join(lines)
 
 
-def update_doc(text: str) -> None:
+def update_doc(text: str, start: str = START, end: str = END) -> None:
     doc = DOC.read_text()
-    if START not in doc or END not in doc:
-        raise SystemExit(f"{DOC} has no {START} ... {END} block")
-    head, rest = doc.split(START, 1)
-    DOC.write_text(head + START + "\n" + text + "\n" + END + rest.split(END, 1)[1])
+    if start not in doc or end not in doc:
+        raise SystemExit(f"{DOC} has no {start} ... {end} block")
+    head, rest = doc.split(start, 1)
+    DOC.write_text(head + start + "\n" + text + "\n" + end + rest.split(end, 1)[1])
 
 
 def main() -> None:
@@ -122,18 +171,27 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--measure", action="store_true", help="run the benches first (minutes)")
-    ap.add_argument("--update-doc", action="store_true", help="rewrite docs/performance.md's cost table")
+    ap.add_argument("--update-doc", action="store_true", help="rewrite docs/performance.md's cost tables")
+    ap.add_argument("--standin", type=Path, help="a benchmarks/standin_table.py JSON to save and predict")
     args = ap.parse_args()
     if args.measure:
         measure(args.model, args.stages, args.rounds, args.steps)
     from asyncpipe.track import atomic_write_json
 
     table = rows(args.model, args.stages)
+    if args.standin is not None:
+        atomic_write_json(STANDIN, json.loads(args.standin.read_text()))
+    if STANDIN.exists():
+        table["standin"] = standin_rows(json.loads(STANDIN.read_text()), STANDIN.name)
     atomic_write_json(TABLE, table)
     text = render(table)
     print(text)
+    if "standin" in table:
+        print(render_standin(table["standin"]))
     if args.update_doc:
         update_doc(text)
+        if "standin" in table:
+            update_doc(render_standin(table["standin"]), STANDIN_START, STANDIN_END)
 
 
 if __name__ == "__main__":

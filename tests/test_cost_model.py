@@ -96,11 +96,15 @@ def test_the_cost_table_in_the_doc_is_its_json() -> None:
     """docs/performance.md's cost table is `benchmarks/cost_table.py` rendered from the committed JSON, and that JSON
     is what the committed raw bench files give (re-computed here, no bench run)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from cost_table import END, START, TABLE, render, rows
+    from cost_table import END, STANDIN, STANDIN_END, STANDIN_START, START, TABLE, render, render_standin, rows
+    from cost_table import standin_rows
 
     table = json.loads(TABLE.read_text())
     doc = (REPO / "docs" / "performance.md").read_text()
     assert doc.split(START, 1)[1].split(END, 1)[0].strip() == render(table).strip()
+    assert doc.split(STANDIN_START, 1)[1].split(STANDIN_END, 1)[0].strip() == render_standin(table["standin"]).strip()
+    st = standin_rows(json.loads(STANDIN.read_text()), STANDIN.name)
+    assert [r["error"] for r in st["rows"]] == pytest.approx([r["error"] for r in table["standin"]["rows"]], abs=1e-6)
     again = rows(table["model"], table["stages"])
     assert [(r["m"], r["variant"]) for r in again["rows"]] == [(r["m"], r["variant"]) for r in table["rows"]]
     for a, b in zip(again["rows"], table["rows"]):

@@ -92,15 +92,16 @@ _MODELS: dict[str, object] = {}  # calibrations already made, by file
 
 
 def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool = False) -> tuple[float, str] | None:
-    """(2BW's (2BW + EF's) modelled throughput over 1F1B, its source label), from the first P = 2 file whose 1F1B
-    has per-instruction timings; None when no file has them or the model cannot run this P (too few blocks)."""
+    """(2BW's (2BW + EF's) modelled throughput over 1F1B, its source label), from the P = 2 file with the most
+    micro-batches (the most work per timed instruction) whose 1F1B has per-instruction timings; None when no file
+    has them or the model cannot run this P (too few blocks)."""
     from asyncpipe.errors import UserError as Refused
     from asyncpipe.timelines.cost import ratio
     from asyncpipe.timelines.cost_source import from_bench
 
     if micro_batches < stages:
         return None
-    for b in bench:
+    for b in sorted(bench, key=lambda b: -b["m"]):
         rec = b.get("record") or {}
         one = rec.get("variants", {}).get("1f1b")
         if b["P"] != 2 or not isinstance(one, dict) or "seconds_by_op_per_stage" not in one:

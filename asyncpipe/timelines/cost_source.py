@@ -179,3 +179,30 @@ def calibration(paths: list[str], P: int = 2) -> Optional[tuple[str, dict]]:
         if rec.get("stages") == P and isinstance(v, dict) and "seconds_by_op_per_stage" in v:
             return p, rec
     return None
+
+
+def from_standin(record: dict, stages: int, path: str = "") -> CostModel:
+    """A cost model of stand-in compute (`bench pipeline --standin F,B`: each stage's forward and backward padded
+    to F and B per micro-batch, a V's chunk to half) at ``stages`` ranks, from one stand-in record (1F1B at P = 2
+    by `cost_table`'s rule): 2P blocks of F/2 and B/2 (so a stage, or a V's chunk pair, waits F and B) plus the
+    engine's measured excess per ForwardPass / BackwardPass; the optimizer step + gradient reduction per stage
+    less its norm wait (`step_breakdown_s`, mean over stages); the per-instruction overhead fitted to the record's
+    measured step. Labelled measured."""
+    F, B = float(record["forward_s"]), float(record["backward_s"])
+    over = record.get("overhead_s_per_instruction", {})
+    f = (F + float(over.get("ForwardPass", 0.0))) / 2
+    b = (B + float(over.get("BackwardPass", 0.0))) / 2
+    parts = record["step_breakdown_s"]
+    update = sum(x["optimizer_step"] - x["norm_wait"] + x["reduce"] for x in parts) / len(parts)
+    n = 2 * stages
+    name = Path(path).name if path else "stand-in record"
+    model = CostModel(
+        label=f"measured: {name} (stand-in F={F:g} s, B={B:g} s; {record['schedule']} at P={record['stages']}, "
+              f"m={record['micro_batches']})",
+        measured=True, forward=[0.0] + [f] * n + [0.0], backward=[0.0] + [b] * n + [0.0], params=[0] + [1] * n + [0],
+        tokens_per_micro_batch=1, step_per_param=update / 2,
+    )  # fmt: skip
+    P, m = int(record["stages"]), int(record["micro_batches"])
+    if stages != P:  # the calibration's overhead, fitted at its own depth
+        return model.with_overhead(from_standin(record, P, path).overhead_s)
+    return fit_overhead(model, str(record["schedule"]), P, m, float(record["step_time_s"]))
