@@ -99,13 +99,13 @@ def plan_cmd(
     cfg = compose(overrides or [])
     result = plan(cfg, gpu_mem)
     table, verdict = render(result, cfg).rsplit("\n", 1)
-    typer.echo(table)
+    speeds = ""
     if speed:  # between the memory table and the verdict, which stays the last line
         from asyncpipe import plan_speed
 
         rows, label = plan_speed.speeds(overrides or [], gpu_mem, profile)
-        typer.echo(plan_speed.render(rows, gpu_mem, label))
-    typer.echo(verdict)
+        speeds = plan_speed.render(rows, gpu_mem, label) + "\n"
+    typer.echo(table + "\n" + speeds + verdict)
     raise typer.Exit(0 if result.ok else 1)
 
 

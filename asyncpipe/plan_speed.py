@@ -54,7 +54,8 @@ def cost_model(cfg: Any, profile: str) -> Any:
 
 
 def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_PROFILE) -> tuple[list[Speed], str]:
-    """Per schedule (in declaration order) its memory and predicted speed; and the cost model's label."""
+    """Per schedule (in declaration order) its memory and predicted speed; and the cost model's label. A profile
+    that cannot be read, or a calibration of another model, is one `UserError` before any row."""
     from asyncpipe.config import compose
     from asyncpipe.plan import GIB, plan
     from asyncpipe.schedules import schedules
@@ -62,6 +63,7 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
 
     out, label = [], ""
     base = compose(list(overrides))  # as `plan` composed it (a schedule the engine refuses is said per row)
+    cost_model(base, profile)  # the user's mistake, said once
     p = base.pipeline  # evaluation enters neither memory nor speed: enough of it for a V's check (2P per replica)
     evals = f"train.eval_batches={max(int(base.train.eval_batches), 2 * p.stages * p.data_parallel)}"
     for spec in [s for s in schedules() if "pipeline" in s.engines]:

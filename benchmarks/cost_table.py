@@ -153,6 +153,9 @@ def render(table: dict) -> str:
         f"{len(within)} of {len(table['rows'])} step times, {len(ratio_within)} of {len(table['rows'])} ratios to 1F1B."
         + "".join(f" {n}." for n in cal["notes"])
     )  # fmt: skip
+    two = [r for r in table["rows"] if r["variant"] == "2bw"]
+    lines.append("2BW's measured ratio to 1F1B: " + ", ".join(
+        f"{r['measured_ratio']:.3f} at m = {r['m']} (ideal {(r['m'] + table['stages'] - 1) / r['m']:.3f})" for r in two) + ".")
     return "\n".join(lines)
 
 

@@ -181,3 +181,25 @@ def test_the_docs_plan_speed_block_is_what_plan_prints() -> None:
     assert block is not None
     rows, label = speeds(shlex.split(cmd.group(2)), float(cmd.group(1)))
     assert block.group(1) == render(rows, float(cmd.group(1)), label)
+    # The prose under it: the head-heavy last stage and EF's step, per stage, under the same profile.
+    from asyncpipe.config import compose
+    from asyncpipe.timelines.cost import stage_costs
+    from asyncpipe.timelines.cost_source import from_profile, load_profile
+
+    cfg = compose([*shlex.split(cmd.group(2)), "engine=pipeline"])
+    fwd, _, upd, _ = stage_costs(from_profile(load_profile("h100_assumed"), cfg), 8, ef=True)
+    said = re.sub(r"\s+", " ", doc)
+    assert f"{fwd[-1] * 1e3:.2f} ms forward per micro-batch against {fwd[0] * 1e3:.2f} on the other stages" in said
+    assert f"({min(upd) * 1e3:.1f}-{max(upd) * 1e3:.1f} ms per stage at 48 bytes per parameter" in said
+
+
+@pytest.mark.parametrize("profile,said", [
+    ("nope", "--profile nope: no such device profile; give a YAML path or one of: h100_assumed"),
+    ("benchmarks/results/cost-small-P2-m8.json", "calibrated on model small, not model=tiny"),
+])  # fmt: skip
+def test_a_bad_profile_is_one_line(profile: str, said: str) -> None:
+    from helpers import asyncpipe
+
+    proc = asyncpipe("plan", "model=tiny", "--profile", str(REPO / profile) if profile.endswith(".json") else profile)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and said in proc.stderr

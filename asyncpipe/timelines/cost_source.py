@@ -18,6 +18,8 @@ Device profile (`from_profile`): forward seconds = FLOPs / (peak x an assumed ef
 parameters per token + causal attention's 2 x seq x d_model, the head's 2 x d_model x vocab; backward = a stated
 multiple; step and EF: bytes per parameter over memory bandwidth; p2p: a micro-batch's bf16 activation over the
 link + its latency. Such a profile is labelled as stated, never as measured.
+Stand-in compute (`from_standin`): a `bench pipeline --standin F,B` record's configured F and B per stage, plus what
+the engine measurably adds to each forward / backward, its measured optimizer step, the overhead fitted as above.
 """
 
 from __future__ import annotations
