@@ -39,6 +39,12 @@ def test_step_times_derived_by_hand() -> None:
     ef = CostModel(**{**model.__dict__, "ef_per_param": 0.5})
     assert predict(ef, "2bw", 2, 2, ef=True).step_s == pytest.approx(6.75)
     assert predict(model.with_overhead(0.01), "2bw", 2, 2).step_s > 6.25
+    # D replicas: each stage's step adds the ring all-reduce of its gradients, 2 (D-1)/D x 4 bytes x params / bandwidth
+    # + latency: D = 2, one parameter per stage at 8 bytes/s and 0.1 s: 0.5 + 0.1 more per step.
+    wide = CostModel(**{**model.__dict__, "allreduce_bytes_per_s": 8.0, "allreduce_latency_s": 0.1})
+    assert predict(wide, "2bw", 2, 2, data_parallel=2, clip="stage").step_s == pytest.approx(6.25 + 0.6)
+    with pytest.raises(Exception, match="no all-reduce bandwidth"):
+        predict(model, "2bw", 2, 2, data_parallel=2)
 
 
 def test_dualpipev_replays_each_chunk_at_its_own_cost() -> None:

@@ -134,6 +134,8 @@ def predict(model: CostModel, schedule: str, stages: int, micro_batches: int, da
     if not spec.flush and m < P:
         raise UserError(f"schedule {schedule} needs micro-batches >= stages (got m={m}, P={P})")
     defer = _defers(spec, P, clip)
+    if collective:  # the global-norm all-reduce: its latency is paid inside every stage's step
+        upd = [u + model.allreduce_latency_s for u in upd]
 
     def run(n: int) -> Any:
         return simulate(_streams(spec.name, m, P, n, defer, torch_free), fwd, bwd, upd, latency=model.p2p_s,
