@@ -110,6 +110,42 @@ def test_takeaway_tables_and_wallclock_plot_state_one_throughput_per_ladder(tmp_
     assert md.count(net) >= 3  # the takeaway and both tables
 
 
+def test_a_paci_ladder_is_timed_by_pacis_throughput_not_2bws(tmp_path):
+    """A PACI column (pipeline.schedule=paci, P=4, m=4) beside 2BW's: each ladder's net speed-up uses its own
+    schedule's throughput. A bench file measuring 2BW and 2BW+EF but not PACI measures nothing for PACI: PACI at
+    P=2 is not 'measured' with 2BW's 1.25x."""
+    root = sweep(tmp_path / "s", "s", ["sync", "1-step", "PACI"])
+    for seed in range(3):
+        L = 3.0 + 0.01 * seed
+        for variant, loss, extra in (("sync", L, {}), ("1-step", L - 0.05, {}),
+                                     ("PACI", L - 0.1, {"schedule": "paci", "stages": 4, "clip": "stage"})):  # fmt: skip
+            cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed,
+                   "delay": int(variant != "sync"), "engine": "simulate", "train": {"steps": 100, "micro_batches": 4},
+                   "pipeline": {"stages": 2, **extra}, "optimizer": {"name": "adamw", "lr": 1e-3},
+                   "run": {"variant": variant}}  # fmt: skip
+            run = RunDir(root / f"{variant}-s{seed}")
+            run.write_config(yaml.safe_dump(cfg))
+            for i, (tokens, val) in enumerate(line(loss, 10000 if variant != "sync" else 5000)):
+                run.append_metrics({"step": i, "tokens": tokens, "val_loss": val})
+            run.write_summary({"status": "completed", "final_val_loss": loss, "tokens": 10000})
+    bench = tmp_path / "b.json"
+    bench.write_text(json.dumps({"stages": 2, "micro_batches": 4, "variants": {
+        "1f1b": {"ratio_to_1f1b": 1.0}, "2bw": {"ratio_to_1f1b": 1.25}, "2bw_ef": {"ratio_to_1f1b": 1.2}}}))
+    report = build_report(root, out_dir=tmp_path / "o", plots=False, bench=[bench])
+    by = {lad.columns[0]: lad for lad in report.ladders}
+    assert (by["PACI"].schedule, by["PACI"].stages, by["1-step"].schedule) == ("paci", 4, "2bw")
+    assert by["1-step"].throughput(report.bench).source.startswith("measured, 2bw")
+    paci = by["PACI"].throughput(report.bench)
+    assert paci.kind == "ideal (m+P-1)/m" and paci.vs_1f1b == pytest.approx(7 / 4)  # P=4: no file, no timings
+    from asyncpipe.report.throughput import throughput
+
+    assert throughput(2, 4, report.bench, schedule="paci").kind == "ideal (m+P-1)/m"  # 2BW's file is not PACI's
+    bench.write_text(json.dumps({"stages": 2, "micro_batches": 4, "variants": {
+        "1f1b": {"ratio_to_1f1b": 1.0}, "2bw": {"ratio_to_1f1b": 1.25}, "paci": {"ratio_to_1f1b": 1.1}}}))
+    again = build_report(root, out_dir=tmp_path / "o2", plots=False, bench=[bench])
+    assert throughput(2, 4, again.bench, schedule="paci").source == "measured, paci (b.json)"
+
+
 def test_best_of_compares_each_column_at_its_own_best_lr_chosen_on_other_seeds(tmp_path):
     """lr 0.001 / 0.004 / 0.016 x {sync, 1-step} x seeds 0-3. Sync is best at 0.016, 1-step at 0.004 (at 0.016 its
     seed-0 run diverged: not eligible). Chosen on seeds 0, 1 (the lower half), measured on 2, 3, where each value

@@ -74,6 +74,7 @@ class Ladder:
     ef: bool
     stages: int
     micro_batches: int
+    schedule: str = "2bw"  # the asynchronous schedule its throughput is 2BW's or PACI's (pipeline.schedule=paci)
     per_seed: dict[Any, tuple[float, bool, float]] = field(default_factory=dict)  # seed -> (tokens, reached, sync)
     ratio: Interval | None = None  # token ratio to sync, when every seed reached the target
     bound: float | None = None  # token ratio lower bound, when some seed did not
@@ -100,7 +101,7 @@ class Ladder:
     def throughput(self, bench: list[dict]) -> Throughput:
         """2BW's (2BW + EF's for an EF column) throughput over 1F1B at the ladder's own P and m: the one number the
         takeaway, both time-to-target tables and the wall-clock plot use for this ladder."""
-        return throughput(self.stages, self.micro_batches, bench, self.ef)
+        return throughput(self.stages, self.micro_batches, bench, self.ef, self.schedule)
 
 
 def _final(curves: pd.DataFrame, run: str) -> tuple[float, float, list[tuple[float, float]]] | None:
@@ -141,7 +142,8 @@ def _ladder(group: Any, optimizer: str, opt_runs: pd.DataFrame, curves: pd.DataF
     first = opt_runs[opt_runs["variant"] == columns[0]].iloc[0]
     cfg = first["config"] or {}
     lad = Ladder(group.title, optimizer, columns, [ends[v] / max(sync_end) for v in columns], bool(first["ef"]),
-                 int(cfg.get("pipeline.stages") or 2), int(cfg.get("train.micro_batches") or 1))  # fmt: skip
+                 int(cfg.get("pipeline.stages") or 2), int(cfg.get("train.micro_batches") or 1),
+                 "paci" if cfg.get("pipeline.schedule") == "paci" else "2bw")  # fmt: skip
     for seed, ref in sync.items():
         budgets = [finals[v][seed] for v in columns if finals[v].get(seed)]
         if ref is None or not budgets:
@@ -173,7 +175,7 @@ def speedup_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
                                                       f"{plain.vs_1f1b / plain.vs_best_sync:.3f}")  # fmt: skip
         for lad in ladders_:
             own = (P, m) == (lad.stages, lad.micro_batches)
-            thr = lad.throughput(bench) if own else throughput(P, m, bench, lad.ef)
+            thr = lad.throughput(bench) if own else throughput(P, m, bench, lad.ef, lad.schedule)
             label = f"{lad.optimizer} {lad.columns[0]}"
             row[f"{label} vs 1F1B"] = f"{lad.net(thr)} ({thr.vs_1f1b:.3f}, {thr.kind})"
             if thr.vs_best_sync is not None and thr.best_sync != "1f1b":

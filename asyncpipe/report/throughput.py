@@ -69,12 +69,14 @@ def load_bench(paths: Sequence[Path]) -> list[dict]:
     return out
 
 
-def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = False) -> Throughput:
-    """2BW's (2BW + EF's when `ef` and measured) throughput ratio at (P, m); see the module docstring."""
-    same_p = [b for b in bench if b["P"] == stages]
+def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = False,
+               schedule: str = "2bw") -> Throughput:  # fmt: skip
+    """The asynchronous ``schedule``'s (2BW's, or PACI's; + EF's when `ef` and measured) throughput ratio at (P, m);
+    see the module docstring. A bench file without that schedule does not count as measuring it."""
+    same_p = [b for b in bench if b["P"] == stages and schedule in b["ratios"]]
     if same_p:
         b = min(same_p, key=lambda b: (abs(b["m"] - micro_batches), -b["m"]))
-        name = "2bw_ef" if ef and "2bw_ef" in b["ratios"] else "2bw"
+        name = f"{schedule}_ef" if ef and f"{schedule}_ef" in b["ratios"] else schedule
         ratio = b["ratios"][name]
         syncs = {k: b["ratios"][k] for k in b.get("sync", SYNC_SCHEDULES) if k in b["ratios"]}
         best = max(syncs, key=syncs.get) if syncs else "1f1b"
@@ -82,7 +84,7 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         where = f"measured{at}, {name} ({Path(b['path']).name})"
         return Throughput(stages, micro_batches, ratio, ratio / syncs[best] if syncs else None, best, where,
                           b.get("labels", {}).get(best, best))
-    modelled = modelled_ratio(stages, micro_batches, bench, ef)
+    modelled = modelled_ratio(stages, micro_batches, bench, ef, schedule)
     if modelled is not None:
         return Throughput(stages, micro_batches, modelled[0], None, "1f1b", modelled[1])
     return Throughput(stages, micro_batches, ideal_ratio(stages, micro_batches), None, "1f1b", "ideal (m+P-1)/m")
@@ -91,8 +93,9 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
 _MODELS: dict[str, object] = {}  # calibrations already made, by file
 
 
-def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool = False) -> tuple[float, str] | None:
-    """(2BW's (2BW + EF's) modelled throughput over 1F1B, its source label), from the P = 2 file with the most
+def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool = False,
+                   schedule: str = "2bw") -> tuple[float, str] | None:  # fmt: skip
+    """(``schedule``'s (+ EF's) modelled throughput over 1F1B, its source label), from the P = 2 file with the most
     micro-batches (the most work per timed instruction) whose 1F1B has per-instruction timings; None when no file
     has them or the model cannot run this P (too few blocks)."""
     from asyncpipe.errors import UserError as Refused
@@ -109,10 +112,10 @@ def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool 
         try:
             model = _MODELS.get(b["path"]) or from_bench(rec, b["path"])
             _MODELS[b["path"]] = model
-            value = ratio(model, "2bw", "1f1b", stages, micro_batches, ef=ef, torch_free=True)  # type: ignore[arg-type]
+            value = ratio(model, schedule, "1f1b", stages, micro_batches, ef=ef, torch_free=True)  # type: ignore[arg-type]
         except Refused:
             return None
-        name = "2bw_ef" if ef else "2bw"
+        name = f"{schedule}_ef" if ef else schedule
         return value, (f"modelled, {name} (cost model calibrated on {Path(b['path']).name}: 1F1B at P=2, "
                        f"m={b['m']}, {rec.get('model', '?')})")  # fmt: skip
     return None
