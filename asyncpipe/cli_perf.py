@@ -83,6 +83,9 @@ def bench_pipeline(
     out: Optional[Path] = typer.Option(None, help="JSON result. Default: a file in runs/bench/ named after the model, "
                                        "P and m, e.g. pipeline-small-P2-m4.json."),  # fmt: skip
     compile_: str = typer.Option("eager", "--compile", help="eager, compiled or both (train.compile rows)."),
+    standin: Optional[str] = typer.Option(None, "--standin", help="F,B: stand-in compute, each stage's forward and "
+                                          "backward per micro-batch also waits F and B seconds (e.g. 0.02,0.04; "
+                                          "asyncpipe.bench.standin): a schedule's ideal is known, P = 8 fits 2 cores."),
 ) -> None:
     """Throughput of every declared pipeline schedule (DeepSpeed's 1F1B and DualPipeV, 2BW and 2BW + EF, PACI) and
     PyTorch's own schedules (pt_*) on the same model, stages and micro-batches, alternating in one launch: tokens/s,
@@ -93,13 +96,16 @@ def bench_pipeline(
     from asyncpipe.paths import writable_file
     from asyncpipe.track import atomic_write_json
 
+    from asyncpipe.bench.standin import parse_standin
+
     if out is not None:
         writable_file(out, "--out")  # before minutes of measuring, not after
+    fb = parse_standin(standin) if standin is not None else None
 
     res = run_bench(overrides or [], rounds=rounds, steps=steps, warmup_steps=warmup_steps, simulator=simulator,
                     log=lambda msg: typer.echo(msg, err=True),
                     variants=[v.strip() for v in variants.split(",") if v.strip()],
-                    modes=("eager", "compiled") if compile_ == "both" else (compile_,))  # fmt: skip
+                    modes=("eager", "compiled") if compile_ == "both" else (compile_,), standin=fb)  # fmt: skip
     typer.echo(format_result(res))
     path = out or Path("runs/bench") / f"pipeline-{res['model']}-P{res['stages']}-m{res['micro_batches']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

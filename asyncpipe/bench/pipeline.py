@@ -151,6 +151,14 @@ def stage_cost_model(summaries: list[dict], P: int, m: int, steps: int, batches:
             "ratio_2bw_over_1f1b": t1 / t2, "fraction_of_ideal": t1 / t2 / ideal_speedup(P, m)}  # fmt: skip
 
 
+def _standin_records(cfgs: dict, jobs: dict, standin: tuple[float, float], P: int, m: int, steps: int) -> dict:
+    from asyncpipe.bench.standin import standin_record
+
+    recs = [{"variant": n, **standin_record(cfgs[n].pipeline.schedule, P, m, *standin, js, steps)}
+            for n, js in jobs.items()]  # fmt: skip
+    return {"forward_s": standin[0], "backward_s": standin[1], "records": recs}
+
+
 def _stage_memory(summaries: list[dict], mem: list[dict], P: int) -> list[dict]:
     out = []
     for s in range(P):
@@ -182,9 +190,11 @@ def bench_pipeline(
     compose: Optional[Callable[[list[str]], DictConfig]] = None,
     variants: Sequence[str] = ("all",),
     modes: Sequence[str] = ("eager",),
+    standin: Optional[tuple[float, float]] = None,
 ) -> dict:
     """Run warm-up, then ``rounds`` x ``variants`` jobs of ``steps`` steps each in one launch; medians.
-    A variant that cannot run this configuration (DualPipeV with m < 2P) is reported with the reason."""
+    A variant that cannot run this configuration (DualPipeV with m < 2P) is reported with the reason.
+    ``standin`` (F, B): stand-in compute (`asyncpipe.bench.standin`), its records under ``standin``."""
     from asyncpipe.config import compose as default_compose
     from asyncpipe.errors import ConfigError
     from asyncpipe.timelines.orders import bubble_table
@@ -206,7 +216,10 @@ def bench_pipeline(
         raise UserError(f"variants must include 1f1b (the reference); got {', '.join(variants)}")
     if not modes or set(modes) - {"eager", "compiled"}:
         raise UserError(f"--compile {','.join(modes)}: give eager, compiled or both")
-    base = [*BENCH_DEFAULTS, *overrides, "engine=pipeline", f"train.steps={steps}", f"train.eval_every={steps}"]
+    from asyncpipe.bench.standin import standin_overrides
+
+    fake = standin_overrides(*standin) if standin else []
+    base = [*BENCH_DEFAULTS, *overrides, *fake, "engine=pipeline", f"train.steps={steps}", f"train.eval_every={steps}"]
     probe = compose([*base, "delay=1"])
     t, p = probe.train, probe.pipeline
     P, m, D = p.stages, t.micro_batches, p.data_parallel
@@ -226,7 +239,8 @@ def bench_pipeline(
             cfgs[n + ("" if mode == "eager" else "+compiled")] = compose(
                 [*base, *over, *(eval_v if v_shape else []), f"train.compile={mode == 'compiled'}"])
     names = list(cfgs)
-    warm = compose([*BENCH_DEFAULTS, *overrides, "engine=pipeline", "delay=1", f"train.steps={max(1, warmup_steps)}"])
+    warm = compose([*BENCH_DEFAULTS, *overrides, *fake, "engine=pipeline", "delay=1",
+                    f"train.steps={max(1, warmup_steps)}"])  # fmt: skip
     cfg = next(iter(cfgs.values()))
     tokens_per_step = t.micro_batch_size * m * D * t.seq_len
     order = [name for _ in range(rounds) for name in names]
@@ -322,6 +336,8 @@ def bench_pipeline(
             v["compile_speedup_per_round"] = per_round
             v["compile_speedup_within_spread"] = min(per_round) <= 1.0 <= max(per_round)
     out["variants"] = variants_out
+    if standin:
+        out["standin"] = _standin_records(cfgs, jobs, standin, P, m, steps)
     if "2bw" in jobs:
         out["stage_cost_model"] = stage_cost_model(jobs["2bw"][-1]["stages"], P, m, steps)
     ideal = ideal_speedup(P, m)

@@ -110,6 +110,15 @@ class TrainConfig:
 
 
 @dataclass
+class StandinConfig:
+    """Stand-in compute (`asyncpipe bench pipeline --standin`): each stage's forward and backward per micro-batch
+    last this long, the (tiny) real op padded by a wait (a V's two chunks half each), so compute time is known."""
+
+    forward_s: float = 0.0  # seconds a stage's forward lasts per micro-batch (0: real compute only)
+    backward_s: float = 0.0  # seconds its backward lasts (one that recomputes its forward: forward_s more)
+
+
+@dataclass
 class PipelineConfig:
     stages: int = 2  # pipeline stages P (engine=pipeline; also the depth of delay_profile=pipedream)
     data_parallel: int = 1  # replicas D per stage: world = P * D
@@ -118,6 +127,7 @@ class PipelineConfig:
     defer_step: Optional[bool] = None  # 2BW: step just before W(b+1) is first read, hiding the norm all-reduce (None = when needed)
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     threads: int = 1  # torch threads per process
+    standin: StandinConfig = field(default_factory=StandinConfig)  # 0, 0: off (real compute only)
     # 1f1b, 2bw, dualpipev, pipedream, paci (asyncpipe.schedules) or pkg.module; auto: 1f1b at delay 0, 2bw above
     schedule: str = "auto"
     torch_schedule: Optional[str] = None  # run PyTorch's own schedule instead (torch.distributed.pipelining: 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev; delay 0)

@@ -79,6 +79,14 @@ def validate(cfg: DictConfig) -> None:
         check_capacity(cfg)
     _need(p.stages >= 1 and p.data_parallel >= 1, "pipeline.stages and pipeline.data_parallel must be >= 1")
     _need(p.threads >= 1, f"pipeline.threads={p.threads} must be >= 1")
+    standin = p.get("standin") or {}
+    for key in ("forward_s", "backward_s"):
+        v = float(standin.get(key, 0.0))
+        _need(math.isfinite(v) and 0 <= v <= 60, f"pipeline.standin.{key}={v} must be a time in [0, 60] seconds")
+    if any(float(standin.get(k, 0.0)) > 0 for k in ("forward_s", "backward_s")):
+        _need(cfg.engine == "pipeline" and p.get("torch_schedule") is None,
+              "pipeline.standin runs only in engine=pipeline on a declared schedule (not engine=simulate, "
+              "not pipeline.torch_schedule)")  # fmt: skip
     _need(cfg.checkpoint.every >= 0 and cfg.checkpoint.keep >= 1, "checkpoint.every must be >= 0, checkpoint.keep >= 1")
     _need(cfg.diagnostics.fresh_grad_every >= 0, "diagnostics.fresh_grad_every must be >= 0")
     _validate_compensation(cfg)

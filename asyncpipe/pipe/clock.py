@@ -11,7 +11,8 @@ Two modes, named in every figure's record (`mode`: the stage summary's ``timing`
   they have completed: `settle()` (called once per optimizer step, where the engine reads its step's numbers
   anyway) waits for the last one.
 
-Figures accumulate in `totals` (``wait``, ``compute`` and one entry per named wait), `by_op` and `by_wait`.
+Figures accumulate in `totals` (``wait``, ``compute`` and one entry per named wait), `by_op` (with
+`count_by_op`, instructions per kind) and `by_wait`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class StageClock:
         self._event = event
         self.totals: dict[str, float] = {"wait": 0.0, "compute": 0.0}
         self.by_op: dict[str, float] = {}  # seconds per instruction kind, waits included
+        self.count_by_op: dict[str, int] = {}  # instructions run per kind (seconds / count: per instruction)
         self.by_wait: dict[str, float] = {}  # seconds blocked inside handlers, per collective
         self._open: Optional[_Span] = None
         self._pending: list[_Span] = []
@@ -108,6 +110,7 @@ class StageClock:
             if not span.name:  # a wait on its own
                 continue
             self.by_op[span.name] = self.by_op.get(span.name, 0.0) + total
+            self.count_by_op[span.name] = self.count_by_op.get(span.name, 0) + 1
             if span.is_wait:
                 self.totals["wait"] += total
             else:

@@ -89,6 +89,10 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         self._cmds: Optional[Iterator[sched.Instruction]] = None
         self._fwd_version: dict[int, int] = {}  # buffer -> the version its micro-batch's forward read
         self.recomputed = 0  # backwards recomputed on a newer version than their forward's (PACI's straddlers)
+        # Stand-in compute, per pass (forward, backward): seconds of the real ops, seconds configured to pad to.
+        self.standin_real: dict[str, float] = {}
+        self.standin_target: dict[str, float] = {}
+        self._standin_extra = 0.0  # a recomputed forward's stand-in seconds, added to its backward's
         self._open_stream(0)
         self.fwd_outputs: list = []
         self._batches_run = 0
@@ -99,6 +103,8 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         self.timer = StageClock(self.device, host=settings.trace)
         self._mark = dict(self.timer.totals)
         self._batch_walls: dict[int, float] = {}  # batch -> seconds its train_batch() call took here
+        self.batch_wall_s = 0.0  # seconds in train_batch() calls so far
+        self.eval_seconds_by_op: dict[str, float] = {}  # instruction seconds spent in evaluate() (in by_op too)
         self.trace: list[tuple] = []
         self.last_loss = math.nan  # last stage: mean train loss of the latest reduced batch
         self.memory_baseline = memory.mark(self.device)  # reset to before the stage's layers were built
@@ -142,6 +148,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
                 if any(not isinstance(c, sched.OptimizerStep) or c.batch >= self.global_steps for c in rest):
                     raise RuntimeError(f"stage {self.stage_id}: instructions left after the last batch: {rest}")
         self._batch_walls[b] = time.perf_counter() - started
+        self.batch_wall_s += self._batch_walls[b]
 
     def apply_pending(self) -> None:
         """At a cut: apply the deferred optimizer steps of the batches run so far (in order), as ``sync`` does."""
@@ -187,15 +194,31 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             if isinstance(cmd, _FORWARD):
                 with self.activations.forward((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"])):
                     fn(self, **cmd.kwargs)
+                self._stand_in(0, "forward", start)
             else:
                 fn(self, **cmd.kwargs)
                 if isinstance(cmd, _BACKWARD):
                     self.activations.backward_done((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"]))
+                    self._stand_in(1, "backward", start)
         if self.settings.trace and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()
         if self.settings.trace:
             self.trace.append((type(cmd).__name__, cmd.kwargs.get("micro_batch"), start, end))
+
+    def _stand_in(self, which: int, kind: str, began: float) -> None:
+        """Stand-in compute (`PipeSettings.standin`): pad a forward (0) or backward (1) instruction that began at
+        ``began`` to the configured share of the stage's time per micro-batch (a backward that recomputed its
+        forward: plus the forward's), so the instruction lasts that long unless its real op took longer."""
+        target = self.settings.standin[which] / self.spec.chunks + self._standin_extra
+        self._standin_extra = 0.0
+        if target <= 0:
+            return
+        real = time.perf_counter() - began
+        self.standin_real[kind] = self.standin_real.get(kind, 0.0) + real
+        if real < target:
+            time.sleep(target - real)
+        self.standin_target[kind] = self.standin_target.get(kind, 0.0) + target
 
     def _weight_tensors(self) -> list[torch.Tensor]:
         """Every weight and buffer tensor a forward may read (both stashed versions): not activations."""
@@ -253,6 +276,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         x = tuple(t.clone() for t in inputs) if isinstance(inputs, tuple) else inputs.clone()
         self.pipe_buffers["outputs"][buffer_id] = None  # the stale graph goes first
         self.pipe_buffers["outputs"][buffer_id] = DeepSpeedEngine.forward(self, x)
+        self._standin_extra += self.settings.standin[0] / self.spec.chunks  # a recomputed forward costs a forward
         self.recomputed += 1
 
     # -- the end of a batch: shared by every schedule ----------------------------------------------------
@@ -360,6 +384,12 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             "deferred_step": self.defer_step, "global_norm_allreduce": self._global_norm,
             "schedule": self.spec.name, "recomputed_backwards": self.recomputed,
             "seconds_by_op": dict(self.timer.by_op), "seconds_blocked_in": dict(self.timer.by_wait),
+            "count_by_op": dict(self.timer.count_by_op),
+            # Stand-in compute: the configured seconds per micro-batch and what the waits took (pipeline.standin).
+            "standin_s": list(self.settings.standin), "standin_real_s": dict(self.standin_real),
+            "standin_target_s": dict(self.standin_target),
+            # Seconds inside train_batch() calls in all (instructions plus the engine's own work between them).
+            "batch_wall_s": self.batch_wall_s, "eval_seconds_by_op": dict(self.eval_seconds_by_op),
             "timing": self.timer.mode,  # host: perf_counter (CPU, or trace); cuda_events: the stream's view
             "peak_mem_bytes": memory.peak_since(self.memory_baseline, self.device),  # since the stage was built
             "peak_activation_bytes": self.activations.peak_bytes,
@@ -375,11 +405,16 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         saved = (self.pipe_buffers, self.num_pipe_buffers, self.loss, self.total_loss, self.fwd_outputs)
         self.pipe_buffers = {k: [] for k in saved[0]}
         self.num_pipe_buffers = 0
+        self.timer.settle()
+        before = dict(self.timer.by_op)
         try:
             loss = self.eval_batch(data_iter, num_micro_batches=num_micro_batches)
         finally:
             self.pipe_buffers, self.num_pipe_buffers, self.loss, self.total_loss, self.fwd_outputs = saved
             self.module.train()
+            self.timer.settle()
+            for k, v in self.timer.by_op.items():  # instruction time outside train_batch (stand-in breakdowns)
+                self.eval_seconds_by_op[k] = self.eval_seconds_by_op.get(k, 0.0) + v - before.get(k, 0.0)
         return float(loss)
 
     _INSTRUCTION_MAP = {

@@ -76,3 +76,6 @@ class PipeSettings:
     clip: str = "global"  # global: norm over all stages; stage: each stage its own
     defer_step: Optional[bool] = None  # None: defer when a cross-stage norm is needed (2BW only)
     trace: bool = False  # record (instruction, micro-batch, start, end) per instruction
+    # Stand-in compute (pipeline.standin): seconds each forward / backward of a stage's micro-batch lasts at least,
+    # its real op padded by a wait (a V's chunks half each; a recomputed forward adds the forward's): known compute.
+    standin: tuple[float, float] = (0.0, 0.0)

@@ -1,0 +1,147 @@
+"""Stand-in compute for the pipeline engine (`asyncpipe bench pipeline --standin F,B`, `pipeline.standin`): every
+stage's forward and backward of a micro-batch waits a configured time on top of a tiny real op, while the
+schedule's instruction stream, DeepSpeed's engine, the p2p sends over gloo, the deferred global-norm
+all-reduce and the optimizer step on the real (small) parameters all run for real. A waiting rank does not
+compete for cores, so P = 4 and 8 run on a 2-core machine, and a schedule's ideal step time is known from the
+configured times alone: what the measured step adds to it is the engine's.
+
+Why "on top of a tiny real op" and not "instead of compute": the real forward keeps every activation,
+gradient and p2p message exactly the shape the engine expects (no fake tensors), and with the tiny model at a
+small micro-batch its cost is a small, measured part of the per-instruction overhead reported here
+(instruction wall time minus the configured wait), not hidden.
+
+One record per (schedule, P, m) (`RECORD_KEYS`; docs/performance.md "Stand-in compute"):
+``schedule``, ``stages``, ``micro_batches``, ``forward_s`` / ``backward_s`` (configured per stage and
+micro-batch; a V's two chunks wait half each; ``weight_s`` null: no schedule here splits the weight-gradient
+pass), ``step_time_s`` (median steady step, rank 0's `train_batch` wall), ``min_step_time_s``,
+``tokens_per_s``, ``ideal_step_s`` (the schedule's own instruction stream or op order replayed at F, B with a
+free optimizer step and free messages: `ideal_step_s`), ``bubble_model_step_s`` ((m+P-1)(F+B) for a flush,
+m(F+B) without), ``fraction_of_ideal`` (ideal / measured), ``timing`` (the stage clock's mode), and the
+per-instruction figures of stage 0..P-1 (replica 0) over the whole job: ``per_instruction_s`` (mean wall time
+per instruction kind), ``overhead_s_per_instruction`` (the same minus the configured wait, for forward and
+backward; equal to the wall time for the rest), ``instructions_per_step`` and ``step_breakdown_s`` (per stage,
+seconds per step: configured ``wait`` (the stand-in), forward/backward ``compute_overhead``, p2p ``comm``,
+``reduce``, ``optimizer_step`` (of which ``norm_wait``), ``other`` instructions and ``outside`` any instruction).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Optional, Sequence
+
+from asyncpipe.errors import UserError
+
+RECORD_KEYS = (
+    "schedule", "stages", "micro_batches", "forward_s", "backward_s", "weight_s", "step_time_s", "min_step_time_s",
+    "tokens_per_s", "ideal_step_s", "bubble_model_step_s", "fraction_of_ideal", "timing", "per_instruction_s",
+    "overhead_s_per_instruction", "instructions_per_step", "step_breakdown_s",
+)  # fmt: skip
+COMPUTE = {"ForwardPass": 0, "BackwardPass": 1}  # instruction -> index of its configured time
+COMM = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad", "CommitP2P")
+
+
+def parse_standin(text: str) -> tuple[float, float]:
+    """``F,B`` seconds (e.g. ``0.02,0.04``) -> (F, B); a bad value is one line."""
+    parts = [x.strip() for x in text.split(",")]
+    try:
+        fb = tuple(float(x) for x in parts)
+    except ValueError:
+        fb = ()
+    if len(fb) != 2 or not all(math.isfinite(x) and 0 < x <= 60 for x in fb):
+        raise UserError(f"--standin {text!r}: give forward and backward seconds per stage and micro-batch, "
+                        "each in (0, 60], e.g. --standin 0.02,0.04")  # fmt: skip
+    return fb[0], fb[1]
+
+
+def standin_overrides(forward_s: float, backward_s: float) -> list[str]:
+    return [f"pipeline.standin.forward_s={forward_s}", f"pipeline.standin.backward_s={backward_s}"]
+
+
+def ideal_step_s(schedule: str, P: int, m: int, forward_s: float, backward_s: float, batches: int = 4) -> Optional[float]:
+    """The step time of ``schedule`` with stage costs F, B per micro-batch, a free optimizer step and free
+    messages: a flushed one-batch order replayed (`asyncpipe.timelines.orders`), or what one more batch adds
+    to a run of the schedule's own instruction streams (no flush: its steady state). None where it cannot run."""
+    from asyncpipe.schedules import get
+    from asyncpipe.timelines import orders
+    from asyncpipe.timelines.timeline import simulate_schedule
+
+    spec = get(schedule)
+    try:
+        if spec.orders:
+            return orders.replay(orders.plan(spec.orders, P, m), forward_s, backward_s).makespan
+        runs = [simulate_schedule(spec.name, m, P, n, forward=forward_s, backward=backward_s, step=0.0).makespan
+                for n in (batches, batches + 1)]  # fmt: skip
+    except UserError:
+        return None
+    return runs[1] - runs[0]
+
+
+def bubble_model_step_s(schedule: str, P: int, m: int, forward_s: float, backward_s: float) -> float:
+    """(m+P-1)(F+B) for a schedule that flushes every batch, m(F+B) for one that does not."""
+    from asyncpipe.schedules import get
+
+    return (m + (P - 1 if get(schedule).flush else 0)) * (forward_s + backward_s)
+
+
+def _stage_breakdown(x: dict, steps: int) -> dict[str, float]:
+    """One stage summary's seconds per step of its train_batch() calls, partitioned (evaluation left out)."""
+    ev = x.get("eval_seconds_by_op", {})
+    by = {k: v - ev.get(k, 0.0) for k, v in x.get("seconds_by_op", {}).items()}
+    target = sum(x.get("standin_target_s", {}).values())  # train and evaluation forwards: the share of training
+    share = sum(by.get(k, 0.0) for k in COMPUTE) / max(1e-12, sum(x.get("seconds_by_op", {}).get(k, 0.0) for k in COMPUTE))
+    compute = sum(by.get(k, 0.0) for k in COMPUTE)
+    comm = sum(by.get(k, 0.0) for k in COMM)
+    reduce, opt = by.get("ReduceGrads", 0.0), by.get("OptimizerStep", 0.0)
+    wall = x.get("batch_wall_s", float("nan"))
+    return {k: v / steps for k, v in {
+        "standin": target * share, "compute_overhead": compute - target * share, "comm": comm, "reduce": reduce,
+        "optimizer_step": opt, "norm_wait": x.get("seconds_blocked_in", {}).get("norm_allreduce", 0.0),
+        "other": sum(by.values()) - compute - comm - reduce - opt, "outside": wall - sum(by.values()), "wall": wall,
+    }.items()}  # fmt: skip
+
+
+def instruction_figures(summaries: list[dict], P: int, steps: int) -> dict[str, Any]:
+    """Per-instruction wall time, overhead over the configured compute time and per-step breakdown, from the
+    stage summaries (replica 0) of one job of ``steps`` steps (`ScheduledPipelineEngine.stage_summary`)."""
+    by_stage = {x["stage"]: x for x in summaries if x.get("replica", 0) == 0}
+    stages = [by_stage[s] for s in range(P) if s in by_stage]
+    kinds = sorted({k for x in stages for k in x.get("count_by_op", {})})
+    per: dict[str, float] = {}
+    over: dict[str, float] = {}
+    real: dict[str, float] = {}
+    for k in kinds:
+        n = sum(x.get("count_by_op", {}).get(k, 0) for x in stages)
+        wall = sum(x.get("seconds_by_op", {}).get(k, 0.0) for x in stages)
+        per[k] = wall / n if n else float("nan")
+        over[k] = per[k]
+        if k in COMPUTE:
+            kind = "forward" if COMPUTE[k] == 0 else "backward"
+            over[k] = (wall - sum(x.get("standin_target_s", {}).get(kind, 0.0) for x in stages)) / n
+            real[k] = sum(x.get("standin_real_s", {}).get(kind, 0.0) for x in stages) / n
+    counts = {k: sum(x.get("count_by_op", {}).get(k, 0) for x in stages) / len(stages) / steps for k in kinds}
+    return {
+        "per_instruction_s": per, "overhead_s_per_instruction": over, "real_op_s_per_instruction": real,
+        "instructions_per_step": counts, "step_breakdown_s": [_stage_breakdown(x, steps) for x in stages],
+        "recomputed_per_step": [x.get("recomputed_backwards", 0) / steps for x in stages],
+        "weight_versions_peak": [x.get("weight_versions_peak") for x in stages],
+        "peak_weight_mb": [x.get("peak_weight_bytes", 0) / 2**20 for x in stages],
+    }
+
+
+def standin_record(schedule: str, P: int, m: int, forward_s: float, backward_s: float, jobs: Sequence[dict],
+                   steps: int) -> dict[str, Any]:  # fmt: skip
+    """One (schedule, P, m) record from its jobs' stats (`asyncpipe.bench.pipeline` ``_job_stats``: step
+    times of the steady steps and the stage summaries; the last job's summaries give the instruction figures)."""
+    step = statistics.median(j["step_time_s"] for j in jobs)
+    ideal = ideal_step_s(schedule, P, m, forward_s, backward_s)
+    return {
+        "schedule": schedule, "stages": P, "micro_batches": m, "forward_s": forward_s, "backward_s": backward_s,
+        "weight_s": None, "step_time_s": step, "min_step_time_s": min(j["min_step_time_s"] for j in jobs),
+        "step_time_s_per_round": [j["step_time_s"] for j in jobs],
+        "tokens_per_s": statistics.median(j["tokens_per_s"] for j in jobs),
+        "ideal_step_s": ideal, "bubble_model_step_s": bubble_model_step_s(schedule, P, m, forward_s, backward_s),
+        "fraction_of_ideal": ideal / step if ideal else None,
+        "timing": sorted({x.get("timing", "host") for x in jobs[-1]["stages"]}),
+        **instruction_figures(jobs[-1]["stages"], P, steps),
+    }  # fmt: skip

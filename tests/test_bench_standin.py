@@ -1,0 +1,67 @@
+"""Stand-in compute (`asyncpipe bench pipeline --standin F,B`, `pipeline.standin`): the ideal step times
+(hand-derived), the option's bad inputs, and one tiny end-to-end run whose measured step must be at least the
+schedule's ideal from the configured times (the pad is really waited) and within a loose factor of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from asyncpipe import cli_perf
+from asyncpipe.bench.standin import bubble_model_step_s, ideal_step_s, parse_standin
+from asyncpipe.errors import UserError
+
+
+@pytest.mark.parametrize("P,m", [(2, 2), (2, 4), (4, 4), (4, 8), (8, 16)])
+def test_ideal_step_is_the_flush_or_steady_state_of_the_stream(P: int, m: int) -> None:
+    F, B = 0.02, 0.04
+    # 1F1B flushes: m + P - 1 slots of F + B; 2BW's steady state: m slots (equal stages, free step and messages).
+    assert ideal_step_s("1f1b", P, m, F, B) == pytest.approx((m + P - 1) * (F + B))
+    assert ideal_step_s("2bw", P, m, F, B) == pytest.approx(m * (F + B))
+    assert bubble_model_step_s("1f1b", P, m, F, B) == pytest.approx((m + P - 1) * (F + B))
+    assert bubble_model_step_s("2bw", P, m, F, B) == pytest.approx(m * (F + B))
+    # DualPipeV needs m >= 2P; where it runs, its bubble is below 1F1B's.
+    v = ideal_step_s("dualpipev", P, m, F, B)
+    assert (v is None) == (m < 2 * P)
+    assert v is None or m * (F + B) <= v < (m + P - 1) * (F + B)
+
+
+@pytest.mark.parametrize("text", ["0.02", "a,b", "0.02,0", "0.02,-1", "0.02,0.04,0.01", "nan,0.1", "0.02,61"])
+def test_a_bad_standin_is_one_line(text: str) -> None:
+    with pytest.raises(UserError, match="--standin"):
+        parse_standin(text)
+    assert parse_standin(" 0.02, 0.04") == (0.02, 0.04)
+
+
+def test_standin_run_is_no_faster_than_its_ideal(tmp_path: Path) -> None:
+    app = typer.Typer(pretty_exceptions_enable=False)
+    app.command("pipeline")(cli_perf.bench_pipeline)
+    app.command("other")(lambda: None)
+    out = tmp_path / "bench.json"
+    F, B = 0.02, 0.04
+    args = ["pipeline", "model=tiny", "pipeline.stages=2", "train.micro_batches=2", "train.micro_batch_size=1",
+            "train.seq_len=16", "--standin", f"{F},{B}", "--variants", "1f1b,2bw", "--rounds", "1", "--steps", "3",
+            "--warmup-steps", "1", "--no-simulator", "--out", str(out)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    recs = {r["schedule"]: r for r in json.loads(out.read_text())["standin"]["records"]}
+    assert set(recs) == {"1f1b", "2bw"}
+    for name, r in recs.items():
+        ideal = (2 + 1) * (F + B) if name == "1f1b" else 2 * (F + B)
+        assert r["ideal_step_s"] == pytest.approx(ideal)
+        # Every forward and backward is padded to its configured time: no step beats the ideal (perf_counter
+        # steps of a whole train_batch call), and engine overhead under load stays within a loose factor.
+        assert ideal * 0.999 <= r["min_step_time_s"] and r["step_time_s"] <= 5 * ideal, r
+        assert r["fraction_of_ideal"] == pytest.approx(ideal / r["step_time_s"])
+        per = r["per_instruction_s"]
+        assert per["ForwardPass"] >= F * 0.999 and per["BackwardPass"] >= B * 0.999
+        assert r["instructions_per_step"]["BackwardPass"] == pytest.approx(2.0)  # m backwards per stage and step
+        for stage in r["step_breakdown_s"]:  # the partition adds up to the stage's train_batch time
+            parts = sum(v for k, v in stage.items() if k not in ("wall", "norm_wait"))
+            assert parts == pytest.approx(stage["wall"], rel=1e-6)
+            assert stage["standin"] == pytest.approx(2 * (F + B), rel=0.02)
+    assert recs["2bw"]["weight_versions_peak"] == [2.0, 2.0] and recs["1f1b"]["weight_versions_peak"] == [1.0, 1.0]
