@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from asyncpipe import cli_perf
-from asyncpipe.bench.pipeline import _job_stats, ideal_speedup, optimizer_state_bytes
+from asyncpipe.bench.pipeline import job_stats, ideal_speedup, optimizer_state_bytes
 
 
 def test_ideal_speedup_is_the_flush_bubble() -> None:
@@ -23,7 +23,7 @@ def test_job_stats_times_only_the_steady_steps() -> None:
     hist = [{"step": i + 1, "step_time": t, "stage0_idle_frac": f, "stage1_idle_frac": 0.5}
             for i, (t, f) in enumerate([(9.0, 0.9), (1.0, 0.1), (3.0, 0.3), (2.0, 0.2), (9.0, 0.9)])]  # fmt: skip
     hist.insert(0, {"step": 0, "val_loss": 3.0})  # the start record has no step time
-    st = _job_stats({"history": hist, "stages": [{"stage": 0}]}, tokens_per_step=100, skip=1)
+    st = job_stats({"history": hist, "stages": [{"stage": 0}]}, tokens_per_step=100, skip=1)
     assert st["steps_timed"] == 3
     assert st["tokens_per_s"] == pytest.approx(300 / 6.0) and st["step_time_s"] == pytest.approx(2.0)
     assert st["idle_frac"] == [pytest.approx(0.2), pytest.approx(0.5)]

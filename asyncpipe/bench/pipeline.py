@@ -103,7 +103,7 @@ def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
     return out
 
 
-def _job_stats(result: dict, tokens_per_step: int, skip: int) -> dict:
+def job_stats(result: dict, tokens_per_step: int, skip: int) -> dict:
     """Throughput and per-stage idle fraction of one job over its steady steps (``skip`` dropped at each end:
     the first pays for warm-up and allocation, the last for 2BW's drain and the final sync)."""
     hist = [h for h in result.get("history", []) if "step_time" in h]
@@ -263,7 +263,7 @@ def bench_pipeline(
         if r.get("status") != "completed" or len(r.get("history", [])) < steps:
             raise RuntimeError(f"bench job {i} ({name}) ended {r.get('status', 'without a result')} after "
                                f"{len(r.get('history', []))} of {steps} steps")  # fmt: skip
-    per_job = [(name, _job_stats(r, tokens_per_step, skip)) for name, r in zip(order, results)]
+    per_job = [(name, job_stats(r, tokens_per_step, skip)) for name, r in zip(order, results)]
     out: dict[str, Any] = {
         "bench": "pipeline", "model": cfg.model.name, "optimizer": cfg.optimizer.name,
         "ef": bool(cfg.optimizer.ef.enabled), "stages": P, "micro_batches": m, "micro_batch_size": t.micro_batch_size,
