@@ -151,10 +151,10 @@ def stage_cost_model(summaries: list[dict], P: int, m: int, steps: int, batches:
             "ratio_2bw_over_1f1b": t1 / t2, "fraction_of_ideal": t1 / t2 / ideal_speedup(P, m)}  # fmt: skip
 
 
-def _standin_records(cfgs: dict, jobs: dict, standin: tuple[float, float], P: int, m: int, steps: int) -> dict:
+def _standin_records(cfgs: dict, jobs: dict, standin: tuple[float, float], P: int, m: int, skip: int) -> dict:
     from asyncpipe.bench.standin import standin_record
 
-    recs = [{"variant": n, **standin_record(cfgs[n].pipeline.schedule, P, m, *standin, js, steps)}
+    recs = [{"variant": n, **standin_record(cfgs[n].pipeline.schedule, P, m, *standin, js, skip)}
             for n, js in jobs.items()]  # fmt: skip
     return {"forward_s": standin[0], "backward_s": standin[1], "records": recs}
 
@@ -337,7 +337,7 @@ def bench_pipeline(
             v["compile_speedup_within_spread"] = min(per_round) <= 1.0 <= max(per_round)
     out["variants"] = variants_out
     if standin:
-        out["standin"] = _standin_records(cfgs, jobs, standin, P, m, steps)
+        out["standin"] = _standin_records(cfgs, jobs, standin, P, m, skip)
     if "2bw" in jobs:
         out["stage_cost_model"] = stage_cost_model(jobs["2bw"][-1]["stages"], P, m, steps)
     ideal = ideal_speedup(P, m)

@@ -84,53 +84,72 @@ def bubble_model_step_s(schedule: str, P: int, m: int, forward_s: float, backwar
     return (m + (P - 1 if get(schedule).flush else 0)) * (forward_s + backward_s)
 
 
-def _stage_breakdown(x: dict, steps: int) -> dict[str, float]:
-    """One stage summary's seconds per step of its train_batch() calls, partitioned (evaluation left out)."""
-    ev = x.get("eval_seconds_by_op", {})
-    by = {k: v - ev.get(k, 0.0) for k, v in x.get("seconds_by_op", {}).items()}
-    target = sum(x.get("standin_target_s", {}).values())  # train and evaluation forwards: the share of training
-    share = sum(by.get(k, 0.0) for k in COMPUTE) / max(1e-12, sum(x.get("seconds_by_op", {}).get(k, 0.0) for k in COMPUTE))
-    compute = sum(by.get(k, 0.0) for k in COMPUTE)
-    comm = sum(by.get(k, 0.0) for k in COMM)
+def _steady(x: dict, skip: int) -> list[dict]:
+    """A stage summary's per-batch figures without ``skip`` batches at each end (fill; drain and final sync)."""
+    batches = x.get("per_batch", [])
+    return batches[skip : len(batches) - skip] or batches
+
+
+def _sum(batches: list[dict], key: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for bt in batches:
+        for k, v in bt.get(key, {}).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _stage_breakdown(batches: list[dict]) -> dict[str, float]:
+    """Seconds per steady batch of one stage's train_batch() calls, partitioned (the keys but ``wall`` and
+    ``norm_wait``, which is inside ``optimizer_step``, add up to ``wall``)."""
+    n = max(1, len(batches))
+    by, target = _sum(batches, "seconds_by_op"), sum(_sum(batches, "standin_target_s").values())
+    wall = sum(bt["wall_s"] for bt in batches)
+    compute, comm = sum(by.get(k, 0.0) for k in COMPUTE), sum(by.get(k, 0.0) for k in COMM)
     reduce, opt = by.get("ReduceGrads", 0.0), by.get("OptimizerStep", 0.0)
-    wall = x.get("batch_wall_s", float("nan"))
-    return {k: v / steps for k, v in {
-        "standin": target * share, "compute_overhead": compute - target * share, "comm": comm, "reduce": reduce,
-        "optimizer_step": opt, "norm_wait": x.get("seconds_blocked_in", {}).get("norm_allreduce", 0.0),
+    return {k: v / n for k, v in {
+        "standin": target, "compute_overhead": compute - target, "comm": comm, "reduce": reduce,
+        "optimizer_step": opt, "norm_wait": _sum(batches, "seconds_blocked_in").get("norm_allreduce", 0.0),
         "other": sum(by.values()) - compute - comm - reduce - opt, "outside": wall - sum(by.values()), "wall": wall,
     }.items()}  # fmt: skip
 
 
-def instruction_figures(summaries: list[dict], P: int, steps: int) -> dict[str, Any]:
-    """Per-instruction wall time, overhead over the configured compute time and per-step breakdown, from the
-    stage summaries (replica 0) of one job of ``steps`` steps (`ScheduledPipelineEngine.stage_summary`)."""
+def instruction_figures(summaries: list[dict], P: int, skip: int = 1) -> dict[str, Any]:
+    """Per-instruction wall time, overhead over the configured compute time and per-batch breakdown over the
+    steady batches (``skip`` dropped at each end, as the step times) of the stage summaries (replica 0) of one
+    job (`ScheduledPipelineEngine.stage_summary`'s ``per_batch``)."""
     by_stage = {x["stage"]: x for x in summaries if x.get("replica", 0) == 0}
-    stages = [by_stage[s] for s in range(P) if s in by_stage]
-    kinds = sorted({k for x in stages for k in x.get("count_by_op", {})})
+    steady = [_steady(by_stage[s], skip) for s in range(P) if s in by_stage]
+    by = [_sum(b, "seconds_by_op") for b in steady]
+    count = [_sum(b, "count_by_op") for b in steady]
+    target = [_sum(b, "standin_target_s") for b in steady]
+    kinds = sorted({k for c in count for k in c})
     per: dict[str, float] = {}
     over: dict[str, float] = {}
-    real: dict[str, float] = {}
     for k in kinds:
-        n = sum(x.get("count_by_op", {}).get(k, 0) for x in stages)
-        wall = sum(x.get("seconds_by_op", {}).get(k, 0.0) for x in stages)
-        per[k] = wall / n if n else float("nan")
-        over[k] = per[k]
-        if k in COMPUTE:
+        n = sum(c.get(k, 0) for c in count)
+        wall = sum(x.get(k, 0.0) for x in by)
+        per[k] = over[k] = wall / n if n else float("nan")
+        if k in COMPUTE and n:
             kind = "forward" if COMPUTE[k] == 0 else "backward"
-            over[k] = (wall - sum(x.get("standin_target_s", {}).get(kind, 0.0) for x in stages)) / n
-            real[k] = sum(x.get("standin_real_s", {}).get(kind, 0.0) for x in stages) / n
-    counts = {k: sum(x.get("count_by_op", {}).get(k, 0) for x in stages) / len(stages) / steps for k in kinds}
+            over[k] = (wall - sum(t.get(kind, 0.0) for t in target)) / n
+    real: dict[str, float] = {}
+    for k, kind in (("ForwardPass", "forward"), ("BackwardPass", "backward")):  # whole job: the real op's mean
+        n = sum(x.get("count_by_op", {}).get(k, 0) for x in by_stage.values())
+        real[k] = sum(x.get("standin_real_s", {}).get(kind, 0.0) for x in by_stage.values()) / n if n else float("nan")
+    batches = max(1, len(steady[0])) if steady else 1
     return {
         "per_instruction_s": per, "overhead_s_per_instruction": over, "real_op_s_per_instruction": real,
-        "instructions_per_step": counts, "step_breakdown_s": [_stage_breakdown(x, steps) for x in stages],
-        "recomputed_per_step": [x.get("recomputed_backwards", 0) / steps for x in stages],
-        "weight_versions_peak": [x.get("weight_versions_peak") for x in stages],
-        "peak_weight_mb": [x.get("peak_weight_bytes", 0) / 2**20 for x in stages],
-    }
+        "instructions_per_step": {k: sum(c.get(k, 0) for c in count) / len(count) / batches for k in kinds},
+        "step_breakdown_s": [_stage_breakdown(b) for b in steady], "steady_batches": batches,
+        "recomputed_per_step": [x.get("recomputed_backwards", 0) / max(1, len(x.get("per_batch", [])))
+                                for x in by_stage.values()],
+        "weight_versions_peak": [x.get("weight_versions_peak") for x in by_stage.values()],
+        "peak_weight_mb": [x.get("peak_weight_bytes", 0) / 2**20 for x in by_stage.values()],
+    }  # fmt: skip
 
 
 def standin_record(schedule: str, P: int, m: int, forward_s: float, backward_s: float, jobs: Sequence[dict],
-                   steps: int) -> dict[str, Any]:  # fmt: skip
+                   skip: int = 1) -> dict[str, Any]:  # fmt: skip
     """One (schedule, P, m) record from its jobs' stats (`asyncpipe.bench.pipeline` ``job_stats``: step
     times of the steady steps and the stage summaries; the last job's summaries give the instruction figures)."""
     step = statistics.median(j["step_time_s"] for j in jobs)
@@ -143,7 +162,7 @@ def standin_record(schedule: str, P: int, m: int, forward_s: float, backward_s: 
         "ideal_step_s": ideal, "bubble_model_step_s": bubble_model_step_s(schedule, P, m, forward_s, backward_s),
         "fraction_of_ideal": ideal / step if ideal else None,
         "timing": sorted({x.get("timing", "host") for x in jobs[-1]["stages"]}),
-        **instruction_figures(jobs[-1]["stages"], P, steps),
+        **instruction_figures(jobs[-1]["stages"], P, skip),
     }  # fmt: skip
 
 
@@ -203,7 +222,7 @@ def bench_standin(
         per.setdefault(key, []).append(job_stats(r, tokens, skip))
     records = []
     for (name, m), js in per.items():
-        rec = {"variant": name, **standin_record(cfgs[(name, m)].pipeline.schedule, P, m, forward_s, backward_s, js, steps)}
+        rec = {"variant": name, **standin_record(cfgs[(name, m)].pipeline.schedule, P, m, forward_s, backward_s, js, skip)}
         log(f"  {name:9s} P={P} m={m:2d}: step {rec['step_time_s'] * 1e3:7.1f} ms, ideal {rec['ideal_step_s'] * 1e3:7.1f}"
             f" ms, fraction {rec['fraction_of_ideal']:.3f}")
         records.append(rec)

@@ -104,6 +104,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         self._mark = dict(self.timer.totals)
         self._batch_walls: dict[int, float] = {}  # batch -> seconds its train_batch() call took here
         self.batch_wall_s = 0.0  # seconds in train_batch() calls so far
+        self.batch_ops: list[dict] = []  # stand-in: per train_batch() call, its wall and per-instruction figures
         self.eval_seconds_by_op: dict[str, float] = {}  # instruction seconds spent in evaluate() (in by_op too)
         self.trace: list[tuple] = []
         self.last_loss = math.nan  # last stage: mean train loss of the latest reduced batch
@@ -124,6 +125,10 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             raise RuntimeError(f"all {self.settings.total_steps} steps of this engine's run are done")
         self._batches_run += 1
         started = time.perf_counter()
+        # Stand-in on host timing (settled per instruction, so no device sync): per-batch figures.
+        per_batch = self.timer.mode == "host" and any(self.settings.standin)
+        before = (dict(self.timer.by_op), dict(self.timer.count_by_op), dict(self.timer.by_wait),
+                  dict(self.standin_target)) if per_batch else None  # fmt: skip
         self.module.train()
         self._compute_loss = True
         self.total_loss = None
@@ -149,6 +154,12 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
                     raise RuntimeError(f"stage {self.stage_id}: instructions left after the last batch: {rest}")
         self._batch_walls[b] = time.perf_counter() - started
         self.batch_wall_s += self._batch_walls[b]
+        if before is not None:  # this call's seconds and counts per instruction kind (stand-in breakdowns)
+            diff = lambda now, was: {k: v - was.get(k, 0) for k, v in now.items() if v != was.get(k, 0)}  # noqa: E731
+            self.batch_ops.append({"wall_s": self._batch_walls[b], "seconds_by_op": diff(self.timer.by_op, before[0]),
+                                   "count_by_op": diff(self.timer.count_by_op, before[1]),
+                                   "seconds_blocked_in": diff(self.timer.by_wait, before[2]),
+                                   "standin_target_s": diff(self.standin_target, before[3])})  # fmt: skip
 
     def apply_pending(self) -> None:
         """At a cut: apply the deferred optimizer steps of the batches run so far (in order), as ``sync`` does."""
@@ -390,6 +401,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             "standin_target_s": dict(self.standin_target),
             # Seconds inside train_batch() calls in all (instructions plus the engine's own work between them).
             "batch_wall_s": self.batch_wall_s, "eval_seconds_by_op": dict(self.eval_seconds_by_op),
+            "per_batch": list(self.batch_ops),
             "timing": self.timer.mode,  # host: perf_counter (CPU, or trace); cuda_events: the stream's view
             "peak_mem_bytes": memory.peak_since(self.memory_baseline, self.device),  # since the stage was built
             "peak_activation_bytes": self.activations.peak_bytes,
