@@ -16,7 +16,8 @@ micro-batch; a V's two chunks wait half each; ``weight_s`` null: no schedule her
 pass), ``step_time_s`` (median steady step, rank 0's `train_batch` wall), ``min_step_time_s``,
 ``tokens_per_s``, ``ideal_step_s`` (the schedule's own instruction stream or op order replayed at F, B with a
 free optimizer step and free messages: `ideal_step_s`), ``bubble_model_step_s`` ((m+P-1)(F+B) for a flush,
-m(F+B) without), ``fraction_of_ideal`` (ideal / measured), ``timing`` (the stage clock's mode), and the
+m(F+B) without), ``fraction_of_ideal`` (ideal / measured; ``fraction_of_ideal_best_step``: ideal / the
+fastest steady step), ``timing`` (the stage clock's mode), and the
 per-instruction figures of stage 0..P-1 (replica 0) over the whole job: ``per_instruction_s`` (mean wall time
 per instruction kind), ``overhead_s_per_instruction`` (the same minus the configured wait, for forward and
 backward; equal to the wall time for the rest), ``instructions_per_step`` and ``step_breakdown_s`` (per stage,
@@ -161,6 +162,8 @@ def standin_record(schedule: str, P: int, m: int, forward_s: float, backward_s: 
         "tokens_per_s": statistics.median(j["tokens_per_s"] for j in jobs),
         "ideal_step_s": ideal, "bubble_model_step_s": bubble_model_step_s(schedule, P, m, forward_s, backward_s),
         "fraction_of_ideal": ideal / step if ideal else None,
+        # Load only ever slows a step down: the fastest steady step is the least disturbed.
+        "fraction_of_ideal_best_step": ideal / min(j["min_step_time_s"] for j in jobs) if ideal else None,
         "timing": sorted({x.get("timing", "host") for x in jobs[-1]["stages"]}),
         **instruction_figures(jobs[-1]["stages"], P, skip),
     }  # fmt: skip
