@@ -49,7 +49,7 @@ def measure(stages: list[int], forward_s: float, backward_s: float, steps: int, 
 
     out: dict = {"forward_s": forward_s, "backward_s": backward_s, "steps_per_job": steps, "rounds": rounds,
                  "records": [], "skipped": {}, "cpu": _cpu(), "cpu_count": os.cpu_count(),
-                 "commit": _sh("git", "rev-parse", "HEAD")[:12], "dirty": bool(_sh("git", "status", "--porcelain")),
+                 "commit": _sh("git", "rev-parse", "HEAD")[:12], "dirty": bool(_sh("git", "status", "--porcelain", "--untracked-files=no")),
                  "uptime_before": _sh("uptime")}  # fmt: skip
     for P in stages:
         over = ["model=tiny", f"model.n_layer={max(4, 2 * P)}", f"pipeline.stages={P}", "train.micro_batch_size=1",
