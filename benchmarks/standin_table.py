@@ -5,6 +5,9 @@ against its own ideal, and what the engine adds per instruction.
 
     OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/standin_table.py               # measure, print
     OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/standin_table.py --update-doc  # ... and rewrite the doc
+    # 2BW at 4x the stand-in times (does the engine's loss scale with compute?): the doc's second table
+    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/standin_table.py --standin 0.08,0.16 --stages 2,4 \
+        --schedules 2bw --steps 6 --out benchmarks/results/standin-2bw-x4.json --section standin-x4 --update-doc
     .venv/bin/python benchmarks/standin_table.py --from-json [--update-doc]                 # re-render the saved JSON
 
 Results: benchmarks/results/standin.json ({"records": [...], "skipped", machine, load, commit}; the record
@@ -26,7 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 JSON = REPO / "benchmarks" / "results" / "standin.json"
 DOC = REPO / "docs" / "performance.md"
-START, END = "<!-- standin-table:start -->", "<!-- standin-table:end -->"
 SCHEDULES = ["1f1b", "2bw", "dualpipev", "paci"]
 
 
@@ -44,7 +46,8 @@ def _cpu() -> str:
     return "unknown CPU"
 
 
-def measure(stages: list[int], forward_s: float, backward_s: float, steps: int, rounds: int) -> dict:
+def measure(stages: list[int], forward_s: float, backward_s: float, steps: int, rounds: int,
+            schedules: list[str] = SCHEDULES) -> dict:  # fmt: skip
     from asyncpipe.bench.standin import bench_standin
 
     out: dict = {"forward_s": forward_s, "backward_s": backward_s, "steps_per_job": steps, "rounds": rounds,
@@ -54,7 +57,7 @@ def measure(stages: list[int], forward_s: float, backward_s: float, steps: int, 
     for P in stages:
         over = ["model=tiny", f"model.n_layer={max(4, 2 * P)}", f"pipeline.stages={P}", "train.micro_batch_size=1",
                 "train.seq_len=16"]  # fmt: skip
-        res = bench_standin(over, [P, 2 * P, 4 * P], SCHEDULES, forward_s, backward_s, steps=steps, rounds=rounds,
+        res = bench_standin(over, [P, 2 * P, 4 * P], schedules, forward_s, backward_s, steps=steps, rounds=rounds,
                             log=lambda msg: print(msg, file=sys.stderr))  # fmt: skip
         out["records"] += res["records"]
         out["skipped"].update({f"P={P} {k}": v for k, v in res["skipped"].items()})
@@ -94,29 +97,36 @@ def render(res: dict) -> str:
             f"| {ms(o['ForwardPass'])} / {ms(o['BackwardPass'])} | {span([b['comm'] for b in bd])} | {span(own)} "
             f"| {span([b['optimizer_step'] for b in bd])} ({span([b['norm_wait'] for b in bd])}) |"
         )
-    lines += ["", "PACI against 2BW at m = P (stand-in, same run): tokens/s, and weight versions held per stage "
-              "(peak weight bytes over one copy; 1F1B's is 1).", "",
-              "| P | 2BW tokens/s | PACI tokens/s | PACI / 2BW | 2BW versions | PACI versions | 1F1B versions |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = []
     by = {(r["schedule"], r["stages"], r["micro_batches"]): r for r in recs}
     for P in sorted({r["stages"] for r in recs}):
         two, paci, one = by.get(("2bw", P, P)), by.get(("paci", P, P)), by.get(("1f1b", P, P))
         if two is None or paci is None or one is None:
             continue
         ver = lambda r: "/".join(f"{v:.0f}" for v in r["weight_versions_peak"])  # noqa: E731
-        lines.append(f"| {P} | {two['tokens_per_s']:.0f} | {paci['tokens_per_s']:.0f} | "
-                     f"{paci['tokens_per_s'] / two['tokens_per_s']:.3f} | {ver(two)} | {ver(paci)} | {ver(one)} |")
+        rows.append(f"| {P} | {two['tokens_per_s']:.0f} | {paci['tokens_per_s']:.0f} | "
+                    f"{paci['tokens_per_s'] / two['tokens_per_s']:.3f} | {ver(two)} | {ver(paci)} | {ver(one)} |")
+    if rows:
+        lines += ["", "PACI against 2BW at m = P (stand-in, same run): tokens/s, and weight versions held per stage "
+                  "(peak weight bytes over one copy).", "",
+                  "| P | 2BW tokens/s | PACI tokens/s | PACI / 2BW | 2BW versions | PACI versions | 1F1B versions |",
+                  "|---|---|---|---|---|---|---|", *rows]  # fmt: skip
     if res["skipped"]:
         lines += ["", "Not run: " + "; ".join(f"{k} ({v.split(': ', 1)[-1]})" for k, v in sorted(res["skipped"].items()))]
     return "\n".join(lines)
 
 
-def update_doc(body: str) -> None:
+def markers(section: str) -> tuple[str, str]:
+    return f"<!-- {section}:start -->", f"<!-- {section}:end -->"
+
+
+def update_doc(body: str, section: str = "standin-table") -> None:
+    start, end = markers(section)
     text = DOC.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{DOC} has no {START} ... {END} section")
-    head, rest = text.split(START, 1)
-    DOC.write_text(head + START + "\n" + body + "\n" + END + rest.split(END, 1)[1])
+    if start not in text or end not in text:
+        raise SystemExit(f"{DOC} has no {start} ... {end} section")
+    head, rest = text.split(start, 1)
+    DOC.write_text(head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1])
 
 
 def main() -> None:
@@ -127,21 +137,24 @@ def main() -> None:
     ap.add_argument("--standin", default="0.02,0.04", help="F,B seconds per stage and micro-batch")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--out", type=Path, default=JSON)
+    ap.add_argument("--section", default="standin-table", help="the doc's <!-- SECTION:start/end --> markers")
     a = ap.parse_args()
     if a.from_json:
         res = json.loads(a.out.read_text())
     else:
         from asyncpipe.bench.standin import parse_standin
 
-        res = measure([int(x) for x in a.stages.split(",")], *parse_standin(a.standin), a.steps, a.rounds)
+        res = measure([int(x) for x in a.stages.split(",")], *parse_standin(a.standin), a.steps, a.rounds,
+                      a.schedules.split(","))  # fmt: skip
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(res, indent=1))
         print(f"wrote {a.out}", file=sys.stderr)
     body = render(res)
     print(body)
     if a.update_doc:
-        update_doc(body)
+        update_doc(body, a.section)
 
 
 if __name__ == "__main__":

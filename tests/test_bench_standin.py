@@ -65,3 +65,28 @@ def test_standin_run_is_no_faster_than_its_ideal(tmp_path: Path) -> None:
             assert parts == pytest.approx(stage["wall"], rel=1e-6)
             assert stage["standin"] == pytest.approx(2 * (F + B), rel=0.02)
     assert recs["2bw"]["weight_versions_peak"] == [2.0, 2.0] and recs["1f1b"]["weight_versions_peak"] == [1.0, 1.0]
+
+
+def test_the_doc_table_is_the_committed_json() -> None:
+    """docs/performance.md's stand-in section is `benchmarks/standin_table.py`'s rendering of its committed JSON,
+    and every record carries the documented keys with an ideal no faster than the schedule's work allows."""
+    import importlib.util
+
+    from asyncpipe.bench.standin import RECORD_KEYS
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("standin_table", repo / "benchmarks" / "standin_table.py")
+    table = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(table)
+    doc = (repo / "docs" / "performance.md").read_text()
+    for section, name in (("standin-x4", "standin-2bw-x4.json"), ("standin-table", "standin.json")):
+        res = json.loads((repo / "benchmarks" / "results" / name).read_text())
+        start, end = table.markers(section)
+        assert f"{start}\n{table.render(res)}\n{end}" in doc, section
+    seen = {(r["schedule"], r["stages"]) for r in res["records"]}
+    assert {("1f1b", 8), ("2bw", 8), ("dualpipev", 8), ("paci", 8)} <= seen
+    for r in res["records"]:
+        assert set(RECORD_KEYS) <= set(r)
+        work = r["micro_batches"] * (r["forward_s"] + r["backward_s"])  # one stage's stand-in per batch
+        assert r["ideal_step_s"] >= work * 0.999 and r["fraction_of_ideal"] == pytest.approx(r["ideal_step_s"] / r["step_time_s"])
