@@ -48,6 +48,7 @@ def test_standin_run_is_no_faster_than_its_ideal(tmp_path: Path) -> None:
             "--warmup-steps", "1", "--no-simulator", "--out", str(out)]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
+    assert "stand-in F 20.0 ms, B 40.0 ms" in res.output
     recs = {r["schedule"]: r for r in json.loads(out.read_text())["standin"]["records"]}
     assert set(recs) == {"1f1b", "2bw"}
     for name, r in recs.items():

@@ -84,4 +84,13 @@ def format_result(res: dict) -> str:
         sim = res["simulator"]
         lines.append("simulator " + ", ".join(f"{n} {sim['median_step_s'][n] * 1e3:.1f} ms (x{r:.3f})"
                                                 for n, r in sim["ratio_to_delay0"].items()))  # fmt: skip
+    if "standin" in res:  # stand-in compute: each schedule against its own ideal at the configured F, B
+        sd = res["standin"]
+        lines.append(f"stand-in F {sd['forward_s'] * 1e3:.1f} ms, B {sd['backward_s'] * 1e3:.1f} ms per stage and "
+                     "micro-batch: step ms (ideal ms) = fraction of ideal (best step)")  # fmt: skip
+        for r in sd["records"]:
+            frac = "n/a" if r["fraction_of_ideal"] is None else (
+                f"{r['fraction_of_ideal']:.3f} ({r['fraction_of_ideal_best_step']:.3f})")
+            ideal = "n/a" if r["ideal_step_s"] is None else f"{r['ideal_step_s'] * 1e3:.1f}"
+            lines.append(f"  {r['variant']:{w}s} {r['step_time_s'] * 1e3:8.1f} ({ideal}) = {frac}")
     return "\n".join(lines)
