@@ -48,7 +48,7 @@ def _cpu() -> str:
 
 def measure(stages: list[int], forward_s: float, backward_s: float, steps: int, rounds: int,
             schedules: list[str] = SCHEDULES) -> dict:  # fmt: skip
-    from asyncpipe.bench.standin import bench_standin
+    from asyncpipe.bench.standin_run import bench_standin
 
     out: dict = {"forward_s": forward_s, "backward_s": backward_s, "steps_per_job": steps, "rounds": rounds,
                  "records": [], "skipped": {}, "cpu": _cpu(), "cpu_count": os.cpu_count(),
