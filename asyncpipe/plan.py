@@ -10,7 +10,7 @@ The model (bytes per parameter, elements saved per token) follows what this code
   buffers per parameter; Muon 1 (momentum) on the hidden matrices and expert stacks, AdamW's 2 on the rest; SOAP
   2 plus G G^T and its eigenbasis (n x n) per dimension n <= 10000 of every 2+-D tensor (`tests/test_plan.py`
   compares each with the bytes the optimizer allocates); an optimizer the registry does not know is an error;
-- the compensation method (EF included: `optimizer.ef.enabled` is the method ``ef``): the parameter-sized
+- the compensation method (EF included: the *_ef presets are the method ``ef``): the parameter-sized
   buffers its module declares (the step's snapshot included) plus its own memory model, in one column;
 - activations: the tensors autograd saves per token, counted layer by layer (`_saved_per_token`), for each
   micro-batch in flight on stage s, as the schedule declares it per model chunk (min(P - s, m) under 1F1B, 2BW
@@ -174,13 +174,13 @@ def _optimizer_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
 
 
 def _compensation_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
-    """The compensation method's buffers (`optimizer.ef.enabled` is the method ``ef``), by its declaration:
+    """The compensation method's buffers (EF included: the method ``ef``), by its declaration:
     ``buffers`` parameter-sized fp32 buffers plus what its ``memory`` model adds. A method that declares no
     memory model is an error, never 0 bytes."""
     from asyncpipe.errors import UserError
-    from asyncpipe.registry import effective_compensation, method_spec, target_of
+    from asyncpipe.registry import method_spec, target_of
 
-    comp = effective_compensation(cfg.optimizer, cfg.compensation)
+    comp = cfg.compensation
     spec = method_spec(comp.name, target_of(comp))
     if spec.buffers is None:
         raise UserError(f"compensation={spec.name} declares no memory model (buffers=, memory=) in {spec.module}; "

@@ -175,25 +175,10 @@ def target_of(node: Any) -> Optional[str]:
     return str(value) if value else None
 
 
-def effective_compensation(optimizer: Any, compensation: Any) -> Any:
-    """The compensation node a run builds: ``compensation``, except that ``optimizer.ef.enabled=true`` (the
-    ``adamw_ef``/``muon_ef`` presets, and the override sweep files and run records use) is ``compensation=ef``
-    with ``lam = optimizer.ef.lam`` and a constant schedule: EF has one implementation. Torch-free."""
-    from omegaconf import DictConfig, OmegaConf
-
-    if not optimizer.ef.enabled:
-        return compensation
-    node = OmegaConf.to_container(compensation, resolve=True) if isinstance(compensation, DictConfig) else {}
-    node = dict(node or {})
-    node["name"] = "ef"
-    node.pop("_target_", None)
-    node["ef"] = {**node.get("ef", {}), "lam": float(optimizer.ef.lam), "schedule": "constant", "warmup_steps": 0}
-    return OmegaConf.create(node)
-
-
 def of_config(cfg: Any) -> tuple[OptimizerSpec, MethodSpec]:
-    """The optimizer and the compensation method a composed config runs (EF via `effective_compensation`)."""
-    comp = effective_compensation(cfg.optimizer, cfg.compensation)
+    """The optimizer and the compensation method a composed config runs (`optimizer.ef.enabled`, the *_ef presets'
+    switch, was resolved into ``compensation=ef`` at composition: `asyncpipe.config.alias`)."""
+    comp = cfg.compensation
     return optimizer_spec(cfg.optimizer.name, target_of(cfg.optimizer)), method_spec(comp.name, target_of(comp))
 
 
@@ -208,15 +193,17 @@ def revisions(cfg: Any) -> dict[str, dict[str, Any]]:
 def describe(cfg: Any) -> str:
     """What a run optimises with, for its log line, plan and run dir: ``muon + EF(lam=1.0)``, ``adamw + dc``."""
     o, c = cfg.optimizer, cfg.compensation
-    if o.ef.enabled:
-        return f"{o.name} + EF(lam={o.ef.lam:g})"
+    if c.name == "ef":
+        return f"{o.name} + EF(lam={c.ef.lam:g})"
     return o.name if c.name == "none" else f"{o.name} + {c.name}"
 
 
-def run_tag(optimizer: str, ef_enabled: Any, compensation: str) -> str:
-    """The optimizer part of a default run dir name: ``muon_ef``, ``adamw+dc``, ``adamw`` (OmegaConf resolver)."""
-    tag = f"{optimizer}_ef" if str(ef_enabled).lower() == "true" else optimizer
-    return tag if compensation in ("none", "", None) else f"{tag}+{compensation}"
+def run_tag(optimizer: str, compensation: str) -> str:
+    """The optimizer part of a default run dir name: ``muon_ef`` (EF, as the *_ef presets name it), ``adamw+dc``,
+    ``adamw`` (OmegaConf resolver)."""
+    if compensation == "ef":
+        return f"{optimizer}_ef"
+    return optimizer if compensation in ("none", "", None) else f"{optimizer}+{compensation}"
 
 
 def names(specs: Iterable[Any]) -> list[str]:

@@ -56,8 +56,8 @@ def config_problem(cfg: Any) -> Optional[str]:
         return f"pipeline.torch_schedule={s.name} replaces pipeline.schedule; leave it auto, got {p.schedule}"
     if p.data_parallel != 1:
         return f"pipeline.torch_schedule={s.name} runs one replica here (pipeline.data_parallel=1), got {p.data_parallel}"
-    if cfg.optimizer.ef.enabled or cfg.compensation.name != "none":
-        return f"pipeline.torch_schedule={s.name} has no stale weights to compensate; use compensation=none without EF"
+    if cfg.compensation.name != "none":
+        return f"pipeline.torch_schedule={s.name} has no stale weights to compensate; use compensation=none (no EF)"
     if m.moe.experts:
         return f"pipeline.torch_schedule={s.name} runs dense models here; model '{m.name}' has experts"
     if s.chunks * p.stages > m.n_layer:

@@ -76,7 +76,7 @@ CASES: dict[str, Case] = {
     "muon ns_steps 0": Case(train("optimizer=muon", "optimizer.ns_steps=0"), "optimizer.ns_steps=0 must be >= 1"),
     "nadam momentum_decay negative": Case(train("optimizer=nadam", "optimizer.momentum_decay=-1"), "optimizer.momentum_decay=-1.0"),
     "weight decay negative": Case(train("optimizer.weight_decay=-0.1"), "optimizer.weight_decay=-0.1 must be >= 0"),
-    "EF lam negative": Case(train("optimizer=adamw_ef", "optimizer.ef.lam=-1"), "optimizer.ef.lam=-1.0 must be >= 0"),
+    "EF lam negative": Case(train("optimizer=adamw_ef", "optimizer.ef.lam=-1"), "compensation.ef.lam=-1.0 must be >= 0 (optimizer.ef.lam is its alias)"),
     # -- other values
     "diverge_loss negative": Case(train("train.diverge_loss=-1"), "train.diverge_loss=-1.0 must be > 0"),
     "diverge_loss nan": Case(train("train.diverge_loss=nan"), "train.diverge_loss=nan must be a finite number"),

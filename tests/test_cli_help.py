@@ -23,7 +23,7 @@ def test_version():
 
 def test_train_and_config_show_help_list_groups_and_main_keys():
     fields = schema_fields()
-    assert fields["optimizer.ef.enabled"] == ("bool", "False", "error feedback: x -= u(t-1) + lam * (u(t-1) - u(t-2))")
+    assert fields["optimizer.ef.enabled"] == ("bool", "False", "error feedback: x -= u(t-1) + lam * (u(t-1) - u(t-2)); an alias of compensation=ef")
     assert fields["train.steps"][0] == "int" and "tracker.wandb.mode" in fields
     for args in (("train", "--help"), ("config", "show", "--help")):
         proc = asyncpipe(*args)

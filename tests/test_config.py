@@ -20,7 +20,7 @@ def test_default_config_is_the_embedded_tiny_hamlet_run() -> None:
 def test_overrides_follow_hydra_grammar_and_types() -> None:
     cfg = compose(["model=small", "optimizer=muon_ef", "delay=1", "train.steps=7", "optimizer.lr=0.01"])
     assert cfg.model.name == "small" and cfg.model.n_layer == 8
-    assert cfg.optimizer.name == "muon" and cfg.optimizer.ef.enabled and cfg.optimizer.ef.lam == 1.0
+    assert cfg.optimizer.name == "muon" and cfg.compensation.name == "ef" and cfg.compensation.ef.lam == 1.0
     assert cfg.delay == 1 and cfg.train.steps == 7 and cfg.optimizer.lr == 0.01
 
 
@@ -44,7 +44,9 @@ def test_every_group_option_composes() -> None:
         (["train.steps=abc"], "'abc' for 'train.steps' is not a valid int"),
         (["delay=-1"], "delay=-1 must be >= 0"),
         (["optimizer.lr=0"], "optimizer.lr=0.0 must be > 0"),
-        (["optimizer.ef.lam=-0.5"], "optimizer.ef.lam=-0.5 must be >= 0"),
+        (["optimizer=adamw_ef", "optimizer.ef.lam=-0.5"], "compensation.ef.lam=-0.5 must be >= 0 (optimizer.ef.lam is its alias)"),
+        (["compensation=ef", "compensation.ef.lam=-0.5"], "compensation.ef.lam=-0.5 must be >= 0"),
+        (["optimizer=adamw_ef", "compensation=dc", "delay=1"], "optimizer.ef.enabled=true (the *_ef presets) and compensation=dc: choose one"),
         (["train.seq_len=4096"], "train.seq_len=4096 exceeds model 'tiny' maximum of 256"),
         (["engine=pipeline", "delay=2"], "engine=pipeline supports delay 0 (1F1B) or 1 (2BW)"),
         (["engine=pipeline", "delay=1", "pipeline.stages=4", "train.micro_batches=2"], "2BW needs train.micro_batches >= pipeline.stages"),
@@ -85,7 +87,7 @@ def test_user_mistakes_are_one_line_errors(overrides: list[str], needle: str) ->
 
 def test_capacity_that_keeps_most_tokens_and_ef_at_delay_0_are_accepted() -> None:
     assert compose(["model=moe_tiny", "model.moe.capacity_factor=0.05"]).model.moe.capacity_factor == 0.05  # 5% kept
-    assert compose(["optimizer=adamw_ef", "delay=0"]).optimizer.ef.enabled  # EF extrapolates even without delay
+    assert compose(["optimizer=adamw_ef", "delay=0"]).compensation.name == "ef"  # EF extrapolates even without delay
 
 
 def test_default_lr_is_the_models_tuned_value_and_an_explicit_lr_wins() -> None:
@@ -121,12 +123,14 @@ def test_a_tuned_lr_used_outside_its_regime_is_said_in_one_line() -> None:
 
 
 def test_ef_override_and_preset_are_the_one_ef_method() -> None:
-    from asyncpipe.registry import describe, effective_compensation
+    from asyncpipe.registry import describe
 
     preset = compose(["optimizer=muon_ef", "delay=1"])
     override = compose(["optimizer=muon", "optimizer.ef.enabled=true", "optimizer.ef.lam=0.5", "delay=1"])
-    for cfg, lam in ((preset, 1.0), (override, 0.5)):
-        comp = effective_compensation(cfg.optimizer, cfg.compensation)
+    explicit = compose(["optimizer=muon", "compensation=ef", "delay=1"])
+    for cfg, lam in ((preset, 1.0), (override, 0.5), (explicit, 1.0)):
+        comp = cfg.compensation  # the switch is an alias, resolved at composition; nothing reads it after
+        assert not cfg.optimizer.ef.enabled and cfg.optimizer.ef.lam == 1.0
         assert (comp.name, comp.ef.lam, comp.ef.schedule) == ("ef", lam, "constant")
         assert describe(cfg) == f"muon + EF(lam={lam:g})" and "-muon_ef-d1" in cfg.run.dir
     assert "-adamw+dc-d1" in compose(["compensation=dc", "delay=1"]).run.dir

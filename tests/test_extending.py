@@ -69,7 +69,7 @@ DAMPED = '''
 from dataclasses import dataclass
 
 from asyncpipe.errors import ConfigError
-from asyncpipe.optim.ef import ErrorFeedback
+from asyncpipe.optim.compensation.ef import ErrorFeedback
 from asyncpipe.registry import declare_method
 
 

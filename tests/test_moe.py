@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from asyncpipe.config.schema import ModelConfig, OptimizerConfig
+from asyncpipe.config.schema import CompensationConfig, ModelConfig, OptimizerConfig
 from asyncpipe.model import GPT, MoE, Router, lm_loss, pop_moe_stats, set_aux_grad_scale
 from asyncpipe.optim import CombinedOptimizer, build_optimizer
 from asyncpipe.optim.expert_muon import ExpertMuon, orthogonalize
@@ -161,9 +161,12 @@ def test_each_experts_muon_update_is_orthogonal() -> None:
     assert orthogonalize(w.grad, 5).shape == w.shape
 
 
+_EF = OmegaConf.structured(CompensationConfig(name="ef"))
+
+
 def test_expert_muon_with_ef_trains_and_round_trips_state() -> None:
     model = _model()
-    opt = build_optimizer(model, OmegaConf.merge(_muon_cfg(lr=0.02, aux_lr=0.003), {"ef": {"enabled": True}}))
+    opt = build_optimizer(model, _muon_cfg(lr=0.02, aux_lr=0.003), compensation=_EF)
     x = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(5))
     loss0 = lm_loss(model(x[:, :-1]), x[:, 1:]).item()
     for _ in range(6):
@@ -172,7 +175,7 @@ def test_expert_muon_with_ef_trains_and_round_trips_state() -> None:
         opt.zero_grad()
     assert lm_loss(model(x[:, :-1]), x[:, 1:]).item() < loss0
     saved = copy.deepcopy(opt.state_dict())
-    again = build_optimizer(model, OmegaConf.merge(_muon_cfg(lr=0.02, aux_lr=0.003), {"ef": {"enabled": True}}))
+    again = build_optimizer(model, _muon_cfg(lr=0.02, aux_lr=0.003), compensation=_EF)
     again.load_state_dict(saved)
     w = model.layers[1].moe.w_gate
     assert torch.equal(again.state[w]["momentum_buffer"], opt.state[w]["momentum_buffer"])

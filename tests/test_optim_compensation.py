@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 from omegaconf import OmegaConf
 
+from asyncpipe.config.alias import resolve_ef_alias
 from asyncpipe.config.schema import CompensationConfig, EFConfig, OptimizerConfig
 from asyncpipe.errors import UserError
 from asyncpipe.optim import DelayedWeights, ErrorFeedback, build_optimizer, compensate_grads, forward_weights
@@ -81,9 +82,13 @@ def test_ef_presets_are_the_compensation_bit_for_bit() -> None:
     torch.manual_seed(0)
     models = [nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)) for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
-    preset = OmegaConf.structured(OptimizerConfig(name="adamw", lr=0.01, ef=EFConfig(enabled=True, lam=0.7)))
     plain = OmegaConf.structured(OptimizerConfig(name="adamw", lr=0.01))
-    opts = [build_optimizer(models[0], preset), build_optimizer(models[1], plain, compensation=_cfg("ef", ef={"lam": 0.7}))]
+    preset = OmegaConf.create({"optimizer": OmegaConf.structured(OptimizerConfig(name="adamw", lr=0.01, ef=EFConfig(
+        enabled=True, lam=0.7))), "compensation": _cfg("none")})
+    resolve_ef_alias(preset)  # what composition does with the *_ef presets' switch
+    assert preset.optimizer == plain
+    opts = [build_optimizer(models[0], preset.optimizer, compensation=preset.compensation),
+            build_optimizer(models[1], plain, compensation=_cfg("ef", ef={"lam": 0.7}))]
     assert all(isinstance(o, ErrorFeedback) for o in opts)
     gen = torch.Generator().manual_seed(1)
     for _ in range(6):
@@ -94,8 +99,9 @@ def test_ef_presets_are_the_compensation_bit_for_bit() -> None:
             opt.zero_grad()
     for p, q in zip(models[0].parameters(), models[1].parameters()):
         assert torch.equal(p, q)
+    both = OmegaConf.create({"optimizer": {"ef": {"enabled": True, "lam": 1.0}}, "compensation": _cfg("dc")})
     with pytest.raises(UserError, match="choose one"):
-        build_optimizer(models[0], preset, compensation=_cfg("dc"))
+        resolve_ef_alias(both)
 
 
 # -- adaptive lambda -----------------------------------------------------------------------------------------

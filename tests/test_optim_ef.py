@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from omegaconf import OmegaConf
 
-from asyncpipe.config.schema import EFConfig, OptimizerConfig
+from asyncpipe.config.schema import CompensationConfig, OptimizerConfig
 from asyncpipe.optim import DelayedWeights, ErrorFeedback, build_optimizer
 
 STEPS = 30
@@ -144,12 +144,16 @@ def _steps(model: nn.Module, opt: torch.optim.Optimizer, n: int, seed: int) -> N
 
 
 def _cfg(name: str, **kw) -> OptimizerConfig:
-    return OmegaConf.structured(OptimizerConfig(name=name, ef=EFConfig(enabled=True, lam=0.7), **kw))
+    return OmegaConf.structured(OptimizerConfig(name=name, **kw))
+
+
+EF = OmegaConf.structured(CompensationConfig(name="ef"))
+EF.ef.lam = 0.7
 
 
 def test_state_dict_round_trip_gives_identical_steps() -> None:
     model = _model()
-    opt = build_optimizer(model, _cfg("adamw", lr=0.01))
+    opt = build_optimizer(model, _cfg("adamw", lr=0.01), compensation=EF)
     assert isinstance(opt, ErrorFeedback) and isinstance(opt, torch.optim.Optimizer)
     _steps(model, opt, 5, seed=1)
     buf = io.BytesIO()
@@ -159,7 +163,7 @@ def test_state_dict_round_trip_gives_identical_steps() -> None:
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
     model2 = _model()
-    opt2 = build_optimizer(model2, _cfg("adamw", lr=0.01))
+    opt2 = build_optimizer(model2, _cfg("adamw", lr=0.01), compensation=EF)
     model2.load_state_dict(saved["model"])
     opt2.load_state_dict(saved["opt"])
     assert opt2.param_groups is opt2.optimizer.param_groups  # still shared after torch replaced the list
@@ -169,7 +173,7 @@ def test_state_dict_round_trip_gives_identical_steps() -> None:
 
     # Without the EF buffer the next step would differ: the buffer really is part of the state.
     model3 = _model()
-    opt3 = build_optimizer(model3, _cfg("adamw", lr=0.01))
+    opt3 = build_optimizer(model3, _cfg("adamw", lr=0.01), compensation=EF)
     model3.load_state_dict(saved["model"])
     opt3.optimizer.load_state_dict(saved["opt"]["optimizer"])
     _steps(model3, opt3, 4, seed=2)
@@ -179,7 +183,7 @@ def test_state_dict_round_trip_gives_identical_steps() -> None:
 def test_muon_ef_round_trip_and_lr_reaches_inner() -> None:
     model = _model()
     hidden = lambda name, p: name == "2.weight" or name == "0.weight"  # noqa: E731
-    opt = build_optimizer(model, _cfg("muon", lr=0.02, aux_lr=0.003), hidden=hidden)
+    opt = build_optimizer(model, _cfg("muon", lr=0.02, aux_lr=0.003), compensation=EF, hidden=hidden)
     for group in opt.param_groups:
         group["lr"] = group["base_lr"] * 0.5
     # Muon holds both weights; AdamW only the biases (one no-decay group).
@@ -189,7 +193,7 @@ def test_muon_ef_round_trip_and_lr_reaches_inner() -> None:
     saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})
     _steps(model, opt, 3, seed=2)
     model2 = _model()
-    opt2 = build_optimizer(model2, _cfg("muon", lr=0.02, aux_lr=0.003), hidden=hidden)
+    opt2 = build_optimizer(model2, _cfg("muon", lr=0.02, aux_lr=0.003), compensation=EF, hidden=hidden)
     model2.load_state_dict(saved["model"])
     opt2.load_state_dict(saved["opt"])
     _steps(model2, opt2, 3, seed=2)

@@ -131,12 +131,15 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int =
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONF.glob("*.yaml")))
 def test_every_optimizer_yaml_composes_and_trains(name: str) -> None:
-    cfg = compose([f"optimizer={name}"]).optimizer
+    full = compose([f"optimizer={name}"])
+    cfg = full.optimizer
     OmegaConf.merge(OmegaConf.structured(OptimizerConfig), cfg)  # only schema keys
     model = _gpt()
-    opt = build_optimizer(model, cfg)
+    opt = build_optimizer(model, cfg, compensation=full.compensation)
     assert isinstance(opt, torch.optim.Optimizer)
-    assert isinstance(opt, ErrorFeedback) == name.endswith("_ef") == bool(cfg.ef.enabled)
+    # the *_ef presets' switch is an alias, resolved at composition into compensation=ef
+    assert isinstance(opt, ErrorFeedback) == name.endswith("_ef") == (full.compensation.name == "ef")
+    assert not cfg.ef.enabled
     assert all("base_lr" in g for g in opt.param_groups)
     start = copy.deepcopy(model.state_dict())
     x = torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(5))
@@ -152,10 +155,10 @@ def test_every_optimizer_yaml_composes_and_trains(name: str) -> None:
 
 def test_ef_yamls_are_their_base_plus_ef() -> None:
     for base in ("adamw", "muon"):
-        plain, ef = compose([f"optimizer={base}"]).optimizer, compose([f"optimizer={base}_ef"]).optimizer
-        assert ef.name == base and ef.ef.enabled and ef.ef.lam == 1.0
-        ef.ef = plain.ef
-        assert ef == plain
+        plain, ef = compose([f"optimizer={base}"]), compose([f"optimizer={base}_ef"])
+        assert ef.optimizer == plain.optimizer  # the switch is resolved: the optimizer is the plain one
+        assert (ef.compensation.name, ef.compensation.ef.lam, ef.compensation.ef.schedule) == ("ef", 1.0, "constant")
+        assert plain.compensation.name == "none"
 
 
 def test_combined_state_dict_round_trip_and_shared_groups() -> None:

@@ -21,7 +21,7 @@ from asyncpipe.bench import torch_pipelining as pt
 from asyncpipe.bench.pipeline_format import MIN_ROUNDS, format_result, spread_note  # noqa: F401 (re-exported)
 from asyncpipe.errors import UserError
 
-EF_VARIANT = {"2bw_ef": ["pipeline.schedule=2bw", "delay=1", "optimizer.ef.enabled=true"]}  # a schedule + a method
+EF_VARIANT = {"2bw_ef": ["pipeline.schedule=2bw", "delay=1", "compensation=ef"]}  # a schedule + a method
 
 
 def variants_of(names: Sequence[str]) -> dict[str, list[str]]:
@@ -266,7 +266,7 @@ def bench_pipeline(
     per_job = [(name, job_stats(r, tokens_per_step, skip)) for name, r in zip(order, results)]
     out: dict[str, Any] = {
         "bench": "pipeline", "model": cfg.model.name, "optimizer": cfg.optimizer.name,
-        "ef": bool(cfg.optimizer.ef.enabled), "stages": P, "micro_batches": m, "micro_batch_size": t.micro_batch_size,
+        "ef": cfg.compensation.name == "ef", "stages": P, "micro_batches": m, "micro_batch_size": t.micro_batch_size,
         "seq_len": t.seq_len, "data_parallel": D, "threads_per_process": p.threads,
         "tokens_per_step": tokens_per_step, "rounds": rounds, "steps_per_job": steps, "steps_dropped_each_end": skip,
         "cpu_count": os.cpu_count(), "load_avg": load_before, "load_avg_after": load_after,
@@ -286,7 +286,7 @@ def bench_pipeline(
     for name in names:
         js = jobs[name]
         key = (cfgs[name].pipeline.schedule, cfgs[name].pipeline.get("torch_schedule"),
-               bool(cfgs[name].optimizer.ef.enabled))
+               cfgs[name].compensation.name == "ef")
         if key not in mem_cache:
             mem_cache[key] = optimizer_state_bytes(cfgs[name])
         summaries = js[-1]["stages"]

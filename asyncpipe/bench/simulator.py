@@ -25,7 +25,7 @@ from asyncpipe.errors import UserError
 BASIC = {
     "delay0": ["delay=0"],
     "delay1": ["delay=1"],
-    "delay1_ef": ["delay=1", "optimizer.ef.enabled=true"],
+    "delay1_ef": ["delay=1", "compensation=ef"],
 }
 MODES = ("eager", "compiled")
 # Keys every variant sets itself: a user override of them would be silently replaced.
@@ -38,7 +38,7 @@ def all_variants(delay: int = 1) -> dict[str, list[str]]:
 
     methods = [m for m in available() if m not in ("none", "ef")]
     k = f"delay={delay}"
-    return {"delay0": ["delay=0"], f"delay{delay}": [k], f"delay{delay}_ef": [k, "optimizer.ef.enabled=true"],
+    return {"delay0": ["delay=0"], f"delay{delay}": [k], f"delay{delay}_ef": [k, "compensation=ef"],
             **{f"delay{delay}_{m}": [k, f"compensation={m}"] for m in methods}}  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from asyncpipe.config.alias import resolve_ef_alias
 from asyncpipe.config.validate import check_ranges, suggest_key, validate
 from asyncpipe.config.tree import conf_dir
 from asyncpipe.errors import ConfigError
@@ -118,6 +119,7 @@ def compose(overrides: Sequence[str] = (), *, validate_values: bool = True) -> D
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
         name_targets(cfg, targets)
+        resolve_ef_alias(cfg)  # optimizer.ef.enabled=true is compensation=ef: nothing after this reads it
         OmegaConf.resolve(cfg)
     except ConfigError:
         raise

@@ -46,8 +46,8 @@ class ModelConfig:
 
 @dataclass
 class EFConfig:
-    enabled: bool = False  # error feedback: x -= u(t-1) + lam * (u(t-1) - u(t-2))
-    lam: float = 1.0  # EF strength lambda (>= 0)
+    enabled: bool = False  # error feedback: x -= u(t-1) + lam * (u(t-1) - u(t-2)); an alias of compensation=ef
+    lam: float = 1.0  # EF strength lambda: the alias's compensation.ef.lam
 
 
 @dataclass
@@ -135,7 +135,7 @@ class PipelineConfig:
 
 @dataclass
 class RunConfig:
-    dir: str = "runs/${now:%Y%m%d-%H%M%S}-${model.name}-${run_tag:${optimizer.name},${optimizer.ef.enabled},${compensation.name}}-d${delay}"  # run directory
+    dir: str = "runs/${now:%Y%m%d-%H%M%S}-${model.name}-${run_tag:${optimizer.name},${compensation.name}}-d${delay}"  # run directory
     name: Optional[str] = None  # display name (default: the run dir's name)
     variant: Optional[str] = None  # the sweep file variant this run belongs to (set by `asyncpipe sweep`; report columns)
     branch_from: Optional[str] = None  # wsd: a longer run's dir; start from its checkpoint at this run's decay start (sweep budgets:)

@@ -52,7 +52,6 @@ def validate(cfg: DictConfig) -> None:
     _need(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay} must be >= 0")
     _need(o.lr * o.weight_decay < 1, f"optimizer.lr={o.lr:g} x optimizer.weight_decay={o.weight_decay:g} >= 1: decoupled "
           "decay multiplies every weight by 1 - lr x weight_decay <= 0 each step (weights zeroed or sign-flipped)")
-    _need(o.ef.lam >= 0, f"optimizer.ef.lam={o.ef.lam} must be >= 0")
     for key in ("steps", "micro_batch_size", "micro_batches", "seq_len", "eval_every", "eval_batches", "log_every"):
         _need(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
     _need(0 <= t.warmup_frac < 1, f"train.warmup_frac={t.warmup_frac} must be in [0, 1)")
@@ -237,17 +236,16 @@ def check_declared(cfg: DictConfig) -> None:
     """The checks the run's optimizer and compensation method declare (`asyncpipe.registry`), and what holds for
     every method: one that fits only the simulator is refused by engine=pipeline; one that needs a delay is an
     exact no-op at delay 0 and is refused there (a report would show it as a column of its own)."""
-    from asyncpipe.registry import effective_compensation, method_spec, optimizer_spec, target_of
+    from asyncpipe.registry import method_spec, optimizer_spec, target_of
 
     o = cfg.optimizer
     opt = optimizer_spec(o.name, target_of(o))
     if opt.check is not None:
         opt.check(o, cfg)
-    comp = effective_compensation(o, cfg.compensation)
+    comp = cfg.compensation
     method = method_spec(comp.name, target_of(comp))
-    via = "optimizer.ef.enabled=true (EF)" if o.ef.enabled else f"compensation={method.name}"
     _need(cfg.delay > 0 or not method.needs_delay,
-          f"{via} at delay=0 computes exactly the plain optimizer (there is no staleness to correct): use it with "
+          f"compensation={method.name} at delay=0 computes exactly the plain optimizer (there is no staleness to correct): use it with "
           f"delay >= 1, or compensation=none")  # fmt: skip
     _need(cfg.engine != "pipeline" or method.fits_2bw,
           f"compensation={method.name} does not run in engine=pipeline: {method.note}; use engine=simulate")
@@ -256,12 +254,13 @@ def check_declared(cfg: DictConfig) -> None:
 
 
 def _validate_compensation(cfg: DictConfig) -> None:
-    """Checks of the `compensation` group: EF is either the preset switch or a method, then `check_declared`."""
-    c, o = cfg.compensation, cfg.optimizer
-    _need(
-        not (o.ef.enabled and c.name != "none"),
-        f"optimizer={o.name} with ef.enabled=true already is EF; use compensation={c.name} with a plain optimizer",
-    )
+    """Checks of the `compensation` group (`check_declared`). The *_ef presets' switch ``optimizer.ef.enabled`` was
+    resolved into ``compensation=ef`` at composition (`asyncpipe.config.alias`); a config built another way that
+    still holds it is refused rather than run without EF."""
+    from asyncpipe.config.alias import uses_ef_alias
+
+    _need(not uses_ef_alias(cfg), "optimizer.ef.enabled=true was not resolved: compose the config with "
+          "asyncpipe.config.compose (or resolve_ef_alias), which makes it compensation=ef")  # fmt: skip
     check_declared(cfg)
 
 

@@ -7,7 +7,7 @@ from asyncpipe.optim.clip import clip_grads, grad_sq_norm
 from asyncpipe.optim.compensation import compensate_grads, forward_weights
 from asyncpipe.optim.combined import CombinedOptimizer
 from asyncpipe.optim.delay import DelayedWeights, delays_for
-from asyncpipe.optim.ef import ErrorFeedback
+from asyncpipe.optim.compensation.ef import ErrorFeedback
 from asyncpipe.optim.registry import available, block_matrices, build_optimizer, register
 from asyncpipe.optim.update import apply_update, set_lr
 

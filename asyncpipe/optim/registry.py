@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from asyncpipe.errors import UserError
-from asyncpipe.registry import declare_optimizer, effective_compensation, names, optimizer_spec, optimizers, target_of
+from asyncpipe.registry import declare_optimizer, names, optimizer_spec, optimizers, target_of
 
 HiddenFn = Callable[[str, nn.Parameter], bool]
 Builder = Callable[[nn.Module, Any, Optional[HiddenFn]], torch.optim.Optimizer]
@@ -76,8 +76,8 @@ def build_optimizer(
     pipeline: bool = False,
 ) -> torch.optim.Optimizer:
     """The optimizer ``cfg.name`` (or ``cfg._target_``) over ``module``'s trainable parameters, wrapped by the
-    staleness mitigation ``compensation`` (a `CompensationConfig` node; None = none); ``cfg.ef.enabled`` (the
-    ``*_ef`` presets) is the method ``ef`` (`asyncpipe.registry.effective_compensation`). ``delays``: every
+    staleness mitigation ``compensation`` (a `CompensationConfig` node; None = none; EF is the method ``ef``, which
+    the *_ef presets' ``optimizer.ef.enabled`` becomes at composition: `asyncpipe.config.alias`). ``delays``: every
     parameter's delay k (an int, or by ``named_parameters`` name). ``pipeline``: refuse methods that do not fit
     the 2BW engine. ``hidden(name, param)`` overrides which matrices count as hidden (Muon's share)."""
     from asyncpipe.optim import compensation as comp
@@ -88,11 +88,6 @@ def build_optimizer(
     optimizer = spec.build(module, cfg, hidden)
     for group in optimizer.param_groups:
         group.setdefault("base_lr", group["lr"])
-    if cfg.ef.enabled:
-        if compensation is not None and compensation.name != "none":
-            raise UserError(f"optimizer.ef.enabled=true and compensation={compensation.name}: choose one (the *_ef "
-                            "optimizers are EF)")  # fmt: skip
-        compensation = effective_compensation(cfg, compensation)
     if compensation is None or compensation.name == "none":
         return optimizer
     by_param = {p: (delays if isinstance(delays, int) else delays.get(n, 0)) for n, p in module.named_parameters()}

@@ -212,6 +212,7 @@ def read_marker(step_path: Path) -> dict:
 def _check_fingerprint(where: Path, theirs: Any, ours: dict, ignore: Collection[str] = ()) -> None:
     if not isinstance(theirs, dict):
         raise UserError(f"checkpoint {where} has no fingerprint; it was not written by asyncpipe")
+    theirs, ours = _canonical(theirs), _canonical(ours)
     diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k) and k not in ignore)
     if diff:
         detail = ", ".join(f"{k}: {theirs.get(k)!r} != {ours.get(k)!r}" for k in diff)
@@ -246,7 +247,7 @@ def fingerprint_of(cfg: Any) -> dict:
         "model": cfg.model.name,
         "shape": [cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head],
         "optimizer": cfg.optimizer.name,
-        "ef": bool(cfg.optimizer.ef.enabled),
+        "ef": cfg.compensation.name == "ef",  # EF as the *_ef presets' checkpoints always named it
         "delay": int(cfg.delay),
         "delay_profile": cfg.delay_profile,
         "engine": cfg.engine,
@@ -257,6 +258,14 @@ def fingerprint_of(cfg: Any) -> dict:
         "seed": int(cfg.seed),
         "data": f"{cfg.data.name}-{cfg.tokenizer.name}",
     }
-    if cfg.compensation.name != "none":  # absent when none, so checkpoints from before the option still match
+    if cfg.compensation.name not in ("none", "ef"):  # absent when none, so checkpoints from before the option match
         fp["compensation"] = cfg.compensation.name
     return fp
+
+
+def _canonical(fp: dict) -> dict:
+    """A fingerprint with EF named one way: a checkpoint written with an explicit ``compensation=ef`` (before the
+    *_ef presets became that method) recorded {"ef": False, "compensation": "ef"}; it is {"ef": True} now."""
+    if fp.get("compensation") != "ef":
+        return fp
+    return {**{k: v for k, v in fp.items() if k != "compensation"}, "ef": True}

@@ -146,7 +146,7 @@ def check(cfg: Any) -> None:
         raise ConfigError(f"{named} cannot clip with pipeline.clip={p.clip}: {s.note}; use pipeline.clip="
                           f"{' or pipeline.clip='.join(s.clip_modes)}, or train.grad_clip=0")  # fmt: skip
     if s.compensations is not None:
-        comp = "ef" if cfg.optimizer.ef.enabled else cfg.compensation.name
+        comp = cfg.compensation.name
         if comp not in s.compensations:
             raise ConfigError(f"compensation={comp} is not defined under {named}; use compensation="
                               f"{' or compensation='.join(s.compensations)}")  # fmt: skip

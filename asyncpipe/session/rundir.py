@@ -9,12 +9,14 @@ run's life; the kernel drops it when that process ends, however it ends, so a ki
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from asyncpipe.config.alias import resolve_ef_alias
 from asyncpipe.config.describe import schema_defaults
 from asyncpipe.config.keys import flatten, frozen
 from asyncpipe.errors import UserError
@@ -45,8 +47,9 @@ def _check_place(path: Path) -> None:
 def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, new value) for every setting a resume may not change, in key order. A key the record
     lacks because the schema gained it after the run started is no change while it holds its default (the default
-    is what the run ran before the key existed)."""
-    old = flatten(recorded)
+    is what the run ran before the key existed). A record's ``optimizer.ef.enabled=true`` is read as the
+    ``compensation=ef`` it is now (`asyncpipe.config.alias`)."""
+    old = flatten(resolve_ef_alias(copy.deepcopy(recorded), strict=False))
     new = flatten(OmegaConf.to_container(cfg, resolve=True))
     defaults = schema_defaults()
     keys = sorted(set(old) | set(new))

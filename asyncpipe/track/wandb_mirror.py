@@ -6,6 +6,8 @@ init, failed log) becomes one warning after which the mirror is a no-op. Only ra
 
 from __future__ import annotations
 
+import copy
+
 import netrc
 import os
 import secrets
@@ -107,11 +109,13 @@ def derive_tags(cfg: Any) -> list[str]:
         value = config_value(cfg, dotted)
         if value is not None:
             tags.append(f"{label}:{value}")
-    ef = config_value(cfg, "optimizer.ef.enabled")
-    if ef is not None:
-        tags.append("ef:on" if ef else "ef:off")
-    comp = config_value(cfg, "compensation.name")
-    if comp not in (None, "none"):
+    from asyncpipe.config.alias import resolve_ef_alias
+
+    plain = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg or {})
+    comp = config_value(resolve_ef_alias(plain, strict=False), "compensation.name")  # an old record's EF switch too
+    if comp is not None:
+        tags.append("ef:on" if comp == "ef" else "ef:off")
+    if comp not in (None, "none", "ef"):
         tags.append(f"comp:{comp}")
     tags.extend(str(t) for t in (config_value(cfg, "tracker.wandb.tags") or []))
     # W&B rejects tags longer than 64 characters; duplicates are noise.
