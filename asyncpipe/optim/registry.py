@@ -14,7 +14,6 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 
-from asyncpipe.errors import UserError
 from asyncpipe.registry import declare_optimizer, names, optimizer_spec, optimizers, target_of
 
 HiddenFn = Callable[[str, nn.Parameter], bool]
