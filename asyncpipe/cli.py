@@ -14,7 +14,7 @@ import typer
 
 from asyncpipe import cli_perf, cli_sweep  # typer and asyncpipe.errors only: --help stays fast
 from asyncpipe.errors import EXIT_USER_ERROR, UserError, WriteFailed
-from asyncpipe.paths import data_root, own_dir, writable_dir, writable_file
+from asyncpipe.paths import data_root, writable_dir, writable_file
 from asyncpipe.terminal import check_cwd, guarded_streams
 
 try:
@@ -63,13 +63,9 @@ OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. model=tiny optimize
 @app.command()
 def train(overrides: Optional[List[str]] = OVERRIDES) -> None:
     """Train one run (engine=simulate in this process; engine=pipeline starts its stage processes)."""
-    from asyncpipe.config import compose
-    from asyncpipe.config.validate import check_delay_fits
-    from asyncpipe.run import run_training
+    from asyncpipe.run import compose_run, run_training
 
-    cfg = compose(overrides or [])
-    check_delay_fits(cfg)
-    check_train_paths(cfg)
+    cfg = compose_run(overrides or [])  # composed, validated, delay and paths checked: one call
     summary = run_training(cfg, overrides=overrides or [])  # overrides: as typed, for provenance.json only
     raise typer.Exit(summary.get("exit_code", 0))
 
@@ -208,14 +204,6 @@ def bench_simulator_cmd(
         typer.echo(f"wrote {out}")
     else:
         typer.echo(json.dumps(result))
-
-
-def check_train_paths(cfg) -> None:  # noqa: ANN001 (a DictConfig; omegaconf is imported lazily)
-    """Before a run writes anything: its run dir and (when the data still has to be prepared) the data root."""
-    from asyncpipe.data import dataset_dir
-
-    own_dir(cfg.run.dir, "run.dir")
-    data_root(cfg.data.root, prepared=(dataset_dir(cfg.data, cfg.tokenizer) / "manifest.json").is_file())
 
 
 def _version(value: bool) -> None:

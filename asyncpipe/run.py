@@ -30,6 +30,22 @@ from asyncpipe.track.provenance import recorded
 from asyncpipe.trainer import train
 
 
+def compose_run(overrides: Sequence[str]) -> DictConfig:
+    """`asyncpipe train`'s config in one call: composed and validated (`config.compose`), its delay below its
+    train.steps (`config.validate.check_delay_fits`), its run dir and (when the data still has to be prepared) its
+    data root checked before anything is written (`asyncpipe.paths`)."""
+    from asyncpipe.config import compose
+    from asyncpipe.config.validate import check_delay_fits
+    from asyncpipe.data import dataset_dir
+    from asyncpipe.paths import data_root, own_dir
+
+    cfg = compose(list(overrides))
+    check_delay_fits(cfg)
+    own_dir(cfg.run.dir, "run.dir")
+    data_root(cfg.data.root, prepared=(dataset_dir(cfg.data, cfg.tokenizer) / "manifest.json").is_file())
+    return cfg
+
+
 @contextlib.contextmanager
 def _claimed(cfg: DictConfig, overrides: Sequence[str], rank: int) -> Iterator[Optional[RunRecord]]:
     """Rank 0 claims the run dir (`RunRecord`, provenance.json, train.log) for the run's life and releases it

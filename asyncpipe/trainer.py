@@ -1,6 +1,6 @@
-"""`Trainer`: the one owner of a run in this process. It builds, once and in this order, the device
-(`runtime.device.pick_device`: which GPU this rank uses), the process group (`dist.init_process_group`, plus DeepSpeed's comm for
-engine=pipeline), the prepared data (rank 0 prepares, the others wait), the engine (`runtime.engine.Engine`:
+"""`Trainer`: the one owner of a run in this process. It builds, once and in this order, its set-up in one call
+(`runtime.setup.build_setup`: the device, the process group, plus DeepSpeed's comm for engine=pipeline, the
+prepared data: rank 0 prepares, the others wait), the engine (`runtime.engine.Engine`:
 `SimulatorEngine` or `PipelineEngineAdapter`) and the validation batches; `run` is the run's one loop: resume ->
 steps -> evaluation cadence, divergence, checkpoints and the stop agreement -> summary, with rank 0's tracker
 (metrics.jsonl, summary.json) and progress lines.
@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig
 
-from asyncpipe.dist import Comm, rank_env
 from asyncpipe.errors import UserError
 from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.runtime import checkpoint, diverged
@@ -34,48 +32,6 @@ from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, exit_code
 
 def _silent(_: str) -> None:
     pass
-
-
-def _join_process_group(cfg: DictConfig, device: Any, local: int) -> None:
-    """The run's one process-group set-up: torch.distributed's default group from the rank environment, and for
-    engine=pipeline DeepSpeed's comm over it (`asyncpipe.pipe.stage.init_deepspeed_comm`)."""
-    import torch
-
-    from asyncpipe.dist import backend_for, init_process_group
-
-    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
-    if missing and not torch.distributed.is_initialized():
-        need = " and ".join(missing)
-        raise UserError(f"a multi-process run needs {need} in the environment (the rendezvous of rank 0)")
-    os.environ.setdefault("LOCAL_RANK", str(local))  # DeepSpeed's PipelineModule reads it (CUDA: `pick_device` set it)
-    pipeline = cfg.engine == "pipeline"
-    backend = backend_for(device.type, cfg.pipeline.backend if pipeline else "auto")
-    if pipeline:
-        if device.type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
-        torch.set_num_threads(cfg.pipeline.threads)
-    init_process_group(backend)
-    if pipeline:
-        from asyncpipe.pipe.stage import init_deepspeed_comm
-
-        init_deepspeed_comm(backend)
-
-
-def _prepared_data(cfg: DictConfig, rank: int, world: int, log: Log) -> Path:
-    """The run's one data preparation: rank 0 prepares (or finds) the dataset while the others wait, rather than
-    race to write the same files; a user error there (a missing corpus) is raised on every rank."""
-    from asyncpipe.data import dataset_dir, ensure_prepared
-
-    path, error = None, None
-    if rank == 0:
-        try:
-            path = ensure_prepared(cfg.data, cfg.tokenizer, progress=log)
-        except UserError as err:
-            error = str(err)
-    first = next((e for e in Comm(world).gather(error) if e), None)  # the others wait here for rank 0
-    if first is not None:
-        raise UserError(first)
-    return path if path is not None else dataset_dir(cfg.data, cfg.tokenizer)
 
 
 def _build_engine(cfg: DictConfig, setup: Setup, run_dir: Optional[Path]) -> Engine:
@@ -98,28 +54,16 @@ class Trainer:
     launcher alike (the rank environment says which). ``engine`` and ``evaluate()`` serve direct use too."""
 
     def __init__(self, cfg: DictConfig, run_dir: Optional[Path] = None, log: Log = _silent) -> None:
-        from asyncpipe.data import MicroBatches, load_manifest
-        from asyncpipe.runtime.device import pick_device, set_deterministic, vocab_size_for
+        from asyncpipe.data import MicroBatches
+        from asyncpipe.runtime.setup import build_setup
 
         self.started = time.perf_counter()  # the run's wall time includes this set-up
         self.earlier_wall = 0.0  # seconds of the run's earlier segments (a resume adds them: summary.json's wall_time)
         self.cfg, self.run_dir = cfg, run_dir
-        env = rank_env()
-        rank, world, local = env if env is not None else (0, 1, 0)
-        if cfg.engine == "pipeline" and env is None:
-            raise UserError(
-                "engine=pipeline ranks need RANK and WORLD_SIZE in the environment (torchrun, SLURM, asyncpipe)"
-            )
-        self.say = log if rank == 0 else _silent
-        set_deterministic(cfg.train.deterministic)  # before the device's first use (cuBLAS reads its env then)
-        device = pick_device(cfg.device)  # the run's one device choice (on CUDA: made current, LOCAL_RANK set)
-        if world > 1 or cfg.engine == "pipeline":  # DeepSpeed needs torch.distributed even for one rank
-            _join_process_group(cfg, device, local)
-        data_dir = _prepared_data(cfg, rank, world, self.say)
-        manifest = load_manifest(data_dir)
-        vocab = vocab_size_for(cfg.model, manifest)
-        self.train_tokens = int(manifest["tokens"]["train"])  # one epoch: a summary's `epochs` is tokens / this
-        self.setup = Setup(rank, world, local, device, data_dir, vocab, self.say)
+        self.setup = build_setup(cfg, log)  # rank, determinism, device, process group, prepared data: one call
+        self.say = self.setup.log
+        data_dir = self.setup.data_dir
+        self.train_tokens = self.setup.train_tokens  # one epoch: a summary's `epochs` is tokens / this
         self.engine = _build_engine(cfg, self.setup, run_dir)
         # The validation set, built once: every run of a study is scored on the same tokens (data seed 0, not the
         # run's), each rank on its share (`Engine.val_share`).

@@ -1,5 +1,5 @@
 """One trainer owns a run (issue 26): the device, the process group and the prepared data are set up in one place
-(`asyncpipe/trainer.py`), the validation set is built once and handed to the engine, and a data mistake seen by
+(`asyncpipe/runtime/setup.py`, one call from `asyncpipe/trainer.py`), the validation set is built once and handed to the engine, and a data mistake seen by
 rank 0 of a multi-process run is still one line and exit 2."""
 
 from __future__ import annotations
@@ -35,7 +35,12 @@ def _calls(package: Path = PACKAGE) -> dict[str, set[str]]:
 
 def test_device_process_group_and_data_are_set_up_by_the_trainer_only() -> None:
     calls = _calls()
-    assert calls == {name: {"asyncpipe.trainer"} for name in SET_UP}, calls
+    assert calls == {name: {"asyncpipe.runtime.setup"} for name in SET_UP}, calls
+    # ... in one call the trainer makes (`runtime.setup.build_setup`), its one trip into the set-up
+    trainer = (PACKAGE / "trainer.py").read_text()
+    assert trainer.count("build_setup(") == 1
+    assert not any(f"{name}(" in trainer for name in ("pick_device", "set_deterministic", "vocab_size_for",
+                                                         "init_process_group", "_join_process_group"))
 
 
 def test_engines_and_runtime_import_neither_the_trainer_nor_the_session() -> None:

@@ -1,4 +1,4 @@
-"""DeepSpeed-side setup of one pipeline rank: DeepSpeed's comm without JIT-compiled ops, a `PipelineModule`
+"""DeepSpeed-side setup of one pipeline rank (its comm: `asyncpipe.runtime.setup.init_deepspeed_comm`): a `PipelineModule`
 cut exactly where `asyncpipe.model.partition` cuts, the DeepSpeed config of an `engine=pipeline` run and the
 engine's own settings beside it (`PipeSettings`)."""
 
@@ -10,28 +10,6 @@ from typing import Any, Optional
 from deepspeed.runtime.pipe.module import PipelineModule
 
 from asyncpipe.lr_schedule import LRSchedule
-
-
-def init_deepspeed_comm(backend: str) -> None:
-    """DeepSpeed's comm over torch.distributed's default group (set up by the trainer beforehand).
-
-    DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce op on CPU (~30-40 s) that only its
-    inference all-reduce uses; marking the op unavailable skips the build (its sole check reads this dict).
-    """
-    import logging
-
-    import deepspeed.ops as ds_ops
-
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-
-    compat = vars(ds_ops).get("__compatible_ops__")
-    if compat is None:
-        ds_ops.__compatible_ops__ = {"deepspeed_shm_comm": False}  # also skips probing every other op
-    else:
-        compat["deepspeed_shm_comm"] = False
-    from deepspeed import comm as ds_comm
-
-    ds_comm.init_distributed(dist_backend=backend, dist_init_required=False, verbose=False)
 
 
 class StagedModule(PipelineModule):

@@ -24,6 +24,7 @@ class Setup:
     data_dir: Path  # prepared by rank 0 (`asyncpipe.data.ensure_prepared`); the others waited for it
     vocab_size: int
     log: Log  # rank 0's log; a no-op elsewhere
+    train_tokens: int = 0  # tokens of the prepared train split (one epoch)
 
 
 @dataclass
