@@ -21,8 +21,8 @@ from asyncpipe.errors import UserError
 def schedule(
     stages: int = typer.Option(4, "--stages", "-p", help="Pipeline stages P."),
     micro_batches: int = typer.Option(8, "--micro-batches", "-m", help="Micro-batches per batch m."),
-    schedule: str = typer.Option("2bw", "--schedule", help="A declared schedule with a stream (1f1b, 2bw, paci, "
-                                 "or one registered from outside: asyncpipe.schedules), gpipe, or a synchronous "
+    schedule: str = typer.Option("2bw", "--schedule", help="A declared schedule with a stream (asyncpipe.schedules: "
+                                 "the built-ins or one registered from outside), gpipe, or a synchronous "
                                  "low-bubble schedule drawn next to 1F1B and 2BW: zb-h1, interleaved-1f1b (2 "
                                  "chunks per rank), dualpipev (DeepSpeed's)."),  # fmt: skip
     batches: int = typer.Option(3, "--batches", help="Batches (optimizer steps) to draw."),

@@ -20,7 +20,14 @@ from typing import Sequence
 from asyncpipe.errors import UserError
 
 GRID = [(P, k * P) for P in (2, 4, 8) for k in (1, 2, 4)]  # P = 2, 4, 8 and m = P, 2P, 4P
-SYNC_SCHEDULES = ("1f1b", "dualpipev")  # the synchronous variants of a file without ``synchronous`` flags
+
+
+def sync_schedules() -> list[str]:
+    """The synchronous variants of a bench file without ``synchronous`` flags: the declared schedules that flush
+    every batch (`asyncpipe.schedules`, torch-free)."""
+    from asyncpipe import schedules
+
+    return [s.name for s in schedules.schedules() if s.flush]
 
 
 def ideal_ratio(stages: int, micro_batches: int) -> float:
@@ -62,7 +69,7 @@ def load_bench(paths: Sequence[Path]) -> list[dict]:
         measured = {k: v for k, v in variants.items() if isinstance(v, dict) and "ratio_to_1f1b" in v}
         flagged = any("synchronous" in v for v in measured.values())
         sync = [k for k, v in measured.items() if "+" not in k  # eager rows: the 2BW ratios read are eager too
-                and (v.get("synchronous") is True if flagged else k in SYNC_SCHEDULES)]  # fmt: skip
+                and (v.get("synchronous") is True if flagged else k in sync_schedules())]  # fmt: skip
         out.append({"path": str(path), "P": data["stages"], "m": data["micro_batches"], "sync": sync, "record": data,
                     "labels": {k: str(v.get("schedule", k)) for k, v in measured.items()},
                     "ratios": {k: float(v["ratio_to_1f1b"]) for k, v in measured.items()}})
@@ -78,7 +85,7 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         b = min(same_p, key=lambda b: (abs(b["m"] - micro_batches), -b["m"]))
         name = f"{schedule}_ef" if ef and f"{schedule}_ef" in b["ratios"] else schedule
         ratio = b["ratios"][name]
-        syncs = {k: b["ratios"][k] for k in b.get("sync", SYNC_SCHEDULES) if k in b["ratios"]}
+        syncs = {k: b["ratios"][k] for k in b.get("sync", sync_schedules()) if k in b["ratios"]}
         best = max(syncs, key=syncs.get) if syncs else "1f1b"
         at = "" if b["m"] == micro_batches else f" at m={b['m']}"
         where = f"measured{at}, {name} ({Path(b['path']).name})"
