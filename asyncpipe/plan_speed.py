@@ -73,7 +73,7 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
             model = cost_model(cfg, profile)
             p, t = cfg.pipeline, cfg.train
             pred = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel,
-                           ef=bool(cfg.optimizer.ef.enabled), clip=p.clip if t.grad_clip > 0 else "stage")  # fmt: skip
+                           ef=cfg.compensation.name == "ef", clip=p.clip if t.grad_clip > 0 else "stage")  # fmt: skip
         except (ConfigError, UserError) as err:
             out.append(Speed(spec.name, reason=str(err).split("\n")[0]))
             continue
