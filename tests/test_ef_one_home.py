@@ -52,3 +52,29 @@ def test_the_ef_switch_is_read_only_where_it_is_resolved() -> None:
                if re.search(r"(optimizer|o|cfg)\.ef\.(enabled|lam)|optimizer\.ef\.", code)}
     assert readers <= SWITCH_READERS, readers - SWITCH_READERS
     assert "config/alias.py" in readers
+
+
+def test_runs_recorded_with_the_switch_still_resume() -> None:
+    """A run started before the switch became an alias recorded optimizer.ef.enabled=true and compensation=none in
+    config.yaml and {"ef": true} (no "compensation") in its checkpoints' fingerprint; resuming it under the alias
+    changes no setting and matches the fingerprint. EF's checkpoint layout is unchanged (test_optim_ef)."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    from asyncpipe.config import compose
+    from asyncpipe.runtime.checkpoint import fingerprint_of
+    from asyncpipe.session.rundir import changed_settings
+
+    cfg = compose(["optimizer=adamw_ef", "delay=1", "optimizer.ef.lam=0.5", "run.dir=runs/x"])
+    assert cfg.compensation.name == "ef" and cfg.compensation.ef.lam == 0.5
+    old = OmegaConf.to_container(cfg, resolve=True)
+    old["optimizer"]["ef"] = {"enabled": True, "lam": 0.5}
+    old["compensation"]["name"] = "none"
+    old["compensation"]["ef"] = {"lam": 1.0, "schedule": "constant", "warmup_steps": 0}
+    assert changed_settings(copy.deepcopy(old), cfg) == []
+    other = copy.deepcopy(old)
+    other["optimizer"]["ef"]["lam"] = 0.7  # a different lambda is a change
+    assert [k for k, _, _ in changed_settings(other, cfg)] == ["compensation.ef.lam"]
+    fp = fingerprint_of(cfg)
+    assert fp["ef"] is True and "compensation" not in fp  # what the *_ef presets' checkpoints always carried
