@@ -90,7 +90,8 @@ def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
         mine = pt.layers_of(cfg, s) if torch_schedule else mine
         layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=mine)
         module = torch.nn.Sequential(*[layer for layer in layers if layer is not None])
-        opt = build_optimizer(module, cfg.optimizer)
+        ef = cfg.compensation if cfg.compensation.name == "ef" else None  # EF's buffer counted apart; no other method
+        opt = build_optimizer(module, cfg.optimizer, compensation=ef)
         for _ in range(2):
             for p in module.parameters():
                 p.grad = torch.full_like(p, 1e-3)
