@@ -152,7 +152,7 @@ def test_sweep_file_variants_and_per_settings(tmp_path: Path):
     ef = by_name["optimizer=muon,seed=0,variant=1-step+EF"]
     assert ef.variant == "1-step+EF"
     cfg = compose(list(ef.overrides))
-    assert (cfg.optimizer.name, cfg.delay, cfg.optimizer.ef.enabled, cfg.run.variant) == ("muon", 1, True, "1-step+EF")
+    assert (cfg.optimizer.name, cfg.delay, cfg.compensation.name, cfg.run.variant) == ("muon", 1, "ef", "1-step+EF")
     assert cfg.optimizer.lr == 0.01 and compose(list(by_name["optimizer=adamw,seed=0,variant=sync"].overrides)).optimizer.lr == 3e-3
     # Command-line values replace the file's: three seeds, each crossed with every variant.
     three = plan_sweep(["seed=0,1,2"], file=smoke)
