@@ -227,3 +227,20 @@ def test_best_of_mistakes_are_one_line(tmp_path, capsys, args, said):
         cli_main(["report", str(root), *args, "--out", str(tmp_path / "o"), "--no-plots"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
+def test_budget_rungs_are_timed_not_shown_as_loss_columns(tmp_path):
+    """A budget family (1-step at 1x and 2x): the loss table keeps sync and the 1x rung only (at the matched token
+    count a longer rung's loss says nothing of its budget); the 2x rung is in the family's time to target."""
+    root = sweep(tmp_path / "s", "s", ["sync", "1-step", "1-step(x2)"])
+    for seed in range(2):
+        L = 3.0 + 0.01 * seed
+        write(root, "sync", "adamw", seed, line(L))
+        write(root, "1-step", "adamw", seed, line(L + 0.2))
+        write(root, "1-step(x2)", "adamw", seed, line(L - 0.1, 10000), steps=200)
+    report = build_report(root, out_dir=tmp_path / "o", plots=False)
+    (group,) = report.groups
+    assert list(group.table.columns) == ["sync", "1-step", "gap 1-step"]
+    (lad,) = report.ladders
+    assert lad.columns == ["1-step", "1-step(x2)"] and lad.reached == 2
+    assert "1-step(x2)" in (tmp_path / "o" / "report.md").read_text()  # named in Time to target

@@ -156,6 +156,9 @@ def test_optimizers_compared_at_untuned_lrs_are_warned():
     assert len(warned) == 1 and warned[0].startswith("muon on tiny ran at lr 0.001")
     assert untuned_lr_warnings(runs.assign(lr=[tuned["adamw"]] * 2 + [tuned["muon"]] * 2)) == []
     assert untuned_lr_warnings(runs[runs["optimizer"] == "muon"]) == []  # one optimizer: an lr grid, no comparison
+    delayed = runs.assign(delay=[0, 1, 0, 1], lr=[tuned["adamw"], 1e-3, tuned["muon"], 1e-3])
+    assert untuned_lr_warnings(delayed) == []  # a delayed variant at its own lr (v5 tunes each variant): not judged
+    assert len(untuned_lr_warnings(delayed.assign(delay=0))) == 2
 
 
 def test_a_one_seed_sweep_still_says_its_point_values(tmp_path):

@@ -140,12 +140,14 @@ def parse_target(text: str | None) -> float | str | None:
 
 
 def untuned_lr_warnings(runs: pd.DataFrame) -> list[str]:
-    """One warning per (model, optimizer, lr) compared at an lr that is not the tuned one (conf/tuned_lr.yaml): a gap
-    between optimizers at untuned lrs may be the lrs', not the optimizers'."""
+    """One warning per (model, optimizer, lr) whose synchronous runs are compared at an lr that is not the tuned one
+    (conf/tuned_lr.yaml, sync lr grid winners): a gap between optimizers at untuned lrs may be the lrs', not the
+    optimizers'. Delayed runs are not judged by it: a study may tune each variant's lr (`--best-of`)."""
     out: list[str] = []
     if runs["optimizer"].nunique() < 2:  # an lr grid of one optimizer is not a comparison of optimizers
         return out
-    for _, row in runs.dropna(subset=["lr"]).iterrows():
+    sync = runs[runs["delay"] == 0] if "delay" in runs else runs
+    for _, row in sync.dropna(subset=["lr"]).iterrows():
         model, opt, lr = str(row["model"]), str(row["optimizer"]), float(row["lr"])
         regime = run_regime(row["config"]) if isinstance(row.get("config"), dict) else {}
         found = tuned_regime(model, opt, **regime)

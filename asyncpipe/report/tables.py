@@ -199,8 +199,12 @@ def fmt_cell(row: dict | None) -> str:
 def display_table(rows: list[dict], order: list[str], reference: str, settings: bool,
                   claims: list[Claim] | None = None, budgets: set | None = None) -> pd.DataFrame:  # fmt: skip
     """Rows = optimizers; columns = [settings], each variant present, each non-reference variant's gap with its
-    95% interval, and % of a plain delayed column's gap each mitigation closes (ratio of means, Fieller interval)."""
-    variants = [v for v in order if any(r["variant"] == v for r in rows)]
+    95% interval, and % of a plain delayed column's gap each mitigation closes (ratio of means, Fieller interval).
+    A column trained for another train.steps in every row (a budget rung) is left out: at the matched token count
+    its loss says nothing of its own budget (a cooldown branch there is still its trunk); Time to target has it."""
+    other = budgets or set()
+    variants = [v for v in order if any(r["variant"] == v for r in rows)
+                and not all((r["optimizer"], v) in other for r in rows if r["variant"] == v)]  # fmt: skip
     found = {(c.optimizer, c.kind, c.variant): c for c in claims or []}
     closers = [v for v in variants if any(k == (o, "closed", v) for o in (r["optimizer"] for r in rows) for k in found)]
     table_rows = {}
@@ -210,7 +214,7 @@ def display_table(rows: list[dict], order: list[str], reference: str, settings: 
         row.update({v: fmt_cell(by_variant.get(v)) for v in variants})
         for v in variants:
             if v != reference:
-                row[f"gap {v}"] = ("another train.steps: see Time to target" if (optimizer, v) in (budgets or ()) else
+                row[f"gap {v}"] = ("another train.steps: see Time to target" if (optimizer, v) in other else
                                    fmt_gap(by_variant.get(v), found.get((optimizer, "gap", v))))  # fmt: skip
         for v in closers:
             claim = found.get((optimizer, "closed", v))
