@@ -152,10 +152,12 @@ def report(
                                                "2BW's measured throughput ratio for the net speed-up (else the ideal)."),
     other_length: bool = typer.Option(False, "--other-length", help="Accept a --baseline that trains another "
                                       "train.steps than every compared run (refused otherwise)."),
+    wallclock_at: Optional[str] = typer.Option(None, "--wallclock-at", help="P,m: draw the wall-clock figure with "
+                                               "every schedule's throughput at that depth (else each run's own)."),
 ) -> None:
     """Takeaways, loss-gap tables with 95% intervals (sync / 1-step / 1-step+EF per optimizer, or a sweep file's
     variants), time to sync's loss and net wall-clock speed-up, plots."""
-    from asyncpipe.report.build import parse_target
+    from asyncpipe.report.build import parse_depth, parse_target
     from asyncpipe.report.command import report_command
 
     if out is not None:
@@ -164,7 +166,7 @@ def report(
                    say=typer.echo, baseline=baseline, reference=reference, plots=plots, merge=merge,
                    target=parse_target(target), bench=bench or [], best_of=best_of,
                    select_seeds=select_seeds.split(",") if select_seeds else None,
-                   other_length=other_length)  # fmt: skip
+                   other_length=other_length, wallclock_at=parse_depth(wallclock_at))  # fmt: skip
 
 
 @app.command()

@@ -244,3 +244,24 @@ def test_budget_rungs_are_timed_not_shown_as_loss_columns(tmp_path):
     (lad,) = report.ladders
     assert lad.columns == ["1-step", "1-step(x2)"] and lad.reached == 2
     assert "1-step(x2)" in (tmp_path / "o" / "report.md").read_text()  # named in Time to target
+
+
+def test_wallclock_at_draws_every_column_at_one_depth(tmp_path, monkeypatch):
+    """`--wallclock-at 4,8`: the wall-clock figure times every column at P=4, m=8 (no bench file: the ideal 11/8)
+    while the takeaway keeps the run's own P=2, m=4; P,m given wrong is one line."""
+    root = sweep(tmp_path / "s", "s", ["sync", "1-step", "1-step(x2)"])
+    for seed in range(2):
+        write(root, "sync", "adamw", seed, line(3.0 + 0.01 * seed))
+        write(root, "1-step", "adamw", seed, line(3.2))
+        write(root, "1-step(x2)", "adamw", seed, line(2.9, 10000), steps=200)
+    drawn = []
+    monkeypatch.setattr("asyncpipe.report.wallclock.save_figure", lambda fig, path: drawn.append(fig) or [])
+    report = build_report(root, out_dir=tmp_path / "o", wallclock_at=(4, 8))
+    legend = [t.get_text() for ax in drawn[0].axes for t in ax.get_legend().get_texts()]
+    assert any("÷1.375, ideal (m+P-1)/m at P=4, m=8" in t for t in legend), legend
+    assert "P=4, m=8" in drawn[0]._suptitle.get_text() and "--wallclock-at 4,8" in report.command
+    assert any("at P=2, m=4" in t for t in report.takeaways)
+    plt.close("all")
+    res = CliRunner().invoke(app, ["report", str(root), "--wallclock-at", "8,4", "--out", str(tmp_path / "x")])
+    assert res.exit_code != 0 and "--wallclock-at 8,4: give P,m" in str(res.exception)  # one line from cli.main
+    assert not (tmp_path / "x" / "report.md").exists()

@@ -56,6 +56,7 @@ class Report:
     wandb_message: str = ""  # what log_report_to_wandb did, for the console
     target: float | str | None = None  # what closures were judged against: a fraction, "paper", or None
     tuning: Tuning | None = None  # --best-of: what each column's value was chosen on, and which
+    wallclock_at: tuple[int, int] | None = None  # --wallclock-at P,m: the wall-clock figure's depth (else each run's)
 
     @property
     def group_keys(self) -> list[str]:
@@ -67,6 +68,7 @@ def assemble(
     named: list[str] | None = None, reference: str | None = None, command: str = "", sweeps: list[dict] | None = None,
     plots: bool = True, target: float | str | None = None, bench: list[dict] | None = None,
     best_of: str | None = None, select_seeds: Sequence[str] | None = None,
+    wallclock_at: tuple[int, int] | None = None,
 ) -> Report:
     """Tables from the frames, then (when out_dir is given) every report file (the plots only with `plots`).
     `target`: the fraction of a gap a mitigation should close, or "paper" (each optimizer's closure in the paper's
@@ -95,6 +97,7 @@ def assemble(
     report.claims = [c for g in groups for c in g.claims]
     report.target = target
     report.bench = bench or []
+    report.wallclock_at = wallclock_at
     # Only what answers "how much longer": several budgets, or a target reached (not a bare "≥ 1.00x").
     report.ladders = [lad for lad in ladders(runs, curves, grouping, groups) if len(lad.columns) > 1 or lad.reached]
     report.takeaways = takeaways(report.claims, report.ladders, report.bench, len(groups) > 1)
@@ -137,6 +140,16 @@ def parse_target(text: str | None) -> float | str | None:
         raise UserError(f"--target {text}: give a percentage in (0, 100] (e.g. 85) or 'paper' (each optimizer's "
                         "closure in the paper's table)")  # fmt: skip
     return value / 100
+
+
+def parse_depth(text: str | None) -> tuple[int, int] | None:
+    """`--wallclock-at 4,8` as (P, m); anything but two positive integers with m >= P is one line."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts) or int(parts[1]) < int(parts[0]):
+        raise UserError(f"--wallclock-at {text}: give P,m (pipeline stages and micro-batches, m >= P), e.g. 4,8")
+    return int(parts[0]), int(parts[1])
 
 
 def untuned_lr_warnings(runs: pd.DataFrame) -> list[str]:
@@ -193,7 +206,7 @@ def build_report(
     sweep_dir: Path | Sequence[Path], out_dir: Path | None = None, baseline: Path | None = None,
     reference: str | None = None, plots: bool = True, merge: bool = False, target: float | str | None = None,
     bench: Sequence[Path] = (), best_of: str | None = None, select_seeds: Sequence[str] | None = None,
-    other_length: bool = False,
+    other_length: bool = False, wallclock_at: tuple[int, int] | None = None,
 ) -> Report:
     """The report of every run under `sweep_dir` (default out_dir: sweep_dir/report).
 
@@ -205,7 +218,8 @@ def build_report(
     name and every compared setting form one cell (seeds pooled; asyncpipe.report.merge). `target`: the fraction
     of a gap a mitigation should close, or "paper" (the paper's own closure per optimizer); `bench`: `bench
     pipeline` result files for the throughput ratios; `best_of`: a swept key (optimizer.lr) each column is reported
-    at its own best value of, chosen on `select_seeds` (default: the lower half) and measured on the rest."""
+    at its own best value of, chosen on `select_seeds` (default: the lower half) and measured on the rest;
+    `wallclock_at` (P, m): the wall-clock figure's throughputs at that depth instead of each run's own."""
     dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
     if select_seeds and not best_of:
         raise UserError("--select-seeds chooses the seeds --best-of selects on; give --best-of KEY with it")
@@ -223,9 +237,10 @@ def build_report(
     command += "".join(f" --bench {b}" for b in bench)
     command += f" --best-of {best_of}" if best_of else ""
     command += f" --select-seeds {','.join(map(str, select_seeds))}" if best_of and select_seeds else ""
+    command += f" --wallclock-at {wallclock_at[0]},{wallclock_at[1]}" if wallclock_at else ""
     manifests = [m for m in map(read_manifest, sources) if m]
     extra = {"plots": plots, "target": target, "bench": load_bench(list(bench)), "best_of": best_of,
-             "select_seeds": select_seeds}
+             "select_seeds": select_seeds, "wallclock_at": wallclock_at}
     if len(sources) == 1 or merge:
         if merge:
             runs, curves, named = load_merged(sources, exclude=out_dir)
@@ -277,7 +292,7 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
                 files[path.name] = path
         if report.ladders:
             for path in plot_wallclock(report.runs, report.curves, report.groups, report.ladders, report.bench,
-                                       out_dir / "wallclock.png"):  # fmt: skip
+                                       out_dir / "wallclock.png", at=report.wallclock_at):  # fmt: skip
                 files[path.name] = path
     report.files = files
     atomic_write_text(files["report.md"], to_markdown(report))

@@ -14,12 +14,15 @@ import pandas as pd
 from asyncpipe.report.load import COMPLETED
 from asyncpipe.report.plots import COLOURS, DPI, LEGEND_SIZE, MARKERS, TOKENS, save_figure, seed_matrix
 from asyncpipe.report.target import Ladder
+from asyncpipe.report.throughput import throughput
 
 VIEW_FRAC = 0.4  # the x-axis starts at 40% of the longest run: the approach to the target is what matters
 
 
 def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladders: list[Ladder], bench: list[dict],
-                   path: Path) -> list[Path]:  # fmt: skip
+                   path: Path, at: tuple[int, int] | None = None) -> list[Path]:  # fmt: skip
+    """``at`` (P, m): every column's throughput at that depth and micro-batch count (the verdict's figure), else each
+    ladder's own (the number its takeaway uses)."""
     panels = list(dict.fromkeys((lad.table, lad.optimizer) for lad in ladders))
     fig, axes = plt.subplots(1, len(panels), figsize=(max(12, 6 * len(panels)), 7), dpi=DPI, squeeze=False,
                              layout="constrained")  # fmt: skip
@@ -29,8 +32,9 @@ def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladde
         own = [lad for lad in ladders if (lad.table, lad.optimizer) == (table, optimizer)]
         lines = [(group.reference, 1.0, "sync (1F1B)")]
         for lad in own:
-            thr = lad.throughput(bench)  # the takeaway's and the tables' number for this ladder
-            note = f"÷{thr.vs_1f1b:.3f}, {thr.kind} at P={lad.stages}, m={lad.micro_batches}"
+            thr = lad.throughput(bench) if at is None else throughput(*at, bench, lad.ef, lad.schedule)
+            P, m = at or (lad.stages, lad.micro_batches)
+            note = f"÷{thr.vs_1f1b:.3f}, {thr.kind} at P={P}, m={m}"
             lines += [(col, thr.vs_1f1b, f"{col} ({note})") for col in lad.columns]
         ys, xmax = [], 0.0
         for j, (column, ratio, label) in enumerate(lines):
@@ -61,6 +65,7 @@ def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladde
         ax.set_title(f"{optimizer} | {table}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=LEGEND_SIZE - 1, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
-    fig.suptitle("Val loss vs modelled wall-clock: a curve that crosses the dashed line further left reaches sync's "
-                 "final loss sooner", fontsize=10)  # fmt: skip
+    where = f" (every schedule at P={at[0]}, m={at[1]})" if at else ""
+    fig.suptitle("Val loss vs modelled wall-clock" + where + ": a curve that crosses the dashed line further left "
+                 "reaches sync's final loss sooner", fontsize=10)  # fmt: skip
     return save_figure(fig, path)
