@@ -265,3 +265,19 @@ def test_wallclock_at_draws_every_column_at_one_depth(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["report", str(root), "--wallclock-at", "8,4", "--out", str(tmp_path / "x")])
     assert res.exit_code != 0 and "--wallclock-at 8,4: give P,m" in str(res.exception)  # one line from cli.main
     assert not (tmp_path / "x" / "report.md").exists()
+
+
+def test_a_token_ratio_reaching_below_zero_leaves_the_speed_up_unbounded_not_negative():
+    """Two seeds' Fieller interval of a token ratio can reach below 0 (v5's AdamW 2BW+EF at 2 seeds: 1.43x
+    [-0.14, 3.0]): no run needs fewer than 0 tokens, so the net speed-up is unbounded above, not '[0.40, -8.34]',
+    and the takeaway says 'not resolved', never 'later'."""
+    from asyncpipe.report.stats import Interval
+    from asyncpipe.report.target import Ladder, net_speedup, phrase
+
+    iv = Interval(1.43, -0.14, 2.98, 2, "fieller")
+    assert net_speedup(iv, None, 1.19) == "0.83x [0.40, ∞)"
+    lad = Ladder("t", "adamw", ["1-step+EF", "1-step+EF(x2)"], [1.0, 2.0], True, 2, 4, ratio=iv,
+                 per_seed={3: (1.0, True, 1.0), 4: (1.0, True, 1.0)})  # fmt: skip
+    said = phrase(lad, [])
+    assert "is not resolved" in said and "later" not in said
+    assert net_speedup(Interval(2.0, 1.5, 2.5, 3, "fieller"), None, 1.25) == "0.62x [0.50, 0.83]"

@@ -54,6 +54,14 @@ def seed_tokens(target: float, budgets: Sequence[tuple[float, float]],
     return float(budgets[-1][0]), False
 
 
+def speedup_bounds(ratio: Interval, thr: float) -> tuple[float, float]:
+    """The net speed-up's interval, throughput / the token ratio's: a token ratio's lower bound at or below 0 (a
+    Fieller interval of two seeds can reach there; no run needs fewer than 0 tokens) leaves it unbounded above."""
+    lo = thr / ratio.hi if math.isfinite(ratio.hi) and ratio.hi > 0 else 0.0
+    hi = thr / ratio.lo if ratio.lo > 0 else math.inf
+    return lo, hi
+
+
 def net_speedup(ratio: Interval | None, bound: float | None, thr: float) -> str:
     """Throughput ratio / token ratio, with the token ratio's interval (or `≤` when the tokens are a lower bound)."""
     if bound is not None:
@@ -62,7 +70,8 @@ def net_speedup(ratio: Interval | None, bound: float | None, thr: float) -> str:
         return "—"
     if not ratio.known:
         return f"{thr / ratio.value:.2f}x (n={ratio.n})"
-    return f"{thr / ratio.value:.2f}x [{thr / ratio.hi:.2f}, {thr / ratio.lo:.2f}]"
+    lo, hi = speedup_bounds(ratio, thr)
+    return f"{thr / ratio.value:.2f}x [{lo:.2f}, " + ("∞)" if math.isinf(hi) else f"{hi:.2f}]")
 
 
 @dataclass
@@ -212,7 +221,7 @@ def phrase(lad: Ladder, bench: list[dict]) -> str:
     if iv is None or not iv.known:
         return ""
     net = lad.net(thr)
-    lo, hi = thr.vs_1f1b / iv.hi, thr.vs_1f1b / iv.lo
+    lo, hi = speedup_bounds(iv, thr.vs_1f1b)
     if lo > 1:
         return f"{where} {lad.name} reaches sync's loss {net} sooner in wall-clock" + _versus_strongest(thr, lad)
     if hi < 1:
