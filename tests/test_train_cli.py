@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 
 def asyncpipe(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -46,8 +47,9 @@ def test_muon_ef_delay1_records_ef_in_config(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = asyncpipe("train", "optimizer=muon_ef", "delay=1", "train.steps=20", f"run.dir={run}")
     assert proc.returncode == 0, proc.stderr
-    text = (run / "config.yaml").read_text()
-    assert "ef:\n    enabled: true\n    lam: 1.0" in text and "delay: 1" in text
+    recorded = yaml.safe_load((run / "config.yaml").read_text())  # the *_ef switch resolved at composition
+    assert recorded["compensation"]["name"] == "ef" and recorded["compensation"]["ef"]["lam"] == 1.0
+    assert recorded["optimizer"]["ef"]["enabled"] is False and recorded["delay"] == 1
     last = read_metrics(run)[-1]
     assert last["update_norm"] > 0 and last["correction_norm"] > 0
 
