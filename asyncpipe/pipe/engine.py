@@ -33,6 +33,7 @@ from asyncpipe.pipe.clock import StageClock
 from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.pipe.p2p import BatchedP2P
 from asyncpipe.pipe.stage import PipeSettings
+from asyncpipe.pipe.standin import StandInPad
 from asyncpipe.pipe.stash import WeightStash
 from asyncpipe.schedules import get as get_schedule
 
@@ -89,10 +90,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         self._cmds: Optional[Iterator[sched.Instruction]] = None
         self._fwd_version: dict[int, int] = {}  # buffer -> the version its micro-batch's forward read
         self.recomputed = 0  # backwards recomputed on a newer version than their forward's (PACI's straddlers)
-        # Stand-in compute, per pass (forward, backward): seconds of the real ops, seconds configured to pad to.
-        self.standin_real: dict[str, float] = {}
-        self.standin_target: dict[str, float] = {}
-        self._standin_extra = 0.0  # a recomputed forward's stand-in seconds, added to its backward's
+        self.standin = StandInPad(self.settings.standin, self.spec.chunks)  # stand-in compute (pipeline.standin)
         self._open_stream(0)
         self.fwd_outputs: list = []
         self._batches_run = 0
@@ -126,9 +124,9 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         self._batches_run += 1
         started = time.perf_counter()
         # Stand-in on host timing (settled per instruction, so no device sync): per-batch figures.
-        per_batch = self.timer.mode == "host" and any(self.settings.standin)
+        per_batch = self.timer.mode == "host" and self.standin.on
         before = (dict(self.timer.by_op), dict(self.timer.count_by_op), dict(self.timer.by_wait),
-                  dict(self.standin_target)) if per_batch else None  # fmt: skip
+                  dict(self.standin.target)) if per_batch else None  # fmt: skip
         self.module.train()
         self._compute_loss = True
         self.total_loss = None
@@ -159,7 +157,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             self.batch_ops.append({"wall_s": self._batch_walls[b], "seconds_by_op": diff(self.timer.by_op, before[0]),
                                    "count_by_op": diff(self.timer.count_by_op, before[1]),
                                    "seconds_blocked_in": diff(self.timer.by_wait, before[2]),
-                                   "standin_target_s": diff(self.standin_target, before[3])})  # fmt: skip
+                                   "standin_target_s": diff(self.standin.target, before[3])})  # fmt: skip
 
     def apply_pending(self) -> None:
         """At a cut: apply the deferred optimizer steps of the batches run so far (in order), as ``sync`` does."""
@@ -205,31 +203,17 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             if isinstance(cmd, _FORWARD):
                 with self.activations.forward((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"])):
                     fn(self, **cmd.kwargs)
-                self._stand_in(0, "forward", start)
+                self.standin.pad(0, "forward", start)
             else:
                 fn(self, **cmd.kwargs)
                 if isinstance(cmd, _BACKWARD):
                     self.activations.backward_done((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"]))
-                    self._stand_in(1, "backward", start)
+                    self.standin.pad(1, "backward", start)
         if self.settings.trace and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()
         if self.settings.trace:
             self.trace.append((type(cmd).__name__, cmd.kwargs.get("micro_batch"), start, end))
-
-    def _stand_in(self, which: int, kind: str, began: float) -> None:
-        """Stand-in compute (`PipeSettings.standin`): pad a forward (0) or backward (1) instruction that began at
-        ``began`` to the configured share of the stage's time per micro-batch (a backward that recomputed its
-        forward: plus the forward's), so the instruction lasts that long unless its real op took longer."""
-        target = self.settings.standin[which] / self.spec.chunks + self._standin_extra
-        self._standin_extra = 0.0
-        if target <= 0:
-            return
-        real = time.perf_counter() - began
-        self.standin_real[kind] = self.standin_real.get(kind, 0.0) + real
-        if real < target:
-            time.sleep(target - real)
-        self.standin_target[kind] = self.standin_target.get(kind, 0.0) + target
 
     def _weight_tensors(self) -> list[torch.Tensor]:
         """Every weight and buffer tensor a forward may read (both stashed versions): not activations."""
@@ -287,7 +271,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         x = tuple(t.clone() for t in inputs) if isinstance(inputs, tuple) else inputs.clone()
         self.pipe_buffers["outputs"][buffer_id] = None  # the stale graph goes first
         self.pipe_buffers["outputs"][buffer_id] = DeepSpeedEngine.forward(self, x)
-        self._standin_extra += self.settings.standin[0] / self.spec.chunks  # a recomputed forward costs a forward
+        self.standin.recomputed_forward()
         self.recomputed += 1
 
     # -- the end of a batch: shared by every schedule ----------------------------------------------------
@@ -397,8 +381,8 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             "seconds_by_op": dict(self.timer.by_op), "seconds_blocked_in": dict(self.timer.by_wait),
             "count_by_op": dict(self.timer.count_by_op),
             # Stand-in compute: the configured seconds per micro-batch and what the waits took (pipeline.standin).
-            "standin_s": list(self.settings.standin), "standin_real_s": dict(self.standin_real),
-            "standin_target_s": dict(self.standin_target),
+            "standin_s": list(self.settings.standin), "standin_real_s": dict(self.standin.real),
+            "standin_target_s": dict(self.standin.target),
             # Seconds inside train_batch() calls in all (instructions plus the engine's own work between them).
             "batch_wall_s": self.batch_wall_s, "eval_seconds_by_op": dict(self.eval_seconds_by_op),
             "per_batch": list(self.batch_ops),
