@@ -183,11 +183,15 @@ def of_config(cfg: Any) -> tuple[OptimizerSpec, MethodSpec]:
 
 
 def revisions(cfg: Any) -> dict[str, dict[str, Any]]:
-    """What a run records of its code's rules (provenance.json "revisions"): the optimizer's and the effective
-    compensation method's name and declared revision."""
+    """What a run records of its code's rules (provenance.json "revisions"): the optimizer's, the effective
+    compensation method's and the pipeline schedule's name and declared revision."""
+    from asyncpipe.schedules import resolve
+
     opt, method = of_config(cfg)
+    schedule = resolve(cfg)
     return {"optimizer": {"name": opt.name, "revision": opt.revision},
-            "compensation": {"name": method.name, "revision": method.revision}}
+            "compensation": {"name": method.name, "revision": method.revision},
+            "schedule": {"name": schedule.name, "revision": schedule.revision}}
 
 
 def describe(cfg: Any) -> str:

@@ -31,7 +31,7 @@ STANDIN = RESULTS / "cost-standin.json"
 STANDIN_START, STANDIN_END = "<!-- cost-standin-table:start -->", "<!-- cost-standin-table:end -->"
 DOC = REPO / "docs" / "performance.md"
 START, END = "<!-- cost-table:start -->", "<!-- cost-table:end -->"
-VARIANTS = ["1f1b", "dualpipev", "2bw", "2bw_ef", "paci"]
+VARIANTS = ["1f1b", "dualpipev", "2bw", "2bw_ef", "paci", "paci-recompute"]
 MS = [2, 4, 8]
 CALIBRATION_M = 4
 

@@ -1,6 +1,6 @@
 """The stand-in table of docs/performance.md in one command: the real pipeline engine with stand-in compute
 (`asyncpipe.bench.standin`: every forward / backward padded to F / B seconds per stage and micro-batch) for
-1F1B, 2BW, DualPipeV and PACI at P = 2, 4, 8 and m = P, 2P, 4P, one launch per P; each schedule's measured step
+1F1B, 2BW, DualPipeV and PACI (both recipes) at P = 2, 4, 8 and m = P, 2P, 4P, one launch per P; each schedule's measured step
 against its own ideal, and what the engine adds per instruction.
 
     OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/standin_table.py               # measure, print
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 JSON = REPO / "benchmarks" / "results" / "standin.json"
 DOC = REPO / "docs" / "performance.md"
-SCHEDULES = ["1f1b", "2bw", "dualpipev", "paci"]
+SCHEDULES = ["1f1b", "2bw", "dualpipev", "paci", "paci-recompute"]
 
 
 def _sh(*cmd: str) -> str:
@@ -99,18 +99,22 @@ def render(res: dict) -> str:
         )
     rows = []
     by = {(r["schedule"], r["stages"], r["micro_batches"]): r for r in recs}
+    ver = lambda r: "/".join(f"{v:.0f}" for v in r["weight_versions_peak"]) if r else "-"  # noqa: E731
+    per_2bw = lambda r, two: f"{r['tokens_per_s'] / two['tokens_per_s']:.3f}" if r else "-"  # noqa: E731
     for P in sorted({r["stages"] for r in recs}):
-        two, paci, one = by.get(("2bw", P, P)), by.get(("paci", P, P)), by.get(("1f1b", P, P))
-        if two is None or paci is None or one is None:
+        two, one = by.get(("2bw", P, P)), by.get(("1f1b", P, P))
+        paci, rec = by.get(("paci", P, P)), by.get(("paci-recompute", P, P))
+        if two is None or one is None or (paci is None and rec is None):
             continue
-        ver = lambda r: "/".join(f"{v:.0f}" for v in r["weight_versions_peak"])  # noqa: E731
-        rows.append(f"| {P} | {two['tokens_per_s']:.0f} | {paci['tokens_per_s']:.0f} | "
-                    f"{paci['tokens_per_s'] / two['tokens_per_s']:.3f} | {ver(two)} | {ver(paci)} | {ver(one)} |")
+        tokens = f"{paci['tokens_per_s']:.0f}" if paci else "-"
+        rows.append(f"| {P} | {two['tokens_per_s']:.0f} | {tokens} | "
+                    f"{per_2bw(paci, two)} | {per_2bw(rec, two)} | {ver(two)} | {ver(paci or rec)} | {ver(one)} |")
     if rows:
         lines += ["", "PACI against 2BW at m = P (stand-in, same run): tokens/s, and weight versions held per stage "
-                  "(peak weight bytes over one copy).", "",
-                  "| P | 2BW tokens/s | PACI tokens/s | PACI / 2BW | 2BW versions | PACI versions | 1F1B versions |",
-                  "|---|---|---|---|---|---|---|", *rows]  # fmt: skip
+                  "(peak weight bytes over one copy). paci: a straddler back-propagates through its own graph on the "
+                  "stepped weights; paci-recompute: it re-runs its forward first.", "",
+                  "| P | 2BW tokens/s | PACI tokens/s | PACI / 2BW | paci-recompute / 2BW | 2BW versions | PACI versions "
+                  "| 1F1B versions |", "|---|---|---|---|---|---|---|---|", *rows]  # fmt: skip
     if res["skipped"]:
         lines += ["", "Not run: " + "; ".join(f"{k} ({v.split(': ', 1)[-1]})" for k, v in sorted(res["skipped"].items()))]
     return "\n".join(lines)

@@ -26,13 +26,15 @@ def test_step_times_derived_by_hand() -> None:
     """P = 2, one block per stage, F = 1, B = 2, step U = 0.25.
     1F1B, m = 2: stage 0 F0 [0,1] F1 [1,2]; stage 1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7]; stage 0 B0 [4,6] B1 [7,9];
     both step after the norm all-reduce, at 9: a batch is (m+P-1)(F+B) + U = 9.25.
-    2BW, m = 2: no flush, every stage busy m(F+B) + U = 6.25 per batch. PACI, m = 2: 2BW's order, and stage 0
-    recomputes the forward of its one straddling micro-batch (w = P-1 = 1): 6 + 1 + 0.25 = 7.25."""
+    2BW, m = 2: no flush, every stage busy m(F+B) + U = 6.25 per batch. PACI, m = 2: 2BW's order, nothing more
+    (in place: 6.25); paci-recompute: stage 0 recomputes the forward of its one straddling micro-batch
+    (w = P-1 = 1): 6 + 1 + 0.25 = 7.25."""
     model = hand_model()
     assert predict(model, "1f1b", 2, 2).step_s == pytest.approx(9.25)
     assert predict(model, "1f1b", 2, 2, torch_free=True).step_s == pytest.approx(9.25)
     assert predict(model, "2bw", 2, 2).step_s == pytest.approx(6.25)
-    assert predict(model, "paci", 2, 2).step_s == pytest.approx(7.25)
+    assert predict(model, "paci", 2, 2).step_s == pytest.approx(6.25)
+    assert predict(model, "paci-recompute", 2, 2).step_s == pytest.approx(7.25)
     one = predict(model, "1f1b", 2, 4)  # m = 4: (4+1) x 3 + 0.25; the idle share of a stage: 1 - (12.25 / 15.25)
     assert (one.step_s, one.bubble) == (pytest.approx(15.25), pytest.approx(1 - 12.25 / 15.25))
     # EF's extra work and the engine's overhead per instruction land where they should: in every step / instruction.

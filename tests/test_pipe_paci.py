@@ -1,7 +1,8 @@
-"""PACI (`pipeline.schedule=paci`, `asyncpipe.schedules.paci`): its staleness pattern derived by hand, its stream,
-what it refuses, the simulator's staged run, and parity of the pipeline engine with the simulator at P = 2 and 4.
+"""PACI (`pipeline.schedule=paci`, `asyncpipe.schedules.paci`, and its recompute recipe `paci-recompute`): its
+staleness pattern derived by hand, its stream, what it refuses, the in-place backward's arithmetic, the simulator's
+staged run, and parity of the pipeline engine with the simulator at P = 2 and 4 for both recipes.
 
-Parity launches (slow): one per world size, 10 steps of the tiny model in fp32 (measured 5.3e-8 relative at most)."""
+Parity launches (slow): one per world size, 10 steps of the tiny model in fp32."""
 
 from __future__ import annotations
 
@@ -99,14 +100,50 @@ def _simulate(cfg, steps: int = STEPS):
         torch.set_num_threads(threads)
 
 
-def test_the_simulator_straddles_as_declared_and_differs_from_1f1b_and_2bw():
-    cfg = compose(BASE + ["pipeline.stages=4", "train.steps=3"])
-    trainer, paci, _ = _simulate(cfg, 3)
-    assert trainer.engine.staged.straddled == 2 * (3 + 2 + 1)  # batches 1 and 2, stages 0..2
-    sync = _simulate(compose(BASE + ["pipeline.stages=4", "train.steps=3", "pipeline.schedule=1f1b", "delay=0"]), 3)[1]
-    two_bw = _simulate(compose(BASE + ["pipeline.stages=4", "train.steps=3", "pipeline.schedule=2bw"]), 3)[1]
+def test_the_in_place_backward_reads_forward_inputs_and_current_weights():
+    """`keep_saved_tensors` by hand on y = tanh(x W^T + c): after W -> 2W and c -> c + 1 in place, the weight
+    gradient is g^T x with the forward's g = 1 - y^2 (saved activations), the input gradient g (2W) (the weights
+    as they are now); without it stock torch refuses the backward."""
+    import torch
+
+    from asyncpipe.runtime.saved import keep_saved_tensors
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4, requires_grad=True)
+    with keep_saved_tensors():
+        y = torch.tanh(lin(x))
+    w0, g = lin.weight.detach().clone(), 1 - y.detach() ** 2
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+        lin.bias.add_(1.0)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, g @ (2 * w0))
+    torch.testing.assert_close(lin.weight.grad, g.t() @ x.detach())
+    torch.testing.assert_close(lin.bias.grad, g.sum(0))
+    y = torch.tanh(lin(x))
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def _with(schedule: str, extra: list) -> object:
+    return compose([b for b in BASE if not b.startswith("pipeline.schedule=")] + [f"pipeline.schedule={schedule}", *extra])
+
+
+def test_the_simulator_straddles_as_declared_and_differs_from_1f1b_2bw_and_the_other_recipe():
+    extra = ["pipeline.stages=4", "train.steps=3"]
+    runs = {}
+    for name in ("paci", "paci-recompute"):
+        trainer, runs[name], _ = _simulate(_with(name, extra), 3)
+        assert trainer.engine.staged.straddled == 2 * (3 + 2 + 1)  # batches 1 and 2, stages 0..2
+    paci = runs["paci"]
+    sync = _simulate(_with("1f1b", extra + ["delay=0"]), 3)[1]
+    two_bw = _simulate(_with("2bw", extra), 3)[1]
     assert paci[0].train_loss == sync[0].train_loss  # batch 0: everything reads W(0)
-    for other in (sync, two_bw):
+    assert [r.train_loss for r in paci[:2]] == [r.train_loss for r in runs["paci-recompute"][:2]]  # no straddler yet
+    for other in (sync, two_bw, runs["paci-recompute"]):
         assert abs(paci[2].train_loss - other[2].train_loss) > 1e-4
 
 
@@ -154,15 +191,19 @@ def _check(cfg, result, rtol=1e-5):
     P = cfg.pipeline.stages
     stages = sorted(result["stages"], key=lambda st: st["stage"])
     assert [round(st["weight_versions_peak"]) for st in stages] == [1] * P  # one weight version
-    assert [st["recomputed_backwards"] for st in stages] == [(P - 1 - s) * (STEPS - 1) for s in range(P)]
+    straddled = [(P - 1 - s) * (STEPS - 1) for s in range(P)]
+    assert [st["straddled_backwards"] for st in stages] == straddled
+    recompute = cfg.pipeline.schedule == "paci-recompute"
+    assert [st["recomputed_backwards"] for st in stages] == (straddled if recompute else [0] * P)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_paci_pipeline_matches_the_simulator_at_two_and_four_stages():
     two = [compose(BASE + ["pipeline.stages=2", "optimizer=adamw"]),
-           compose(BASE + ["pipeline.stages=2", "optimizer=muon", "compensation=ef"])]  # fmt: skip
-    four = [compose(BASE + ["pipeline.stages=4", "optimizer=adamw"])]
+           compose(BASE + ["pipeline.stages=2", "optimizer=muon", "compensation=ef"]),
+           _with("paci-recompute", ["pipeline.stages=2", "optimizer=adamw"])]  # fmt: skip
+    four = [compose(BASE + ["pipeline.stages=4", "optimizer=adamw"]), _with("paci-recompute", ["pipeline.stages=4"])]
     for cfgs in (two, four):
         for cfg, result in zip(cfgs, _launch(cfgs)):
             _check(cfg, result)
@@ -176,7 +217,11 @@ def test_schedule_draws_paci_with_its_straddlers_marked(tmp_path):
     tl = ideal_timeline("paci", P, m, 3)
     marked = sorted((e.stage, e.micro_batch) for e in tl.events if e.straddle)
     assert marked == sorted((s, k) for s in range(P) for k in range(3 * m) if PACI.straddles(P, m, s, k))
-    recomputed = [e for e in tl.events if e.straddle]
-    assert all(e.end - e.start == 3.0 for e in recomputed)  # B (2) + the recomputed F (1)
+    assert all(e.end - e.start == 2.0 for e in tl.events if e.straddle)  # a backward (2): nothing recomputed
+    other = ideal_timeline("paci-recompute", P, m, 3)
+    assert sorted((e.stage, e.micro_batch) for e in other.events if e.straddle) == marked
+    assert all(e.end - e.start == 3.0 for e in other.events if e.straddle)  # B (2) + the recomputed F (1)
+    two_bw = ideal_timeline("2bw", P, m, 3)
+    assert tl.makespan == two_bw.makespan < other.makespan  # in place: 2BW's tick order at 2BW's cost
     text, files = draw_schedule("paci", P, m, 3, 1.0, 2.0, 1.0, None, tmp_path)
     assert "B4*" in text and "straddles" in text and all(f.exists() for f in files)

@@ -14,6 +14,7 @@ import yaml
 from asyncpipe import registry
 from asyncpipe.config import compose
 from asyncpipe.report import build_report, revisions
+from asyncpipe.schedules import schedules
 from asyncpipe.track import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,6 +26,8 @@ def test_each_rules_declared_revision_is_the_last_in_the_history_table():
         assert spec.revision == revisions.current("optimizer", spec.name), spec.name
     for spec in registry.methods():
         assert spec.revision == revisions.current("compensation", spec.name), spec.name
+    for spec in schedules():
+        assert spec.revision == revisions.current("schedule", spec.name), spec.name
     assert registry.method_spec("stage_lr").revision == 2 and registry.method_spec("ef").revision == 1
     for (kind, name), history in revisions.HISTORY.items():
         assert [r.number for r in history] == list(range(1, len(history) + 1)), name
@@ -33,7 +36,10 @@ def test_each_rules_declared_revision_is_the_last_in_the_history_table():
 def test_a_run_records_the_revisions_of_the_rules_it_runs():
     cfg = compose(["model=tiny", "delay=1", "delay_profile=pipedream", "pipeline.stages=4", "compensation=stage_lr"])
     assert registry.revisions(cfg) == {"optimizer": {"name": "adamw", "revision": 1},
-                                       "compensation": {"name": "stage_lr", "revision": 2}}  # fmt: skip
+                                       "compensation": {"name": "stage_lr", "revision": 2},
+                                       "schedule": {"name": "pipedream", "revision": 1}}  # fmt: skip
+    paci = compose(["model=tiny", "delay=1", "pipeline.schedule=paci", "pipeline.clip=stage", "train.micro_batches=2"])
+    assert registry.revisions(paci)["schedule"] == {"name": "paci", "revision": 2}  # in place since r2
     ef = compose(["model=tiny", "delay=1", "optimizer=muon_ef"])
     assert registry.revisions(ef)["compensation"] == {"name": "ef", "revision": 1}  # EF is the method `ef`
 

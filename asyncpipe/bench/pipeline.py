@@ -293,7 +293,7 @@ def bench_pipeline(
         summaries = js[-1]["stages"]
         base_name = name.split("+")[0]
         spec = resolve(cfgs[name])
-        # No flush: 2BW's steady state (PACI's recomputed forwards are not in it); a flush: its own order's bubble.
+        # No flush: 2BW's steady state (paci-recompute's recomputed forwards are not in it); a flush: its own order's bubble.
         bub = (pt.analytic_bubble(base_name, P, m, b_over_f) if pt.is_torch(base_name)
                else analytic["2bw"] if not spec.flush else analytic.get(spec.orders or spec.name))  # fmt: skip
         variants_out[name] = {
@@ -317,6 +317,9 @@ def bench_pipeline(
             "seconds_blocked_in_per_stage": [x.get("seconds_blocked_in", {}) for x in summaries
                                              if x.get("replica", 0) == 0],
             "compile_s_per_stage": [x.get("compile_s") for x in summaries if x.get("replica", 0) == 0],
+            # Backwards whose forward was recomputed first (paci-recompute's straddlers): the cost model takes them out.
+            "recomputed_backwards_per_stage": [x.get("recomputed_backwards", 0) for x in summaries
+                                               if x.get("replica", 0) == 0],
             # What measured idle / wait / compute: host clocks (CPU, trace) or CUDA events (asyncpipe.pipe.clock).
             "timing": sorted({x.get("timing", "host") for x in summaries}),
         }  # fmt: skip

@@ -5,9 +5,12 @@ versions (PACI), the stages run apart, one micro-batch at a time, exactly as the
 
 `StagedStaleness` cuts the model where the pipeline does (`asyncpipe.model.partition`) and keeps, per stage, the
 version before the latest (the simulator's memory, not the schedule's). A micro-batch's forward runs stage by
-stage on each stage's declared forward version; a stage whose backward version differs (a straddler) ran its
-forward without a graph and recomputes it on the backward version from the saved stage input, then
-back-propagates the next stage's input gradient through it: the recipe of `asyncpipe.schedules.paci`.
+stage on each stage's declared forward version; on a stage whose backward version differs (a straddler) it runs
+as the schedule's recipe says. ``inplace`` (`asyncpipe.schedules.paci`): the forward runs on W(v-1)'s values
+copied into the parameters themselves, under `keep_saved_tensors`, and W(v) is copied back in place afterwards,
+as the pipeline's in-place step does, so the backward through that graph reads W(v) wherever it saved a weight.
+``recompute`` (`asyncpipe.schedules.paci_recompute`): the forward runs without a graph and is recomputed on W(v)
+from the saved stage input before the backward.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from asyncpipe.model.partition import layer_of_param, partition
+from asyncpipe.runtime.saved import keep_saved_tensors
 from asyncpipe.schedules import ScheduleSpec, staged
 
 
@@ -42,8 +46,8 @@ class StagedStaleness:
     """Runs a batch's micro-batches through the stages of ``model`` on the versions ``spec`` declares."""
 
     def __init__(self, model: nn.Module, spec: ScheduleSpec, stages: int, micro_batches: int) -> None:
-        if not spec.recompute:
-            raise ValueError(f"schedule {spec.name}: forward and backward versions differ only with recompute")
+        if not spec.straddle:
+            raise ValueError(f"schedule {spec.name}: forward and backward versions differ only with a straddle recipe")
         parts = stage_cut(model, stages)
         layers = list(model.layers)  # type: ignore[arg-type]
         self.spec, self.P, self.m = spec, stages, micro_batches
@@ -73,6 +77,23 @@ class StagedStaleness:
             for p, t in zip(params, current):
                 p.data = t
 
+    @contextlib.contextmanager
+    def _in_place_at(self, stage: int, version: int) -> Iterator[None]:
+        """The block runs on W(version)'s values in the stage's own parameter storage; then the latest values
+        go back into the same storage (what the pipeline's in-place step does between a forward and its backward)."""
+        if version != self.version - 1:
+            raise RuntimeError(f"stage {stage}: W{version} asked for in place, the stage holds W{self.version}")
+        params = self.params[stage]
+        with torch.no_grad():
+            latest = [p.detach().clone() for p in params]
+            torch._foreach_copy_([p.detach() for p in params], self.previous[stage])
+        try:
+            with keep_saved_tensors():
+                yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_([p.detach() for p in params], latest)
+
     def _run(self, stage: int, h: torch.Tensor) -> torch.Tensor:
         for layer in self.stages[stage]:
             h = layer(h)
@@ -88,8 +109,10 @@ class StagedStaleness:
         loss = None
         for s, (fwd, bwd) in enumerate(versions):
             inp = h if s == 0 else h.detach().requires_grad_(True)
-            keep = fwd == bwd  # a straddler's forward graph would be dropped: none is built
-            with self._at(s, fwd), torch.set_grad_enabled(keep), autocast():
+            inplace = fwd != bwd and self.spec.inplace
+            keep = fwd == bwd or inplace  # a straddler's graph is recomputed (none built) or kept (in place)
+            at = self._in_place_at(s, fwd) if inplace else self._at(s, fwd)
+            with at, torch.set_grad_enabled(keep), autocast():
                 out = self._run(s, inp)
                 if s == P - 1:
                     loss = loss_fn(out, y)
@@ -106,6 +129,7 @@ class StagedStaleness:
             out = outputs[s]
             if fwd != bwd:
                 self.straddled += 1
+            if fwd != bwd and self.spec.recompute:
                 with autocast():
                     out = self._run(s, inputs[s])
                     if s == P - 1:

@@ -14,6 +14,7 @@ gradient norms cross stages by an all-reduce that, when deferred, overlaps the n
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ from asyncpipe.pipe.p2p import BatchedP2P
 from asyncpipe.pipe.stage import PipeSettings
 from asyncpipe.pipe.standin import StandInPad
 from asyncpipe.pipe.stash import WeightStash
+from asyncpipe.runtime.saved import keep_saved_tensors
 from asyncpipe.schedules import get as get_schedule
 
 
@@ -89,7 +91,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         self.defer_step = bool(defer and self.spec.stream is not None and self.stash.delay == 1)
         self._cmds: Optional[Iterator[sched.Instruction]] = None
         self._fwd_version: dict[int, int] = {}  # buffer -> the version its micro-batch's forward read
-        self.recomputed = 0  # backwards recomputed on a newer version than their forward's (PACI's straddlers)
+        self.straddled = 0  # backwards on a newer version than their forward's (PACI's straddlers)
         self.standin = StandInPad(self.settings.standin, self.spec.chunks)  # stand-in compute (pipeline.standin)
         self._open_stream(0)
         self.fwd_outputs: list = []
@@ -228,7 +230,9 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         PipelineEngine._exec_load_micro_batch(self, buffer_id)
 
     def _tb_forward(self, buffer_id: int, micro_batch: int, version: int) -> None:
-        with self.stash.use(version):
+        inplace = self.spec.inplace and self.spec.straddles(self.num_stages, self.micro_batches, self.stage_id,
+                                                            micro_batch)  # fmt: skip
+        with self.stash.use(version), (keep_saved_tensors() if inplace else contextlib.nullcontext()):
             PipelineEngine._exec_forward_pass(self, buffer_id)
         self._fwd_version[buffer_id] = version
         if self.is_last_stage():
@@ -246,7 +250,7 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             self.pipe_buffers["grads"][buffer_id] = None
         read = self._fwd_version.pop(buffer_id)
         if read != version:
-            self._recompute(buffer_id, read, version)
+            self._straddle(buffer_id, read, version)
         PipelineEngine._exec_backward_pass(self, buffer_id)
         self.stash.release(read)
         # What DeepSpeed leaves to cyclic buffer reuse: the loss stage's logits and labels, stage 0's inputs.
@@ -257,14 +261,18 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         if self.is_first_stage():
             self.pipe_buffers["inputs"][buffer_id] = None
 
-    def _recompute(self, buffer_id: int, read: int, version: int) -> None:
-        """The forward of the micro-batch in ``buffer_id`` read W(read), this stage now holds W(version): run it
-        again from the saved stage input on the current weights and back-propagate through that graph. The old
-        graph (whose saved weights the in-place step overwrote) is dropped unused, so autograd's version check
-        never fires; the gradient is the stage's at W(version) for the input it was given."""
-        if not self.spec.recompute or version != self.stash.latest or self.is_last_stage():
+    def _straddle(self, buffer_id: int, read: int, version: int) -> None:
+        """The forward of the micro-batch in ``buffer_id`` read W(read), this stage now holds W(version).
+        ``inplace``: its graph saved the parameters themselves (`keep_saved_tensors`), which the in-place step
+        moved to W(version): back-propagate through it as it is. ``recompute``: run the forward again from the
+        saved stage input on the current weights and back-propagate through that graph; the old graph is dropped
+        unused, so autograd's version check never fires (the stage's gradient at W(version) for its input)."""
+        if not self.spec.straddle or version != self.stash.latest or self.is_last_stage():
             raise RuntimeError(f"stage {self.stage_id}: backward on W{version} of a forward on W{read} "
-                               f"(schedule {self.spec.name} declares no recompute)")  # fmt: skip
+                               f"(schedule {self.spec.name} declares no straddlers)")  # fmt: skip
+        self.straddled += 1
+        if self.spec.inplace:
+            return
         from deepspeed.runtime.engine import DeepSpeedEngine
 
         inputs = self.pipe_buffers["inputs"][buffer_id]
@@ -272,7 +280,6 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         self.pipe_buffers["outputs"][buffer_id] = None  # the stale graph goes first
         self.pipe_buffers["outputs"][buffer_id] = DeepSpeedEngine.forward(self, x)
         self.standin.recomputed_forward()
-        self.recomputed += 1
 
     # -- the end of a batch: shared by every schedule ----------------------------------------------------
     def _batch_version(self, batch: int) -> int:
@@ -377,7 +384,8 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
             "param_bytes": self.stash.param_bytes, "peak_weight_bytes": self.stash.peak_bytes,
             "weight_versions_peak": self.stash.peak_bytes / max(1, self.stash.param_bytes),
             "deferred_step": self.defer_step, "global_norm_allreduce": self._global_norm,
-            "schedule": self.spec.name, "recomputed_backwards": self.recomputed,
+            "schedule": self.spec.name, "straddled_backwards": self.straddled,
+            "recomputed_backwards": self.straddled if self.spec.recompute else 0,
             "seconds_by_op": dict(self.timer.by_op), "seconds_blocked_in": dict(self.timer.by_wait),
             "count_by_op": dict(self.timer.count_by_op),
             # Stand-in compute: the configured seconds per micro-batch and what the waits took (pipeline.standin).

@@ -243,12 +243,14 @@ def read_provenance(run: Path) -> dict | None:
 
 
 def name_revisions(row: dict, prov: dict | None) -> None:
-    """A run that ran an optimizer or compensation rule other than today's revision gets it in its names
+    """A run that ran an optimizer, compensation or schedule rule other than today's revision gets it in its names
     (`1-step+stage_lr@r1`, `adamw@r1`), so its cell is never pooled with, or read as, today's rule; the warning that
     says what that revision was goes to `revision_note`."""
     method = "ef" if row["ef"] else str(row["compensation"] or "none")
+    schedule = str((row.get("config") or {}).get("pipeline.schedule") or "auto")
     notes = []
-    for kind, name, column in (("compensation", method, "variant"), ("optimizer", str(row["optimizer"]), "optimizer")):
+    for kind, name, column in (("compensation", method, "variant"), ("optimizer", str(row["optimizer"]), "optimizer"),
+                               ("schedule", schedule, "variant")):  # fmt: skip
         tag, note = revisions.suffix(kind, name, prov)
         if tag:
             row[column] = f"{row[column]}{tag}"

@@ -51,12 +51,23 @@ class ScheduleSpec:
     check: Optional[Check] = None  # its own constraints (P, m, eval batches, ...): one-line ConfigErrors
     engine_class: Optional[str] = None  # "module:Class" of its pipeline engine (default ScheduledPipelineEngine)
     module_class: Optional[str] = None  # "module:Class" of its staged module (default StagedModule)
-    recompute: bool = False  # backward recomputes a micro-batch whose stage was updated since its forward
+    # A micro-batch whose stage was updated since its forward (a straddler): its backward either recomputes the
+    # forward on the current weights (``recompute``) or goes through the forward's own graph, whose saved weight
+    # tensors the in-place step has moved to the current version (``inplace``: torch's saved-tensor version check
+    # is lifted for that forward). Neither: forward and backward always read one version.
+    recompute: bool = False
+    inplace: bool = False
+    revision: int = 1  # bumped when what it computes changes (asyncpipe.report.revisions keeps what each one was)
     flush: bool = True  # the stream ends every batch with all its micro-batches done (a synchronous schedule)
     # The simulator's staleness when each stage reads one version per batch (fwd = bwd): (P, stage, delay) ->
     # steps stale; None: per micro-batch (the simulator runs the stages apart, see `versions`).
     stage_delay: Optional[Callable[[int, int, int], int]] = None
     module: str = ""
+
+    @property
+    def straddle(self) -> str:
+        """How a straddler's backward runs: "recompute", "inplace", or "" (no straddlers)."""
+        return "recompute" if self.recompute else "inplace" if self.inplace else ""
 
     def straddles(self, P: int, m: int, stage: int, k: int) -> bool:
         """Whether micro-batch ``k``'s forward and backward read different versions on ``stage``."""

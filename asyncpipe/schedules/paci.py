@@ -9,11 +9,18 @@ versions by the stage's own updates, stage s with w = P-1-s warm-up forwards run
     forward of k on  W(floor(max(k - w, 0) / m))      backward of k on  W(floor(k / m))
 
 so within batch b the first w micro-batches (b >= 1) straddle one update: forward on W(b-1), backward on W(b);
-the rest, and every micro-batch of the last stage, are fresh. A straddling micro-batch's backward is *recomputed*:
-the stage re-runs its forward from the saved stage input on W(b) and back-propagates the gradient received from
-the next stage through that graph, so it is exactly the gradient of the stage at W(b) given its input (autograd
-never back-propagates through a graph whose saved weights the in-place step overwrote, so stock torch's version
-check holds; the forward graph of a straddler is discarded). The simulator runs the same recipe stage by stage.
+the rest, and every micro-batch of the last stage, are fresh.
+
+A straddler's backward goes through its own forward's graph, as the authors' patched PyTorch does: the activations
+it saved are W(b-1)'s, the weight tensors it saved are the stage's parameters, which the in-place step has since
+moved to W(b). So its weight gradient is the forward-time inputs times the output gradient, and the input gradient
+it sends back goes through W(b). Stock torch refuses such a backward (a saved tensor was modified in place); the
+forward of a straddler runs under `torch.autograd.graph.saved_tensors_hooks` that keep each saved tensor as it
+is, which lifts that check for that forward only (fresh micro-batches keep it). No recompute: a stage does m
+forwards and m backwards per batch, as 2BW. `pipeline.schedule=paci-recompute` (`asyncpipe.schedules.paci_recompute`)
+is the other recipe, the authors' recompute mode: re-run the straddler's forward on W(b) from its saved stage input
+and back-propagate through that graph (the gradient of the stage at W(b); one more forward per straddler).
+Revision 1 of `paci` (to the commit that split them) was the recompute recipe (`asyncpipe.report.revisions`).
 
 No global step: clipping is per stage (pipeline.clip=stage; pipeline.clip=global is refused). Compensation: none or
 EF. EF under PACI is EF's rule, x -= u(t) + lam (u(t) - u(t-1)), applied by each stage to its own update stream at
@@ -21,8 +28,8 @@ its own step (u: the optimizer's update from that stage's gradient). PACI's stal
 micro-batches j < P-1 read a one-step-older version on some stage (j < P-1-s' on stage s'), so a stage's gradient is
 a mix of fresh and partly stale terms; to first order its error is at most (P-1)/m of 2BW's, and lam = (P-1)/m is EF's
 matching strength (the default lam = 1 corrects for a fully stale gradient). Methods that read the stale weights
-(dc, weight prediction, ...) are refused: the stage's weights at backward are the current ones. A resumed run re-runs the micro-batches in flight at its checkpoint on
-the checkpoint's weights (the straddlers of that one batch read W(b), not W(b-1)).
+(dc, weight prediction, ...) are refused: the stage holds one version. A resumed run re-runs the micro-batches in
+flight at its checkpoint on the checkpoint's weights (the straddlers of that one batch read W(b), not W(b-1)).
 """
 
 from __future__ import annotations
@@ -60,24 +67,27 @@ class PACISchedule(TwoBWSchedule):
         return [BackwardPass(buffer_id=self._buf(k), micro_batch=k, version=self.versions_of(k)[1])]
 
 
-def _stream(m: int, P: int, stage: int, batches: int, start: int = 0, defer_step: bool = False) -> Any:
+def stream(m: int, P: int, stage: int, batches: int, start: int = 0, defer_step: bool = False) -> Any:
     return PACISchedule(m, P, stage, batches, start).steps()
 
 
-def _check(cfg: Any) -> None:
+def check(cfg: Any) -> None:
+    """PACI's own constraints (both recipes)."""
     t, p = cfg.train, cfg.pipeline
+    named = f"pipeline.schedule={p.schedule}"
     if t.micro_batches < p.stages:
-        raise ConfigError(f"pipeline.schedule=paci needs train.micro_batches >= pipeline.stages (a forward straddles "
-                          f"at most one update), got {t.micro_batches} < {p.stages}")
+        raise ConfigError(f"{named} needs train.micro_batches >= pipeline.stages (a forward straddles at most one "
+                          f"update), got {t.micro_batches} < {p.stages}")  # fmt: skip
     if cfg.model.moe.experts:
-        raise ConfigError("pipeline.schedule=paci recomputes straddling forwards, which would count MoE router "
-                          "losses twice; use a dense model (model.moe.experts=0)")
+        raise ConfigError(f"{named} does not run MoE models (the simulator's stage-by-stage run collects no router "
+                          "losses); use a dense model (model.moe.experts=0)")  # fmt: skip
     if cfg.delay_profile != "uniform":
-        raise ConfigError(f"pipeline.schedule=paci has its own staleness; use delay_profile=uniform, got {cfg.delay_profile}")
+        raise ConfigError(f"{named} has its own staleness; use delay_profile=uniform, got {cfg.delay_profile}")
 
 
 SPEC = declare_schedule(ScheduleSpec(
     name="paci", note="PACI: asynchronous 1F1B, one weight version, each stage steps in place with no barrier",
-    versions=versions, weight_versions=lambda P, s: 1, in_flight=one_f_one_b_in_flight, stream=_stream,
-    delay=1, clip_modes=("stage",), compensations=("none", "ef"), check=_check, recompute=True, flush=False,
+    versions=versions, weight_versions=lambda P, s: 1, in_flight=one_f_one_b_in_flight, stream=stream,
+    delay=1, clip_modes=("stage",), compensations=("none", "ef"), check=check, inplace=True, flush=False,
+    revision=2,
 ))  # fmt: skip

@@ -9,7 +9,7 @@ How the work becomes a step time (`predict`):
   vector work per step), + the data-parallel gradient all-reduce when D > 1 (ring: 2 (D-1)/D x 4 bytes x params at
   ``allreduce_bytes_per_s``, + ``allreduce_latency_s``).
 - A schedule with an instruction stream (1F1B as DeepSpeed's `TrainSchedule`, 2BW with its deferred step where
-  global clipping needs it, PACI with its recomputed straddlers and per-stage steps) is replayed by
+  global clipping needs it, PACI with its per-stage steps, and paci-recompute's recomputed straddlers) is replayed by
   `timelines.timeline.simulate` with those costs, ``overhead_s`` per instruction, ``p2p_s`` per exchange, and, under
   global clipping, every stage's step waiting for the norm all-reduce (``allreduce_latency_s``). The step time is
   the steady state: the makespan ``batches + 1`` batches add over ``batches``.
@@ -139,7 +139,7 @@ def predict(model: CostModel, schedule: str, stages: int, micro_batches: int, da
 
     def run(n: int) -> Any:
         return simulate(_streams(spec.name, m, P, n, defer, torch_free), fwd, bwd, upd, latency=model.p2p_s,
-                        collective_steps=collective, overhead=model.overhead_s)  # fmt: skip
+                        collective_steps=collective, overhead=model.overhead_s, recompute=spec.recompute)  # fmt: skip
 
     a, b = run(batches), run(batches + 1)
     step = b.makespan - a.makespan

@@ -60,11 +60,19 @@ def _update_s(v: dict, stage: int, steps: int) -> float:
     return max(0.0, ops.get("OptimizerStep", 0.0) + ops.get("ReduceGrads", 0.0) - sum(blocked.values())) / steps
 
 
-def _recomputes(variant: str) -> bool:
+def _recomputed(variant: str, v: dict, stage: int, P: int, m: int, steps: int) -> int:
+    """Backwards on ``stage`` that recomputed their forward first, over the record's last job: as the bench
+    recorded it, else (older files) what the variant's schedule declares: paci-recompute's straddlers, and `paci`'s
+    before its revision 2 (bench files without the count predate it)."""
+    counts = v.get("recomputed_backwards_per_stage")
+    if isinstance(counts, list) and len(counts) == P:
+        return int(counts[stage])
     from asyncpipe.schedules import get, names
 
     base = variant.split("+")[0]
-    return base in names() and get(base).recompute
+    if base not in names() or not (get(base).recompute or base == "paci"):
+        return 0
+    return (steps - 1) * min(P - 1 - stage, m)
 
 
 def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = True) -> CostModel:
@@ -81,8 +89,8 @@ def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = 
     forwards = steps * m + 2 * max(1, _eval_batches(list(record.get("overrides", []))) // max(1, record.get("data_parallel", 1)))
     fwd = [v["seconds_by_op_per_stage"][s].get("ForwardPass", 0.0) / forwards for s in range(P)]
     bwd = [v["seconds_by_op_per_stage"][s].get("BackwardPass", 0.0) / (steps * m) for s in range(P)]
-    if _recomputes(variant):  # PACI's backward holds its straddlers' recomputed forwards: the replay adds them back
-        bwd = [b - (steps - 1) * min(P - 1 - s, m) * f / (steps * m) for s, (f, b) in enumerate(zip(fwd, bwd))]
+    # A recomputing backward holds its forward's time: the replay adds it back (`simulate(recompute=...)`)
+    bwd = [b - _recomputed(variant, v, s, P, m, steps) * f / (steps * m) for s, (f, b) in enumerate(zip(fwd, bwd))]
     blocks = [sum(x.kind == "block" for x in shapes[parts[s] : parts[s + 1]]) for s in range(P)]
     per_block = (fwd[0] / blocks[0], bwd[0] / blocks[0])
     head = (max(0.0, fwd[-1] - blocks[-1] * per_block[0]), max(0.0, bwd[-1] - blocks[-1] * per_block[1]))

@@ -158,7 +158,8 @@ def text_legend(timelines: Sequence[Timeline], cell: float, width: int, line_wid
     parts += sorted(rules)
     if any(e.straddle for tl in timelines for e in tl.events):
         parts.append("* a backward on a newer weight version than its forward read (the micro-batch straddles "
-                     "the stage's step; PACI recomputes its forward)")  # fmt: skip
+                     "the stage's step: paci back-propagates through its forward's graph on the stepped weights, "
+                     "paci-recompute re-runs its forward first)")  # fmt: skip
     plural = "" if cell == 1 or unit == "s" else "s"
     parts.append(f"one cell = {cell:.4g} {unit}{plural}; t = time at the start of a cell")
     return textwrap.fill("legend: " + "; ".join(parts) + ".", line_width) + "\n"
@@ -250,7 +251,7 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
                 for v in sorted(versions)]  # fmt: skip
     if straddle_seen:
         handles.append(Patch(facecolor=COLOR["backward"], hatch="///", edgecolor="white",
-                             label="hatched *: straddles a step (recomputed)"))
+                             label="hatched *: straddles a step"))
     if bounds_seen:
         handles.append(Line2D([], [], color="black", linestyle=(0, (3, 2)), label="next batch's first forward"))
     one_row = sum(len(h.get_label()) * 8 * 0.55 * dpi / 72 + 45 for h in handles) <= fig_w * dpi  # fontsize 8

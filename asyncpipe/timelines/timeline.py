@@ -39,7 +39,7 @@ class Event:
     version: Optional[int] = None
     batch: Optional[int] = None
     chunk: Optional[int] = None  # model chunk (virtual stage) of a multi-chunk schedule
-    straddle: bool = False  # a backward on a newer weight version than its forward's (PACI: recomputed)
+    straddle: bool = False  # a backward on a newer weight version than its forward's (PACI's straddlers)
 
 
 @dataclass
@@ -92,6 +92,7 @@ def simulate(
     latency: float = 0.0,
     collective_steps: bool = False,
     overhead: float = 0.0,
+    recompute: bool = False,
 ) -> Timeline:
     """Run the stages' streams against each other with the given durations (per stage where a sequence: a
     measured, unequal pipeline); raises `ScheduleError`.
@@ -100,6 +101,8 @@ def simulate(
     `ReduceGrads(b)` without blocking, and `OptimizerStep(b)` waits until every stage has started it.
     ``overhead``: seconds the engine spends on every instruction besides its work (the cost model's
     per-instruction term, `asyncpipe.timelines.cost`); ``latency``: seconds each completed exchange adds.
+    ``recompute``: a backward on a newer version than its forward's (a straddler) recomputes that forward first
+    (paci-recompute); otherwise it costs a backward (paci's in-place recipe).
     """
     n = len(streams)
     fwd, bwd, upd = ([float(c)] * n if isinstance(c, (int, float)) else [float(x) for x in c]
@@ -181,7 +184,7 @@ def simulate(
                 if kind == "forward":
                     read[(i, cmd.micro_batch)] = version
                 straddle = kind == "backward" and read.get((i, cmd.micro_batch), version) != version
-                dur += fwd[i] if straddle else 0.0  # its forward is recomputed first (PACI)
+                dur += fwd[i] if straddle and recompute else 0.0  # its forward is recomputed first
                 events.append(Event(i, kind, cmd.micro_batch, st.clock, st.clock + dur, version, straddle=straddle))
                 st.clock += dur
                 busy[i] += dur
@@ -219,10 +222,17 @@ def simulate(
 
 
 def simulate_schedule(kind: str, micro_batches: int, stages: int, batches: int, **kw: Cost) -> Timeline:
-    """`simulate` on every stage's stream of a named schedule (``2bw``, ``1f1b``, ``gpipe``)."""
+    """`simulate` on every stage's stream of a named schedule (``2bw``, ``1f1b``, ``gpipe``, a declared one)."""
     from asyncpipe.pipe.schedule import stream
 
-    return simulate([stream(kind, micro_batches, stages, s, batches) for s in range(stages)], **kw)  # type: ignore[arg-type]
+    streams = [stream(kind, micro_batches, stages, s, batches) for s in range(stages)]
+    return simulate(streams, recompute=_recomputes(kind), **kw)  # type: ignore[arg-type]
+
+
+def _recomputes(kind: str) -> bool:
+    from asyncpipe.schedules import get, names
+
+    return kind in names() and get(kind).recompute
 
 
 def steady_gaps(timeline: Timeline, tol: float = 1e-9) -> list[float]:

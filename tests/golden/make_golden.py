@@ -65,13 +65,21 @@ CONFIGS: dict[str, list[str]] = {
     "sim_stage_lr_pipedream_p4": ["optimizer=adamw", "compensation=stage_lr", "compensation.stage_lr.anneal_frac=0",
                                   "delay_profile=pipedream", "delay=1", "pipeline.stages=4", *ADAMW],
     "pipe_adamw_d1": ["engine=pipeline", "optimizer=adamw", "delay=1", *ADAMW],
-    # PACI (issue 38): its per-stage, per-micro-batch staleness in the simulator and on the pipeline engine
-    "sim_paci_p4": ["optimizer=adamw", "pipeline.schedule=paci", "delay=1", "pipeline.clip=stage", "pipeline.stages=4",
-                    "train.micro_batches=4", *ADAMW],
-    "pipe_paci_p2": ["engine=pipeline", "optimizer=adamw", "pipeline.schedule=paci", "delay=1", "pipeline.clip=stage",
-                     *ADAMW],
+    # PACI (issue 38): its per-stage, per-micro-batch staleness in the simulator and on the pipeline engine; pinned
+    # as `paci` when that was the recompute recipe, now `paci-recompute` (same bits)
+    "sim_paci_recompute_p4": ["optimizer=adamw", "pipeline.schedule=paci-recompute", "delay=1", "pipeline.clip=stage",
+                              "pipeline.stages=4", "train.micro_batches=4", *ADAMW],
+    "pipe_paci_recompute_p2": ["engine=pipeline", "optimizer=adamw", "pipeline.schedule=paci-recompute", "delay=1",
+                               "pipeline.clip=stage", *ADAMW],
     "pipe_dualpipev_d0": ["engine=pipeline", "pipeline.schedule=dualpipev", "optimizer=adamw", "delay=0",
                           "train.micro_batches=4", *ADAMW],
+    # PACI's in-place recipe (revision 2 of `paci`): a straddler back-propagates through its own graph
+    # (at lr 1e-3 the two recipes end 2e-4 (P = 2) and 7e-4 (P = 4) apart, inside the other-CPU tolerance: 4e-3
+    # moves the weights more between a straddler's forward and its backward)
+    "sim_paci_p4": ["optimizer=adamw", "pipeline.schedule=paci", "delay=1", "pipeline.clip=stage", "pipeline.stages=4",
+                    "train.micro_batches=4", "optimizer.lr=4e-3"],
+    "pipe_paci_p2": ["engine=pipeline", "optimizer=adamw", "pipeline.schedule=paci", "delay=1", "pipeline.clip=stage",
+                     "optimizer.lr=4e-3"],
 }
 
 
