@@ -1,7 +1,8 @@
 """Which revision of an optimizer's or a compensation method's rule a run ran, so that a report never pools or names
 runs of different rules as one.
 
-Each optimizer and method declares its current revision next to its rule (`asyncpipe.registry`, `revision=`), and
+Each optimizer, method and schedule declares its current revision next to its rule (`asyncpipe.registry`,
+`asyncpipe.schedules`: `revision=`), and
 a run records it in provenance.json ("revisions"). Records made before runs recorded it get theirs from the commit
 they ran at, by the table below: a rule's revision r was introduced by commit `since`; a run whose commit is an
 ancestor of it (git, when the commit is known locally) ran an older revision. Where git cannot tell, the run's
@@ -45,6 +46,12 @@ HISTORY: dict[tuple[str, str], tuple[Revision, ...]] = {
     ("compensation", "basis_rotation"): (
         Revision(1, "", "", "rotates every matrix, embedding and head included"),
         Revision(2, "262fe8de190e", "2026-12-02T04:43:56+00:00", "rotates hidden (block) matrices only"),
+    ),
+    ("schedule", "paci"): (
+        Revision(1, "", "", "a straddler's forward recomputed on the stepped weights before its backward (today's "
+                 "paci-recompute)"),
+        Revision(2, "e5e0d6136327", "2026-12-03T14:45:39+00:00",
+                 "a straddler back-propagates through its own forward's graph on the stepped weights (in place)"),
     ),
 }
 HEX = re.compile(r"^[0-9a-f]{7,40}$")
