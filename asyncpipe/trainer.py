@@ -1,6 +1,6 @@
 """`Trainer`: the one owner of a run in this process. It builds, once and in this order, its set-up in one call
 (`runtime.setup.build_setup`: the device, the process group, plus DeepSpeed's comm for engine=pipeline, the
-prepared data: rank 0 prepares, the others wait), the engine (`runtime.engine.Engine`:
+prepared data: rank 0 prepares, the others wait), the engine (`runtime.protocol.Engine`:
 `SimulatorEngine` or `PipelineEngineAdapter`) and the validation batches; `run` is the run's one loop: resume ->
 steps -> evaluation cadence, divergence, checkpoints and the stop agreement -> summary, with rank 0's tracker
 (metrics.jsonl, summary.json) and progress lines.
@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from asyncpipe.errors import UserError
 from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.runtime import checkpoint, diverged
-from asyncpipe.runtime.engine import Engine, Log, Setup
+from asyncpipe.runtime.protocol import Engine, Log, Setup
 from asyncpipe.runtime.signals import StopRequest
 from asyncpipe.session.progress import Book, Progress
 from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, exit_code

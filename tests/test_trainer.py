@@ -44,7 +44,7 @@ def test_device_process_group_and_data_are_set_up_by_the_trainer_only() -> None:
 
 
 def test_engines_and_runtime_import_neither_the_trainer_nor_the_session() -> None:
-    """The runtime docstring's promise: engines talk to the trainer through `runtime.engine` only."""
+    """The runtime docstring's promise: engines talk to the trainer through `runtime.protocol` only."""
     from test_imports import import_graph
 
     edges, _ = import_graph()
@@ -53,7 +53,7 @@ def test_engines_and_runtime_import_neither_the_trainer_nor_the_session() -> Non
     wrong = [(m, t) for m, ts in edges.items() if m.startswith(below) for t in ts
              if t in owners or t.startswith("asyncpipe.session")]  # fmt: skip
     assert wrong == []
-    assert any(t == "asyncpipe.runtime.engine" for t in edges["asyncpipe.pipe.adapter"])
+    assert any(t == "asyncpipe.runtime.protocol" for t in edges["asyncpipe.pipe.adapter"])
 
 
 def test_the_trainer_builds_the_validation_set_once_and_the_engine_evaluates_it(monkeypatch) -> None:

@@ -1,5 +1,5 @@
 """The simulator (`engine=simulate`): exact k-step delayed optimisation of the whole model in one process (or
-D data-parallel replicas), as an engine of the run's trainer (`asyncpipe.runtime.engine.Engine`).
+D data-parallel replicas), as an engine of the run's trainer (`asyncpipe.runtime.protocol.Engine`).
 
 One optimizer step = `train.micro_batches` micro-batches of gradient accumulation evaluated at the stale weights
 W(t-k), global-norm clipping of that stale gradient, then the optimizer's update applied to W(t). The delay and EF
@@ -24,7 +24,7 @@ from asyncpipe.engines.staged import StagedStaleness, param_delays
 from asyncpipe.registry import describe
 from asyncpipe.schedules import resolve
 from asyncpipe.runtime.device import autocast_context
-from asyncpipe.runtime.engine import Agreement, Setup
+from asyncpipe.runtime.protocol import Agreement, Setup
 
 
 class StepResult:

@@ -1,5 +1,5 @@
 """`PipelineEngineAdapter`: this rank's stage of an `engine=pipeline` run as an engine of the run's trainer
-(`asyncpipe.runtime.engine.Engine`), a thin adapter over `ScheduledPipelineEngine`. The trainer has set up the
+(`asyncpipe.runtime.protocol.Engine`), a thin adapter over `ScheduledPipelineEngine`. The trainer has set up the
 device, the process group (DeepSpeed's comm included) and the data before it is built.
 
 Data order matches the simulator: step t, replica r, micro-batch j reads global micro-batch t*m*D + r*m + j, so
@@ -24,7 +24,7 @@ from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.model.compile import CompileClock, eager, wanted
 from asyncpipe.registry import describe
 from asyncpipe.runtime.device import use_bf16
-from asyncpipe.runtime.engine import Agreement, Setup
+from asyncpipe.runtime.protocol import Agreement, Setup
 
 
 def _train_stream(data: Any, m: int, replicas: int, replica: int, steps: int, start: int = 0) -> Iterator[tuple]:

@@ -40,7 +40,7 @@ from asyncpipe.pipe.faults import CutControl
 from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.registry import describe
 from asyncpipe.runtime.device import autocast_context
-from asyncpipe.runtime.engine import Agreement, Setup
+from asyncpipe.runtime.protocol import Agreement, Setup
 
 
 class _Layers(nn.Module):

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from asyncpipe.dist import Comm, rank_env
 from asyncpipe.errors import UserError
-from asyncpipe.runtime.engine import Log, Setup
+from asyncpipe.runtime.protocol import Log, Setup
 
 
 def build_setup(cfg: DictConfig, log: Log) -> Setup:
