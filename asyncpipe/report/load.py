@@ -1,12 +1,12 @@
 """Runs into two frames: one row per run (config axes, status) and one row per evaluation (tokens, val_loss).
 
 Sources are run directories on disk or (see wandb_source.py) runs read from the W&B API; both pass
-through `run_record`, so everything after loading is the same code.
+through `run_record`, so everything after loading is the same code. A run dir's files are read, as untrusted
+input, by `run_files`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -21,10 +21,8 @@ from asyncpipe.status import COMPLETED
 from asyncpipe.report import revisions
 from asyncpipe.report.groups import flat_config
 from asyncpipe.paths import enclosing_run, separate_from_runs
-from asyncpipe.track.files import (
-    CONFIG_FILE, MAX_METRICS_FILE, METRICS_FILE, PROVENANCE_FILE, RETIRED, SUMMARY_FILE, SWEEP_MANIFEST,
-    load_untrusted_yaml, parse_metrics_lines, read_json_object, read_untrusted, read_untrusted_gz,
-)
+from asyncpipe.report.run_files import code_of, read_config, read_metrics, read_provenance, read_summary
+from asyncpipe.track.files import CONFIG_FILE, RETIRED, SWEEP_MANIFEST, read_json_object
 
 # Frame column -> dotted key in the composed config.
 AXES = {
@@ -143,10 +141,6 @@ class Skipped:
         return f"skipped run {self.run}: {self.reason}"
 
 
-class DamagedRun(UserError):
-    """A run dir whose files cannot be trusted as a record (see asyncpipe.track.files.read_untrusted)."""
-
-
 def _is_run_dir(path: Path) -> bool:
     return os.path.lexists(path / CONFIG_FILE)
 
@@ -173,73 +167,15 @@ def _walk_runs(root: Path, exclude: Path | None) -> tuple[list[Path], list[tuple
     return sorted(found), sorted(nested)
 
 
-def _number(value: Any, what: str, source: str, integer: bool = False) -> Any:
-    """A finite number (bools and strings are not numbers) or None; anything else damages the run."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise DamagedRun(f"{source}: {what} is {str(value)[:40]!r}, not a finite number")
-    return int(value) if integer else value
-
-
-def _check_records(metrics: list[dict], source: str) -> None:
-    for i, rec in enumerate(metrics, 1):
-        tokens = rec.get("tokens")
-        if tokens is not None and (_number(tokens, "tokens", f"{source} record {i}") < 0):
-            raise DamagedRun(f"{source} record {i}: tokens is {tokens}, below 0")
-        for key in ("val_loss", "train_loss"):
-            value = rec.get(key)
-            # null is how a non-finite loss is written (a diverged step); text or a nested value is damage
-            if value is not None and (isinstance(value, (bool, str, list, dict))):
-                raise DamagedRun(f"{source} record {i}: {key} is {str(value)[:40]!r}, not a number")
-
-
-def read_config(run: Path) -> dict:
-    """A run's config.yaml as a mapping (untrusted: size, type, encoding and alias expansion checked)."""
-    path = run / CONFIG_FILE
-    config, _ = load_untrusted_yaml(read_untrusted(path), str(path))
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise DamagedRun(f"{path} holds a YAML {type(config).__name__}, not a mapping of settings")
-    return config
-
-
 def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
     """One run's row and evaluation rows; a file that cannot be trusted is a `UserError` naming it and why."""
-    config = read_config(run)
-    summary = None
-    if os.path.lexists(run / SUMMARY_FILE):
-        summary = read_json_object(run / SUMMARY_FILE)
-        for key in ("tokens", "final_val_loss", "wall_time", "steps", "epochs", "branch_step"):
-            _number(summary.get(key), key, str(run / SUMMARY_FILE))
-        if not isinstance(summary.get("status", ""), (str, type(None))):
-            raise DamagedRun(f"{run / SUMMARY_FILE}: status is {summary['status']!r}, not a name")
-    metrics, note = [], ""
-    packed = run / (METRICS_FILE + ".gz")  # a committed study record stores its curves compressed
-    if not os.path.lexists(run / METRICS_FILE) and os.path.lexists(packed):
-        text = read_untrusted_gz(packed, MAX_METRICS_FILE)
-        metrics = parse_metrics_lines(text, str(packed))
-        _check_records(metrics, str(packed))
-    elif os.path.lexists(run / METRICS_FILE):
-        text = read_untrusted(run / METRICS_FILE, MAX_METRICS_FILE)
-        metrics = parse_metrics_lines(text, str(run / METRICS_FILE))
-        _check_records(metrics, str(run / METRICS_FILE))
-        if text.strip() and not text.endswith("\n") and len(metrics) < len([x for x in text.split("\n") if x.strip()]):
-            note = f"last line of {METRICS_FILE} is cut off (a crash mid-write): ignored, the {len(metrics)} lines before it are used"
+    config, summary = read_config(run), read_summary(run)
+    metrics, note = read_metrics(run)
     row, curve = run_record(name, str(run), config, summary, metrics, note)
     prov = read_provenance(run)
     row["code"] = code_of(prov)
     name_revisions(row, prov)
     return row, curve
-
-
-def read_provenance(run: Path) -> dict | None:
-    """A run's provenance.json as a mapping, or None (absent or unreadable: the report says "unrecorded")."""
-    try:
-        return read_json_object(run / PROVENANCE_FILE)
-    except (OSError, UserError):
-        return None
 
 
 def name_revisions(row: dict, prov: dict | None) -> None:
@@ -256,17 +192,6 @@ def name_revisions(row: dict, prov: dict | None) -> None:
             row[column] = f"{row[column]}{tag}"
             notes.append(note)
     row["revision_note"] = "\n".join(notes)  # one line per rule
-
-
-def code_of(prov: dict | None) -> str:
-    """The code a run came from, from its provenance.json: `commit[ (dirty)]; package versions`, or "unrecorded"."""
-    if prov is None:
-        return "unrecorded"
-    git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
-    versions = prov.get("versions") if isinstance(prov.get("versions"), dict) else {}
-    commit = str(git.get("commit") or "no git")[:10] + (" (dirty)" if git.get("dirty") else "")
-    others = ", ".join(f"{k} {v}" for k, v in versions.items() if v and k != "asyncpipe")
-    return f"{commit}; asyncpipe {versions.get('asyncpipe')}; {others}"
 
 
 def named_variants(root: Path) -> list[str]:
