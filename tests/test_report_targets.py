@@ -203,11 +203,29 @@ def test_best_of_keeps_runs_recorded_before_a_key_existed_in_their_column(tmp_pa
         run.write_summary({"status": "completed", "final_val_loss": final, "tokens": 1000})
     report = build_report(root, out_dir=tmp_path / "out", plots=False, best_of="optimizer.lr", select_seeds=["0"])
     assert sorted(report.tuning.table[["column", "chosen"]].values.tolist()) == [["1-step", "0.002"], ["sync", "0.004"]]
-    assert list(report.tuning.table.columns[3:]) == ["0.002", "0.004", "0.008"]  # ascending, not first-seen
     (group,) = report.groups
     assert group.table.loc["adamw", "1-step"].endswith("(n=1, lr=0.002)")
     gap = next(c for c in report.claims if c.kind == "gap")
     assert gap.interval.value == pytest.approx(3.45 - 3.1)
+
+
+def test_best_of_value_columns_ascend_by_number_whatever_order_the_runs_come_in(tmp_path):
+    """The selection table's value columns are one ascending numeric axis. The first column read (1-step: its run
+    dirs sort first) tried lr 0.004 and 0.016, sync tried 1e-05 and 0.002, so first-seen order (0.004, 0.016, 1e-05,
+    0.002) and text order (0.002, 0.004, 0.016, 1e-05) both differ from it; each mean stays under its own value."""
+    root = sweep(tmp_path / "s", "s", ["sync", "1-step"])
+    finals = {("1-step", 0.004): 3.4, ("1-step", 0.016): 3.3, ("sync", 1e-05): 3.2, ("sync", 0.002): 3.1}
+    for (variant, lr), final in finals.items():
+        for seed in range(2):
+            write(root, variant, "adamw", seed, line(final + 0.05 * seed), lr=lr)
+    report = build_report(root, out_dir=tmp_path / "out", plots=False, best_of="optimizer.lr", select_seeds=["0"])
+    table = report.tuning.table
+    assert list(table.columns) == ["optimizer", "column", "chosen", "1e-05", "0.002", "0.004", "0.016"]
+    rows = table.set_index("column").drop(columns="optimizer")
+    assert rows.loc["sync"].tolist() == ["0.002", "3.2000", "3.1000", "—", "—"]
+    assert rows.loc["1-step"].tolist() == ["0.016", "—", "—", "3.4000", "3.3000"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "\n| optimizer | column | chosen | 1e-05 | 0.002 | 0.004 | 0.016 |\n" in md
 
 
 @pytest.mark.parametrize("args,said", [
