@@ -128,6 +128,9 @@ def test_a_paci_ladder_is_timed_by_pacis_throughput_not_2bws(tmp_path):
             for i, (tokens, val) in enumerate(line(loss, 10000 if variant != "sync" else 5000)):
                 run.append_metrics({"step": i, "tokens": tokens, "val_loss": val})
             run.write_summary({"status": "completed", "final_val_loss": loss, "tokens": 10000})
+            if variant == "PACI":  # what a run records of the schedule it ran (today's paci: revision 2)
+                prov = {"revisions": {"schedule": {"name": "paci", "revision": 2}}}
+                (root / f"{variant}-s{seed}" / "provenance.json").write_text(json.dumps(prov))
     bench = tmp_path / "b.json"
     bench.write_text(json.dumps({"stages": 2, "micro_batches": 4, "variants": {
         "1f1b": {"ratio_to_1f1b": 1.0}, "2bw": {"ratio_to_1f1b": 1.25}, "2bw_ef": {"ratio_to_1f1b": 1.2}}}))
@@ -144,6 +147,14 @@ def test_a_paci_ladder_is_timed_by_pacis_throughput_not_2bws(tmp_path):
         "1f1b": {"ratio_to_1f1b": 1.0}, "2bw": {"ratio_to_1f1b": 1.25}, "paci": {"ratio_to_1f1b": 1.1}}}))
     again = build_report(root, out_dir=tmp_path / "o2", plots=False, bench=[bench])
     assert throughput(2, 4, again.bench, schedule="paci").source == "measured, paci (b.json)"
+    # Records of paci's revision 1 (the recompute recipe) are named apart and timed as today's paci-recompute.
+    for seed in range(3):
+        prov = {"revisions": {"schedule": {"name": "paci", "revision": 1}}}
+        (root / f"PACI-s{seed}" / "provenance.json").write_text(json.dumps(prov))
+    old = build_report(root, out_dir=tmp_path / "o3", plots=False, bench=[bench])
+    by = {lad.columns[0]: lad for lad in old.ladders}
+    assert "PACI" not in by and by["PACI@r1"].schedule == "paci-recompute"
+    assert any("PACI@r1" in w or "paci@r1" in w for w in old.warnings)
 
 
 def test_best_of_compares_each_column_at_its_own_best_lr_chosen_on_other_seeds(tmp_path):

@@ -41,7 +41,7 @@ AXES = {
     "seed": "seed",
 }
 RUN_COLUMNS = ["run", "path", *AXES, "variant", "variant_named", "sweep", "status", "final_tokens", "summary_val_loss",
-               "note", "config", "train", "code", "epochs", "branch_of", "revision_note"]
+               "note", "config", "train", "code", "epochs", "branch_of", "revision_note", "schedule"]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
 
 
@@ -96,6 +96,7 @@ def run_record(
         row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"], row["compensation"]
     )
     row["config"] = flat_config(config)
+    row["schedule"] = str(row["config"].get("pipeline.schedule") or "auto")  # by today's name: `name_revisions`
     if row["engine"] != "pipeline":
         # Simulated: the stage count only matters through delay_profile=pipedream, which the variant names;
         # keeping it would split sync runs from the async runs they are compared with.
@@ -183,7 +184,7 @@ def name_revisions(row: dict, prov: dict | None) -> None:
     (`1-step+stage_lr@r1`, `adamw@r1`), so its cell is never pooled with, or read as, today's rule; the warning that
     says what that revision was goes to `revision_note`."""
     method = "ef" if row["ef"] else str(row["compensation"] or "none")
-    schedule = str((row.get("config") or {}).get("pipeline.schedule") or "auto")
+    schedule = str(row["schedule"])
     notes = []
     for kind, name, column in (("compensation", method, "variant"), ("optimizer", str(row["optimizer"]), "optimizer"),
                                ("schedule", schedule, "variant")):  # fmt: skip
@@ -192,6 +193,7 @@ def name_revisions(row: dict, prov: dict | None) -> None:
             row[column] = f"{row[column]}{tag}"
             notes.append(note)
     row["revision_note"] = "\n".join(notes)  # one line per rule
+    row["schedule"] = revisions.today_name("schedule", schedule, prov)  # what today's code calls what it ran
 
 
 def named_variants(root: Path) -> list[str]:

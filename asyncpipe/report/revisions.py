@@ -30,6 +30,7 @@ class Revision:
     since: str  # the commit that introduced it ("" for the first)
     date: str  # that commit's date, ISO 8601 UTC
     rule: str  # what it computes, in one line
+    now: str = ""  # the name the same rule has today, where it lives on under another name (paci r1: paci-recompute)
 
 
 # (kind, name) -> its revisions, oldest first. A rule not listed has only revision 1.
@@ -49,7 +50,7 @@ HISTORY: dict[tuple[str, str], tuple[Revision, ...]] = {
     ),
     ("schedule", "paci"): (
         Revision(1, "", "", "a straddler's forward recomputed on the stepped weights before its backward (today's "
-                 "paci-recompute)"),
+                 "paci-recompute)", now="paci-recompute"),
         Revision(2, "e5e0d6136327", "2026-12-03T14:45:39+00:00",
                  "a straddler back-propagates through its own forward's graph on the stepped weights (in place)"),
     ),
@@ -122,6 +123,15 @@ def of_record(kind: str, name: str, prov: dict | None) -> tuple[int | None, str]
         if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get("revision"), int):
             return int(entry["revision"]), "recorded"
     return derived(kind, name, prov)
+
+
+def today_name(kind: str, name: str, prov: dict | None) -> str:
+    """The name today's code gives the rule a run ran: ``name``, or the one its older revision lives on under
+    (a paci record of revision 1 ran today's paci-recompute, which is what its throughput is modelled as)."""
+    if (kind, name) not in HISTORY:
+        return name
+    number, _ = of_record(kind, name, prov)
+    return next((r.now for r in HISTORY[(kind, name)] if r.number == number and r.now), name)
 
 
 def suffix(kind: str, name: str, prov: dict | None) -> tuple[str, str]:
