@@ -283,6 +283,10 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
     atomic_write_text(files["gaps.csv"], report.cells.to_csv(index=False))
     atomic_write_text(files["intervals.csv"], pd.DataFrame([c.row() for c in report.claims]).to_csv(index=False))
     order = list(dict.fromkeys(report.cells["variant"])) if len(report.cells) else []
+    # Colours and markers go by place in this order: budget rungs (a ladder's longer columns) after every family's
+    # own column, so two families never share a colour in the glance panel.
+    rungs = {c for lad in report.ladders for c in lad.columns[1:]}
+    order = [v for v in order if v not in rungs] + [v for v in order if v in rungs]
     if plots:
         if any(c.kind == "gap" for c in report.claims):
             for path in plot_glance(report.claims, report.ladders, order, out_dir / "glance.png"):
