@@ -40,7 +40,7 @@ from asyncpipe.runtime.signals import SIGNALS
 
 # What a training process or a rank imports before its first step (torch._dynamo: the first optimizer's).
 PRELOAD = ["torch", "torch._dynamo", "deepspeed", "omegaconf", "hydra", "asyncpipe.cli", "asyncpipe.run",
-           "asyncpipe.trainer", "asyncpipe.pipe.engine"]  # fmt: skip
+           "asyncpipe.trainer", "asyncpipe.pipe.deepspeed_engine"]  # fmt: skip
 MODULES = ("asyncpipe", "asyncpipe.rank")  # the `python -m` targets that start from the fork server
 Stream = Union[None, int, IO[Any]]
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the directory holding this asyncpipe

@@ -47,7 +47,7 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale, stage_layers
     from asyncpipe.optim import build_optimizer
     from asyncpipe.pipe import memory
-    from asyncpipe.pipe.engine import ScheduledPipelineEngine
+    from asyncpipe.pipe.deepspeed_engine import ScheduledPipelineEngine
     from asyncpipe.pipe.stage import PipeSettings, StagedModule, deepspeed_config
 
     from asyncpipe.schedules import resolve

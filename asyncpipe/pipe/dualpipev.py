@@ -14,7 +14,7 @@ from typing import Any
 from deepspeed.runtime.pipe import dualpipev as ds_dualpipev
 from deepspeed.runtime.pipe import schedule as ds_schedule
 
-from asyncpipe.pipe.engine import ScheduledPipelineEngine
+from asyncpipe.pipe.deepspeed_engine import ScheduledPipelineEngine
 
 
 class DualPipeVModule(ds_dualpipev.DualPipeVModule):

@@ -65,7 +65,7 @@ class CutControl:
 
 def engine_state(engine: Any) -> dict:
     """This stage's state at a cut whose optimizer steps are all applied."""
-    if engine.global_steps != engine._batches_run:
+    if engine.global_steps != engine.batches_run:
         raise RuntimeError("checkpoint at a cut with a deferred optimizer step pending; apply_pending() first")
     return {
         "step": engine.global_steps,

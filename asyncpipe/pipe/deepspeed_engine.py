@@ -25,7 +25,6 @@ import torch.distributed as tdist
 from deepspeed.runtime.pipe import schedule as ds_schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from asyncpipe.model import pop_moe_sums
 from asyncpipe.optim import apply_update, grad_sq_norm
 from asyncpipe.pipe import memory
 from asyncpipe.pipe import schedule as sched
@@ -34,6 +33,7 @@ from asyncpipe.pipe.clock import StageClock
 from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.pipe.p2p import BatchedP2P
 from asyncpipe.pipe.stage import PipeSettings
+from asyncpipe.pipe.stage_metrics import StageMetrics
 from asyncpipe.pipe.standin import StandInPad
 from asyncpipe.pipe.stash import WeightStash
 from asyncpipe.runtime.saved import keep_saved_tensors
@@ -51,7 +51,7 @@ _WAIT = (ds_schedule.SendActivation, ds_schedule.RecvActivation, ds_schedule.Sen
 _FORWARD, _BACKWARD = (sched.ForwardPass, ds_schedule.ForwardPass), (sched.BackwardPass, ds_schedule.BackwardPass)
 
 
-class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
+class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
     """A `PipelineEngine` whose training schedule is 2BW (delay=1), DeepSpeed's 1F1B (delay=0) or a subclass's.
 
     Call `train_batch()` once per optimizer step (the data iterator yields (x, y) micro-batches in order).
@@ -160,6 +160,11 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
                                    "count_by_op": diff(self.timer.count_by_op, before[1]),
                                    "seconds_blocked_in": diff(self.timer.by_wait, before[2]),
                                    "standin_target_s": diff(self.standin.target, before[3])})  # fmt: skip
+
+    @property
+    def batches_run(self) -> int:
+        """Batches whose `train_batch` call returned (their optimizer steps may still be deferred)."""
+        return self._batches_run
 
     def apply_pending(self) -> None:
         """At a cut: apply the deferred optimizer steps of the batches run so far (in order), as ``sync`` does."""
@@ -340,65 +345,6 @@ class ScheduledPipelineEngine(BatchedP2P, PipelineEngine):
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
         self._record(b, float(stage_sq), norm if self._global_norm else math.nan)
-
-    # -- metrics: a small vector per rank and step to rank 0, never waited for mid-run ------------------
-    def _record(self, b: int, stage_sq: float, global_norm: float) -> None:
-        loss_sum, count = 0.0, 0
-        if self.is_last_stage():
-            if self._cmds is None:  # DeepSpeed's schedule sums the batch's losses itself
-                loss_sum, count = float(self.total_loss), self.micro_batches
-            else:
-                acc = self._batch_loss.pop(b)
-                loss_sum, count = float(acc[0]), acc[1]
-        self.timer.settle()  # CUDA: the step's events have completed (its numbers are read here anyway)
-        d = {k: self.timer.totals.get(k, 0.0) - self._mark.get(k, 0.0) for k in ("wait", "compute", "norm_allreduce")}
-        self._mark = dict(self.timer.totals)
-        moe_lb, moe_z, moe_count = pop_moe_sums(self.module)
-        update = getattr(self.optimizer, "last_update_norm", None)
-        corr = getattr(self.optimizer, "last_correction_norm", None)
-        self.reporter.send(b, {
-            "step": b, "stage": self.stage_id, "replica": self.grid.data_parallel_id,
-            "loss_sum": loss_sum if self.is_last_stage() else math.nan, "loss_count": count,
-            "stage_sq_norm": stage_sq, "global_norm": global_norm,
-            "lr": self.optimizer.param_groups[0]["lr"], "wait_s": d["wait"], "compute_s": d["compute"], "norm_wait_s": d["norm_allreduce"],
-            "weight_bytes": self.stash.weight_bytes, "peak_weight_bytes": self.stash.peak_bytes,
-            "update_sq": math.nan if update is None else float(update) ** 2,
-            "correction_sq": math.nan if corr is None else float(corr) ** 2,
-            "moe_lb_sum": moe_lb, "moe_z_sum": moe_z, "moe_count": moe_count,
-        })  # fmt: skip
-
-    def poll_metrics(self, synced: bool = False) -> list[dict[str, float]]:
-        """Rank 0: whole-pipeline records (see `combine_step`) of the steps every rank has surely applied, in
-        order: all but the latest, or with ``synced`` (call it only where all ranks meet, e.g. right after
-        `evaluate`, or at the end) every step so far. Other ranks get [] (``synced`` finishes their sends)."""
-        upto = None if synced else self.global_steps - 1 - self.reporter.LAG
-        return self.reporter.collect(self._batch_walls, upto)
-
-    def stage_summary(self) -> dict[str, Any]:
-        """This rank's totals over the run: idle fraction, weight memory, schedule facts."""
-        self.timer.settle()
-        wait, compute = self.timer.totals["wait"], self.timer.totals["compute"]
-        return {
-            "stage": self.stage_id, "replica": self.grid.data_parallel_id, "wait_s": wait, "compute_s": compute,
-            "idle_frac": wait / (wait + compute) if wait + compute > 0 else 0.0,
-            "param_bytes": self.stash.param_bytes, "peak_weight_bytes": self.stash.peak_bytes,
-            "weight_versions_peak": self.stash.peak_bytes / max(1, self.stash.param_bytes),
-            "deferred_step": self.defer_step, "global_norm_allreduce": self._global_norm,
-            "schedule": self.spec.name, "straddled_backwards": self.straddled,
-            "recomputed_backwards": self.straddled if self.spec.recompute else 0,
-            "seconds_by_op": dict(self.timer.by_op), "seconds_blocked_in": dict(self.timer.by_wait),
-            "count_by_op": dict(self.timer.count_by_op),
-            # Stand-in compute: the configured seconds per micro-batch and what the waits took (pipeline.standin).
-            "standin_s": list(self.settings.standin), "standin_real_s": dict(self.standin.real),
-            "standin_target_s": dict(self.standin.target),
-            # Seconds inside train_batch() calls in all (instructions plus the engine's own work between them).
-            "batch_wall_s": self.batch_wall_s, "eval_seconds_by_op": dict(self.eval_seconds_by_op),
-            "per_batch": list(self.batch_ops),
-            "timing": self.timer.mode,  # host: perf_counter (CPU, or trace); cuda_events: the stream's view
-            "peak_mem_bytes": memory.peak_since(self.memory_baseline, self.device),  # since the stage was built
-            "peak_activation_bytes": self.activations.peak_bytes,
-            "activation_bytes_per_micro_batch": self.activations.max_micro_batch_bytes,
-        }  # fmt: skip
 
     # -- evaluation: a collective forward-only pass on the latest weights ---------------------------------
     def evaluate(self, data_iter: Any, num_micro_batches: int) -> float:
