@@ -202,7 +202,7 @@ class Trainer:
                     last = step == t.steps
                     eval_now = step % t.eval_every == 0 or last
                     save_now = (bool(every) and step % every == 0 or step in pins) and not last and run_dir is not None
-                    engine.train_step(sync=eval_now or save_now)
+                    engine.train_step(sync=eval_now or save_now, save=save_now)
                     seen = engine.agree(stop.requested)
                     blown = seen.loss is not None and diverged(seen.loss, t.diverge_loss)
                     halt = blown or (seen.stop and not last)  # a stop during the last step lets the run complete

@@ -225,3 +225,45 @@ def test_schedule_draws_paci_with_its_straddlers_marked(tmp_path):
     assert tl.makespan == two_bw.makespan < other.makespan  # in place: 2BW's tick order at 2BW's cost
     text, files = draw_schedule("paci", P, m, 3, 1.0, 2.0, 1.0, None, tmp_path)
     assert "B4*" in text and "straddles" in text and all(f.exists() for f in files)
+
+
+# -- resume: the micro-batches in flight at a checkpoint re-run on the W(b-1) they first read ------------------
+RESUME = ["engine=pipeline", "pipeline.schedule=paci", "delay=1", "pipeline.clip=stage", "pipeline.stages=2",
+          "train.micro_batches=2", "train.steps=8", "checkpoint.every=4", "train.eval_every=4", "device=cpu",
+          "precision=fp32", "pipeline.threads=1", "optimizer=adamw", "optimizer.lr=4e-3"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_resumed_paci_run_is_bit_identical_to_one_not_interrupted(tmp_path):
+    """Stage 0 forwards micro-batch 8 (batch 4's first) on W(3), before the step that makes W(4) and the checkpoint
+    at step 4. Resumed from it, that forward runs again on the W(3) the checkpoint kept: every loss equal. The same
+    checkpoint without it (as written before this existed) resumes on W(4): the losses after step 4 move."""
+    import shutil
+
+    import torch
+
+    from helpers import asyncpipe, losses
+
+    ref = tmp_path / "ref"
+    done = asyncpipe("train", *RESUME, f"run.dir={ref}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    ckpt = ref / "checkpoints" / "step_00000004"
+    parts = {p.name: torch.load(p, weights_only=False) for p in ckpt.glob("rank*.pt")}
+    assert len(parts) == 2
+    for name, old in (("kept", False), ("dropped", True)):
+        run = tmp_path / name
+        shutil.copytree(ref, run)
+        (run / "summary.json").unlink()
+        if old:  # a checkpoint from before: no previous weights on any rank
+            for part, saved in parts.items():
+                assert (saved["state"]["previous"] is None) == (part == "rank1.pt")  # the last stage never straddles
+                torch.save({**saved, "state": {**saved["state"], "previous": None}}, run / ckpt.relative_to(ref) / part)
+        again = asyncpipe("train", *RESUME, f"run.dir={run}", "resume=true")
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert "resumed from" in again.stdout
+        if old:
+            upto = lambda rows: [r for r in rows if r[0] <= 4]  # noqa: E731
+            assert upto(losses(run)) == upto(losses(ref)) and losses(run) != losses(ref)
+        else:
+            assert losses(run) == losses(ref)  # exact float equality, every step and evaluation

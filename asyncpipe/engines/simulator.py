@@ -145,7 +145,7 @@ class SimulatorEngine:
             total += loss.detach().double()
         return total / m
 
-    def train_step(self, sync: bool = True) -> StepResult:
+    def train_step(self, sync: bool = True, save: bool = False) -> StepResult:
         """One optimizer step (every step lands at once: ``sync`` is for engines that can defer)."""
         start = time.perf_counter()
         t = self.cfg.train

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from asyncpipe.model.partition import layer_of_param, partition
+from asyncpipe.runtime.previous import values_in_place
 from asyncpipe.runtime.saved import keep_saved_tensors
 from asyncpipe.schedules import ScheduleSpec, staged
 
@@ -83,16 +84,8 @@ class StagedStaleness:
         go back into the same storage (what the pipeline's in-place step does between a forward and its backward)."""
         if version != self.version - 1:
             raise RuntimeError(f"stage {stage}: W{version} asked for in place, the stage holds W{self.version}")
-        params = self.params[stage]
-        with torch.no_grad():
-            latest = [p.detach().clone() for p in params]
-            torch._foreach_copy_([p.detach() for p in params], self.previous[stage])
-        try:
-            with keep_saved_tensors():
-                yield
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_([p.detach() for p in params], latest)
+        with values_in_place(self.params[stage], self.previous[stage]), keep_saved_tensors():
+            yield
 
     def _run(self, stage: int, h: torch.Tensor) -> torch.Tensor:
         for layer in self.stages[stage]:

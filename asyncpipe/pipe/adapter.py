@@ -130,7 +130,7 @@ class PipelineEngineAdapter:
             f"{cfg.train.steps} steps x {self.tokens_per_step} tokens{', compiled' if self.clock.compiled else ''}"
         )
 
-    def train_step(self, sync: bool) -> None:
+    def train_step(self, sync: bool, save: bool = False) -> None:
         if not self._streaming:  # from the first step to run (after a resume: its checkpoint's step)
             t = self.cfg.train
             stream = _train_stream(self.train_data, t.micro_batches, self.cfg.pipeline.data_parallel, self.replica,
@@ -138,7 +138,7 @@ class PipelineEngineAdapter:
             self.engine.set_dataiterator(stream)
             self._streaming, self._ran = True, self.step
         began = time.perf_counter()
-        self.engine.train_batch(sync=sync)  # a deferred step lands before weights are read
+        self.engine.train_batch(sync=sync, keep=save)  # a deferred step lands before weights are read
         self.clock.record(time.perf_counter() - began)  # the first batch pays the compile (train.compile)
         self._ran += 1  # batches run (their optimizer steps may still be deferred)
 
@@ -147,7 +147,7 @@ class PipelineEngineAdapter:
         return Agreement(seen.stop, seen.loss, self._ran - 1)
 
     def settle(self) -> None:
-        self.engine.apply_pending()
+        self.engine.apply_pending(keep=True)  # a halt: a checkpoint follows
 
     def records(self, synced: bool) -> list[dict]:
         # At a sync'd cut every rank has applied every step: rank 0 collects them all (before a checkpoint is

@@ -36,6 +36,7 @@ from asyncpipe.pipe.stage import PipeSettings
 from asyncpipe.pipe.stage_metrics import StageMetrics
 from asyncpipe.pipe.standin import StandInPad
 from asyncpipe.pipe.stash import WeightStash
+from asyncpipe.runtime.previous import PreviousWeights
 from asyncpipe.runtime.saved import keep_saved_tensors
 from asyncpipe.schedules import get as get_schedule
 
@@ -90,8 +91,15 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         # A deferred step needs the next batch to run on another version meanwhile (2BW's second one).
         self.defer_step = bool(defer and self.spec.stream is not None and self.stash.delay == 1)
         self._cmds: Optional[Iterator[sched.Instruction]] = None
-        self._fwd_version: dict[int, int] = {}  # buffer -> the version its micro-batch's forward read
+        self._fwd_version: dict[int, tuple] = {}  # buffer -> (version its forward read, the stash's version used)
         self.straddled = 0  # backwards on a newer version than their forward's (PACI's straddlers)
+        # W(v-1) for a checkpoint of a stage with straddlers (PACI, s < P-1), and whether a resumed stream's warm-up
+        # (forwards on it) is still to run.
+        self.previous = PreviousWeights(self.stash.params, bool(self.spec.straddle) and s < P - 1)
+        self._resuming = False
+        # A step that nothing reads before the next batch may stay pending past the cut: 2BW's deferred step,
+        # and PACI's (next in its stream), so that a checkpoint can copy the weights before it (`apply_pending`).
+        self._holds_step = self.defer_step or bool(self.spec.straddle)
         self.standin = StandInPad(self.settings.standin, self.spec.chunks)  # stand-in compute (pipeline.standin)
         self._open_stream(0)
         self.fwd_outputs: list = []
@@ -111,19 +119,22 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         self.memory_baseline = memory.mark(self.device)  # reset to before the stage's layers were built
 
     # -- the schedule ----------------------------------------------------------------------------------
-    def train_batch(self, data_iter: Any = None, sync: bool = True) -> None:  # type: ignore[override]
+    def train_batch(self, data_iter: Any = None, sync: bool = True, keep: bool = False) -> None:  # type: ignore[override]
         """Run this stage through the next batch: up to its `ReduceGrads`, the same cut on every stage, where
         no message between stages is in flight (2BW: no flush, the next batch is already under way).
 
         The batch's optimizer step is applied before returning unless the step is deferred and ``sync`` is
         False: then it runs later in the stream, overlapping its cross-stage all-reduce. Call with ``sync``
-        before anything that reads the weights (evaluation) and for the last batch."""
+        before anything that reads the weights (evaluation) and for the last batch; with ``keep`` as well before a
+        checkpoint (`apply_pending`)."""
         if data_iter is not None:
             self.set_dataiterator(data_iter)
         b = self._batches_run
         if b >= self.settings.total_steps:
             raise RuntimeError(f"all {self.settings.total_steps} steps of this engine's run are done")
         self._batches_run += 1
+        if not self._resuming:
+            self.previous.drop()  # the copy a checkpoint at the last cut needed
         started = time.perf_counter()
         # Stand-in on host timing (settled per instruction, so no device sync): per-batch figures.
         per_batch = self.timer.mode == "host" and self.standin.on
@@ -146,8 +157,9 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
                     break
             if self.p2p_ops:
                 raise RuntimeError("a batch ended with communication queued but not committed")
-            if sync or not self.defer_step:
-                self.apply_pending()
+            if sync or not self._holds_step:
+                self.apply_pending(keep)
+            self._resuming = False
             if b == self.settings.total_steps - 1:
                 rest = list(self._cmds)
                 if any(not isinstance(c, sched.OptimizerStep) or c.batch >= self.global_steps for c in rest):
@@ -166,9 +178,12 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         """Batches whose `train_batch` call returned (their optimizer steps may still be deferred)."""
         return self._batches_run
 
-    def apply_pending(self) -> None:
-        """At a cut: apply the deferred optimizer steps of the batches run so far (in order), as ``sync`` does."""
+    def apply_pending(self, keep: bool = False) -> None:
+        """At a cut: apply the deferred optimizer steps of the batches run so far (in order), as ``sync`` does.
+        ``keep``: a checkpoint follows; a stage with straddlers copies its weights before the last step first."""
         while self.global_steps < self._batches_run:
+            if keep and self.global_steps == self._batches_run - 1:
+                self.previous.keep()
             self._run(sched.OptimizerStep(batch=self.global_steps))
 
     def restart_at(self, step: int) -> None:
@@ -176,6 +191,7 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         the next `train_batch` runs batch ``step``, warming the 2BW stream up again from there."""
         self.global_steps = self._batches_run = step
         self.global_samples = step * self.train_batch_size()
+        self._resuming = True  # its first forwards may read W(step-1): `previous`, loaded with the checkpoint
         self._open_stream(step)
 
     def _open_stream(self, start: int) -> None:
@@ -237,9 +253,12 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
     def _tb_forward(self, buffer_id: int, micro_batch: int, version: int) -> None:
         inplace = self.spec.inplace and self.spec.straddles(self.num_stages, self.micro_batches, self.stage_id,
                                                             micro_batch)  # fmt: skip
-        with self.stash.use(version), (keep_saved_tensors() if inplace else contextlib.nullcontext()):
+        older = self.previous.needed and version < self.stash.latest  # a resumed PACI warm-up: W(latest-1)
+        used = self.stash.latest if older else version
+        with (self.previous.applied() if older else contextlib.nullcontext()), self.stash.use(used), \
+                (keep_saved_tensors() if inplace else contextlib.nullcontext()):
             PipelineEngine._exec_forward_pass(self, buffer_id)
-        self._fwd_version[buffer_id] = version
+        self._fwd_version[buffer_id] = (version, used)
         if self.is_last_stage():
             self.pipe_buffers["losses"][buffer_id] = self.loss
             acc = self._batch_loss.setdefault(micro_batch // self.micro_batches, [0.0, 0])
@@ -253,11 +272,11 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         else:
             self.grad_layer = self.pipe_buffers["grads"][buffer_id]
             self.pipe_buffers["grads"][buffer_id] = None
-        read = self._fwd_version.pop(buffer_id)
+        read, used = self._fwd_version.pop(buffer_id)
         if read != version:
             self._straddle(buffer_id, read, version)
         PipelineEngine._exec_backward_pass(self, buffer_id)
-        self.stash.release(read)
+        self.stash.release(used)
         # What DeepSpeed leaves to cyclic buffer reuse: the loss stage's logits and labels, stage 0's inputs.
         self.pipe_buffers["outputs"][buffer_id] = None
         self.grad_layer = None

@@ -71,12 +71,14 @@ def engine_state(engine: Any) -> dict:
         "step": engine.global_steps,
         "stash": engine.stash.state_dict(),
         "optimizer": engine.optimizer.state_dict(),
+        "previous": engine.previous.state(),  # W(step-1) where the stream's first forwards read it (PACI), else None
         "rng": torch.get_rng_state(),  # nothing in the model draws today; kept so dropout would resume exactly
     }
 
 
 def load_engine_state(engine: Any, state: dict) -> None:
     engine.stash.load_state_dict(state["stash"])
+    engine.previous.load(state.get("previous"))  # older checkpoints have none
     engine.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
     engine.restart_at(int(state["step"]))

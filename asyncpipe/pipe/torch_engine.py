@@ -152,7 +152,7 @@ class TorchPipeliningEngine:
                 f"{', compiled' if self.compiled else ''}")  # fmt: skip
 
     # -- one batch ----------------------------------------------------------------------------------------
-    def train_step(self, sync: bool = True) -> None:
+    def train_step(self, sync: bool = True, save: bool = False) -> None:
         t = self.cfg.train
         began = time.perf_counter()
         compute0 = self.clock["compute"]

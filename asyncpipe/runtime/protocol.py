@@ -59,7 +59,8 @@ class Engine(Protocol):
 
     def describe(self) -> str: ...  # the run's one-line description, printed first
 
-    def train_step(self, sync: bool) -> Any: ...
+    # ``sync``: the weights are read at this cut (evaluation, checkpoint); ``save``: a checkpoint is written at it
+    def train_step(self, sync: bool, save: bool = False) -> Any: ...
 
     def val_share(self, n: int) -> list[int]: ...
 

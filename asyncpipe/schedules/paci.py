@@ -29,7 +29,8 @@ micro-batches j < P-1 read a one-step-older version on some stage (j < P-1-s' on
 a mix of fresh and partly stale terms; to first order its error is at most (P-1)/m of 2BW's, and lam = (P-1)/m is EF's
 matching strength (the default lam = 1 corrects for a fully stale gradient). Methods that read the stale weights
 (dc, weight prediction, ...) are refused: the stage holds one version. A resumed run re-runs the micro-batches in
-flight at its checkpoint on the checkpoint's weights (the straddlers of that one batch read W(b), not W(b-1)).
+flight at its checkpoint on the W(b-1) they first read: each stage with straddlers copies its weights before the
+step a checkpoint follows (`asyncpipe.runtime.previous`), so a resumed run is bit-identical to one not interrupted.
 """
 
 from __future__ import annotations
@@ -50,14 +51,14 @@ def versions(P: int, m: int, stage: int, k: int) -> tuple[int, int]:
 class PACISchedule(TwoBWSchedule):
     """2BW's tick order (1F1B without a flush, a step right after each batch's last backward on every stage,
     never deferred) with PACI's versions: forward and backward of a micro-batch may read consecutive versions.
-    A resumed stream (``start``) forwards its warm-up micro-batches on W(start)."""
+    A resumed stream (``start``) declares the versions of the full one: its warm-up forwards read W(start-1),
+    which the engine keeps with a checkpoint (`asyncpipe.runtime.previous`)."""
 
     def __init__(self, micro_batches: int, stages: int, stage_id: int, batches: int, start: int = 0) -> None:
         super().__init__(micro_batches, stages, stage_id, batches, defer_step=False, start=start)
 
     def versions_of(self, micro_batch: int) -> tuple[int, int]:
-        f, b = versions(self.stages, self.micro_batches, self.stage_id, micro_batch)
-        return max(f, self.start), b
+        return versions(self.stages, self.micro_batches, self.stage_id, micro_batch)
 
     def _forward(self, k: int) -> list[Instruction]:
         cmds = super()._forward(k)
