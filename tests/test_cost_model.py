@@ -31,7 +31,6 @@ def test_step_times_derived_by_hand() -> None:
     (w = P-1 = 1): 6 + 1 + 0.25 = 7.25."""
     model = hand_model()
     assert predict(model, "1f1b", 2, 2).step_s == pytest.approx(9.25)
-    assert predict(model, "1f1b", 2, 2, torch_free=True).step_s == pytest.approx(9.25)
     assert predict(model, "2bw", 2, 2).step_s == pytest.approx(6.25)
     assert predict(model, "paci", 2, 2).step_s == pytest.approx(6.25)
     assert predict(model, "paci-recompute", 2, 2).step_s == pytest.approx(7.25)
@@ -61,15 +60,18 @@ def test_dualpipev_replays_each_chunk_at_its_own_cost() -> None:
     assert predict(heavy, "dualpipev", 2, 4).step_s > base
 
 
-@pytest.mark.parametrize("P,m", [(2, 4), (4, 8), (8, 8)])
-def test_the_torch_free_1f1b_is_deepspeeds_timeline(P: int, m: int) -> None:
-    """The report replays 1F1B without DeepSpeed (a flushed batch of 2BW's stream at a time); with unequal stages and
-    a priced step it is DeepSpeed's `TrainSchedule` timeline to the last digit."""
-    blocks = 8
-    model = CostModel("x", False, forward=[0.0] + [0.3 + 0.1 * i for i in range(blocks)] + [0.4],
-                      backward=[0.0] + [0.7 + 0.05 * i for i in range(blocks)] + [0.9], params=[1] * (blocks + 2),
-                      tokens_per_micro_batch=1, step_per_param=0.05)  # fmt: skip
-    assert predict(model, "1f1b", P, m, torch_free=True).step_s == pytest.approx(predict(model, "1f1b", P, m).step_s)
+def test_the_replay_imports_neither_torch_nor_deepspeed() -> None:
+    """The report models throughput with this (1F1B's stream is DeepSpeed's TrainSchedule order written out,
+    `pipe.schedule.flushed_1f1b_stream`), so it must stay torch-free."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from asyncpipe.timelines.cost import CostModel, ratio; "
+            "m = CostModel('hand', False, forward=[0, 1, 1, 0], backward=[0, 2, 2, 0], params=[0, 1, 1, 0], "
+            "tokens_per_micro_batch=1, step_per_param=0.25); r = ratio(m, '2bw', '1f1b', 2, 4); assert r > 1, r; "
+            "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
 def _record(fwd: list[float], bwd: list[float], upd: list[float], steps: int = 6, m: int = 4) -> dict:

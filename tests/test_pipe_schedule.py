@@ -211,6 +211,22 @@ def test_deferral_costs_nothing_with_unequal_stages_and_a_priced_step(P, m):
     assert simulate(all_deferred, collective_steps=True, **costs).makespan > deferred
 
 
+def test_our_flushed_1f1b_is_deepspeeds_train_schedule_instruction_for_instruction():
+    """`flushed_1f1b_stream` (torch-free, what timelines and the cost model replay) against DeepSpeed's own
+    `TrainSchedule` translated: the same instructions in the same order (buffers aside), every stage, P <= 8,
+    m <= 12, two batches."""
+    pytest.importorskip("deepspeed")
+
+    def key(c):
+        return c.name, tuple(sorted((k, v) for k, v in c.kwargs.items() if k != "buffer_id"))
+
+    for P in range(1, 9):
+        for m in range(1, 13):
+            for s in range(P):
+                ours = [key(c) for c in sched.flushed_1f1b_stream(m, P, s, 2)]
+                assert ours == [key(c) for c in sched.train_schedule_stream(m, P, s, 2)], (P, m, s)
+
+
 def test_deepspeed_translation_keeps_micro_batch_order():
     pytest.importorskip("deepspeed")
     for P, m, s in itertools.product((2, 4), (4, 5), (0, 1)):

@@ -3,7 +3,8 @@
 `TwoBWSchedule` is PipeDream-2BW: 1F1B carried across batch boundaries with no flush, one optimizer step per
 batch per stage right after the batch's last backward, every micro-batch pinned to one weight version
 (batch b runs on W(b-1), W(-1) = W(0)), at most two versions alive per stage. Pure Python: no torch, no deepspeed.
-`gpipe_stream` and `train_schedule_stream` (DeepSpeed's own 1F1B with flush) give the baselines for timelines.
+`gpipe_stream` and `flushed_1f1b_stream` (DeepSpeed's own 1F1B with flush, its order without importing it) give the
+baselines for timelines.
 """
 
 from __future__ import annotations
@@ -291,6 +292,54 @@ def from_deepspeed(ds_ticks: Any, micro_batches: int, batch: int = 0) -> list[In
             elif name != "ReduceTiedGrads":
                 raise ValueError(f"no translation for DeepSpeed instruction {cmd!r}")
     return out
+
+
+def flushed_1f1b_stream(micro_batches: int, stages: int, stage_id: int, batches: int = 1) -> list[Instruction]:
+    """DeepSpeed's `TrainSchedule` instruction order without importing DeepSpeed (`train_schedule_stream` is the
+    same order translated from DeepSpeed itself; `tests/test_pipe_schedule.py` holds them equal for P <= 8, m <= 12).
+
+    A batch is 2 (m + P - 1) ticks. On stage s, tick t runs the forward of micro-batch (t - s) / 2 when t - s is
+    even, the backward of micro-batch (t - 2P + 1 + s) / 2 when it is odd (none outside 0 .. m-1). A tick first
+    sends what the previous tick produced (an activation forward, a gradient backward) and receives what its own op
+    needs, the receive first when its op is a backward, the send first otherwise; then the first and last stages
+    load their micro-batch for a forward; then the op. Blocking communication (no `CommitP2P`); the step follows
+    the batch's last tick, on W(b)."""
+    _check(micro_batches, stages, stage_id, batches)
+    m, P, s = micro_batches, stages, stage_id
+    first, last = s == 0, s == P - 1
+
+    def op_at(t: int) -> Optional[tuple[bool, int]]:  # (forward?, micro-batch of the batch)
+        forward = (t - s) % 2 == 0
+        j = (t - s) // 2 if forward else (t - 2 * P + 1 + s) // 2
+        return (forward, j) if 0 <= j < m else None
+
+    cmds: list[Instruction] = []
+    for b in range(batches):
+        for t in range(2 * (m + P - 1)):
+            prev, cur = op_at(t - 1) if t else None, op_at(t)
+            send: list[Instruction] = []
+            if prev is not None and prev[0] and not last:
+                send = [SendActivation(buffer_id=prev[1], micro_batch=b * m + prev[1])]
+            elif prev is not None and not prev[0] and not first:
+                send = [SendGrad(buffer_id=prev[1], micro_batch=b * m + prev[1])]
+            if cur is None:
+                cmds += send
+                continue
+            forward, j = cur
+            k = b * m + j
+            recv: list[Instruction] = []
+            if forward and not first:
+                recv = [RecvActivation(buffer_id=j, micro_batch=k)]
+            elif not forward and not last:
+                recv = [RecvGrad(buffer_id=j, micro_batch=k)]
+            cmds += send + recv if forward else recv + send
+            if forward:
+                cmds += [LoadMicroBatch(buffer_id=j, micro_batch=k)] if first or last else []
+                cmds.append(ForwardPass(buffer_id=j, micro_batch=k, version=b))
+            else:
+                cmds.append(BackwardPass(buffer_id=j, micro_batch=k, version=b))
+        cmds += [ReduceGrads(batch=b), OptimizerStep(batch=b, src_version=b, dst_version=b + 1)]
+    return cmds
 
 
 def train_schedule_stream(micro_batches: int, stages: int, stage_id: int, batches: int = 1) -> list[Instruction]:

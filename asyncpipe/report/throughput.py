@@ -119,7 +119,7 @@ def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool 
         try:
             model = _MODELS.get(b["path"]) or from_bench(rec, b["path"])
             _MODELS[b["path"]] = model
-            value = ratio(model, schedule, "1f1b", stages, micro_batches, ef=ef, torch_free=True)  # type: ignore[arg-type]
+            value = ratio(model, schedule, "1f1b", stages, micro_batches, ef=ef)  # type: ignore[arg-type]
         except Refused:
             return None
         name = f"{schedule}_ef" if ef else schedule

@@ -8,9 +8,9 @@ from asyncpipe.schedules import ScheduleSpec, declare_schedule, one_f_one_b_in_f
 
 
 def _ideal(m: int, P: int, stage: int, batches: int, start: int = 0, defer_step: bool = False) -> list:
-    from asyncpipe.pipe.schedule import train_schedule_stream
+    from asyncpipe.pipe.schedule import flushed_1f1b_stream  # TrainSchedule's order, without DeepSpeed
 
-    return [train_schedule_stream(m, P, stage, batches)]
+    return [flushed_1f1b_stream(m, P, stage, batches)]
 
 
 SPEC = declare_schedule(ScheduleSpec(

@@ -96,15 +96,12 @@ def stage_costs(model: CostModel, stages: int, chunks: int = 1, data_parallel: i
     return fwd, bwd, update, params
 
 
-def _streams(name: str, m: int, P: int, batches: int, defer: bool, torch_free: bool) -> list[list]:
-    from asyncpipe.pipe.schedule import TwoBWSchedule, flatten
+def _streams(name: str, m: int, P: int, batches: int, defer: bool) -> list[list]:
+    from asyncpipe.pipe.schedule import flatten
     from asyncpipe.schedules import get
 
     spec = get(name)
-    if name == "1f1b" and torch_free:  # DeepSpeed's TrainSchedule without importing it: one flushed batch at a time
-        return [[c for b in range(batches) for c in flatten(TwoBWSchedule(m, P, s, b + 1, start=b).steps())]
-                for s in range(P)]  # fmt: skip
-    make = spec.ideal or spec.stream
+    make = spec.ideal or spec.stream  # torch-free: 1F1B's is DeepSpeed's TrainSchedule order written out
     return [flatten(make(m, P, s, batches, 0, defer)) for s in range(P)]
 
 
@@ -114,11 +111,10 @@ def _defers(spec: Any, P: int, clip: str) -> bool:
 
 
 def predict(model: CostModel, schedule: str, stages: int, micro_batches: int, data_parallel: int = 1,
-            ef: bool = False, clip: Optional[str] = None, batches: int = 4,
-            torch_free: bool = False) -> Prediction:  # fmt: skip
+            ef: bool = False, clip: Optional[str] = None, batches: int = 4) -> Prediction:  # fmt: skip
     """The steady-state step of ``schedule`` (a declared schedule the pipeline engine runs) at P, m and D under
     ``model``; ``clip``: global (one norm all-reduce across stages per step) or stage (default: global where the
-    schedule can). ``torch_free``: 1F1B's stream without DeepSpeed (same timeline; the report uses it)."""
+    schedule can). Torch-free: the report calls it."""
     from asyncpipe.schedules import get
     from asyncpipe.timelines.timeline import simulate
 
@@ -138,7 +134,7 @@ def predict(model: CostModel, schedule: str, stages: int, micro_batches: int, da
         upd = [u + model.allreduce_latency_s for u in upd]
 
     def run(n: int) -> Any:
-        return simulate(_streams(spec.name, m, P, n, defer, torch_free), fwd, bwd, upd, latency=model.p2p_s,
+        return simulate(_streams(spec.name, m, P, n, defer), fwd, bwd, upd, latency=model.p2p_s,
                         collective_steps=collective, overhead=model.overhead_s, recompute=spec.recompute)  # fmt: skip
 
     a, b = run(batches), run(batches + 1)
@@ -177,9 +173,9 @@ def _instructions_per_op(name: str, P: int, m: int) -> float:
     return worst
 
 
-def ratio(model: CostModel, schedule: str, reference: str, stages: int, micro_batches: int, ef: bool = False,
-          torch_free: bool = False) -> float:  # fmt: skip
+def ratio(model: CostModel, schedule: str, reference: str, stages: int, micro_batches: int,
+          ef: bool = False) -> float:  # fmt: skip
     """Throughput of ``schedule`` over ``reference`` (the same tokens per step) under ``model``."""
-    mine = predict(model, schedule, stages, micro_batches, ef=ef, torch_free=torch_free)
-    ref = predict(model, reference, stages, micro_batches, torch_free=torch_free)
+    mine = predict(model, schedule, stages, micro_batches, ef=ef)
+    ref = predict(model, reference, stages, micro_batches)
     return ref.step_s / mine.step_s
