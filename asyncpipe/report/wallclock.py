@@ -1,7 +1,8 @@
 """Val loss against modelled wall-clock: a run's tokens divided by its schedule's throughput relative to 1F1B (sync
 = 1, a 2BW column = the measured or ideal ratio at the run's own P and m), one panel per (table, optimizer) that
-has a delayed column, mean over seeds; the dashed line is sync's final val loss (the target). Each panel's legend
-sits below it, never over data."""
+has a delayed column, mean over seeds; the dashed line is sync's final val loss (the target). A budget family's
+rungs share its colour (fainter the shorter), each rung's end marked. Each panel's legend sits below it, never over
+data."""
 
 from __future__ import annotations
 
@@ -30,23 +31,33 @@ def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladde
         group = next(g for g in groups if g.title == table)
         done = runs[(runs["status"] == COMPLETED) & runs["run"].isin(group.runs) & (runs["optimizer"] == optimizer)]
         own = [lad for lad in ladders if (lad.table, lad.optimizer) == (table, optimizer)]
-        lines = [(group.reference, 1.0, "sync (1F1B)")]
+        # One colour per family: sync, then each ladder, whose budget rungs share it (fainter the shorter), each
+        # rung's end marked; one legend entry per family.
+        families = [(group.reference, [group.reference], 1.0, "sync (1F1B)")]
         for lad in own:
             thr = lad.throughput(bench) if at is None else throughput(*at, bench, lad.ef, lad.schedule)
             P, m = at or (lad.stages, lad.micro_batches)
-            note = f"÷{thr.vs_1f1b:.3f}, {thr.kind} at P={P}, m={m}"
-            lines += [(col, thr.vs_1f1b, f"{col} ({note})") for col in lad.columns]
+            rungs = f", budgets {lad.multiples[0]:.2f}x-{lad.multiples[-1]:.2f}x" if len(lad.columns) > 1 else ""
+            families.append((lad.columns[0], list(lad.columns), thr.vs_1f1b,
+                             f"{lad.columns[0]}{rungs} (÷{thr.vs_1f1b:.3f}, {thr.kind} at P={P}, m={m})"))
         ys, xmax = [], 0.0
-        for j, (column, ratio, label) in enumerate(lines):
-            wide = seed_matrix(curves, list(done.loc[done["variant"] == column, "run"]))
-            if wide.empty:
-                continue
-            mean = wide.mean(axis=1)
-            x = mean.index.to_numpy(dtype=float) / ratio
-            ax.plot(x, mean.values, color=COLOURS[j % len(COLOURS)], marker=MARKERS[j % len(MARKERS)], markersize=3,
-                    linewidth=1.4, label=f"{label}, mean of {wide.shape[1]}")  # fmt: skip
-            ys.append((x, mean.to_numpy()))
-            xmax = max(xmax, float(x.max()))
+        for j, (_, columns, ratio, label) in enumerate(families):
+            colour, marker, seeds = COLOURS[j % len(COLOURS)], MARKERS[j % len(MARKERS)], 0
+            for i, column in enumerate(columns):
+                wide = seed_matrix(curves, list(done.loc[done["variant"] == column, "run"]))
+                if wide.empty:
+                    continue
+                seeds = max(seeds, wide.shape[1])
+                mean = wide.mean(axis=1)
+                x = mean.index.to_numpy(dtype=float) / ratio
+                alpha = 1.0 if len(columns) == 1 else 0.35 + 0.65 * i / (len(columns) - 1)
+                ax.plot(x, mean.values, color=colour, alpha=alpha, linewidth=1.2)
+                ax.plot(x[-1:], mean.values[-1:], color=colour, marker=marker, markersize=5, linestyle="none")
+                ys.append((x, mean.to_numpy()))
+                xmax = max(xmax, float(x.max()))
+            if seeds:
+                ax.plot([], [], color=colour, marker=marker, markersize=5, linewidth=1.2,
+                        label=f"{label}, mean of {seeds}")  # fmt: skip
         ref = done[done["variant"] == group.reference]
         finals = [curves.loc[curves["run"] == r].sort_values("tokens")["val_loss"].iloc[-1] for r in ref["run"]
                   if (curves["run"] == r).any()]  # fmt: skip
