@@ -7,6 +7,19 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+SPIN_S = 0.0002  # the last this-many seconds of a pad are spun, not slept: a sleep wakes late by the timer slack
+
+
+def sleep_until(deadline: float, spin: float = SPIN_S) -> None:
+    """Return at `time.perf_counter` ``deadline``: sleep until ``spin`` seconds before it, then spin (a plain
+    sleep overshoots by the kernel's timer slack plus the wake-up, which a pad pays on every instruction)."""
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return
+        if left > spin:
+            time.sleep(left - spin)
+
 
 class StandInPad:
     """Per pass kind (forward, backward): seconds the real ops took and seconds they were padded to."""
@@ -36,5 +49,5 @@ class StandInPad:
         real = time.perf_counter() - began
         self.real[kind] = self.real.get(kind, 0.0) + real
         if real < target:
-            time.sleep(target - real)
+            sleep_until(began + target)
         self.target[kind] = self.target.get(kind, 0.0) + target

@@ -1,0 +1,211 @@
+"""Where a stand-in step's time goes (issue 39, item 5): traced stand-in runs of 2BW and 1F1B, each steady
+window split along its critical path (`asyncpipe.bench.critical_path`), beside what gloo's p2p round trip and a
+padding sleep cost in isolation on the same machine at the same moment. Short: a few steps per job.
+
+    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/standin_breakdown.py                # P = 2, 4; m = P, 2P
+    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/standin_breakdown.py --stages 2 --micro 1 --isolated-only
+
+Prints one table (ms per micro-batch on the critical path, by part) and writes the JSON (--out). Every figure is
+taken under whatever load the machine has: the `uptime` before and after is printed and saved with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.split("load average:")[-1].strip()
+    except OSError:
+        return "?"
+
+
+# -- in isolation: a sleep's overshoot, gloo's round trip ---------------------------------------------------
+def sleep_overshoot(seconds: float = 0.02, n: int = 50) -> dict:
+    """Overshoot of a plain `time.sleep` and of the stand-in pad (`StandInPad.sleep_until`), in seconds."""
+    from asyncpipe.pipe.standin import sleep_until
+
+    plain, pad = [], []
+    for _ in range(n):
+        a = time.perf_counter()
+        time.sleep(seconds)
+        plain.append(time.perf_counter() - a - seconds)
+        a = time.perf_counter()
+        sleep_until(a + seconds)
+        pad.append(time.perf_counter() - a - seconds)
+    q = lambda xs: {"median": statistics.median(xs), "p90": sorted(xs)[int(0.9 * len(xs))], "max": max(xs)}  # noqa: E731
+    return {"seconds": seconds, "n": n, "time_sleep": q(plain), "sleep_until": q(pad)}
+
+
+def _pingpong(rank: int, port: int, numel: int, n: int, pause: float, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    peer = 1 - rank
+    x = torch.zeros(numel)
+    rtt = []
+    for i in range(n + 5):
+        if rank == 0:
+            a = time.perf_counter()
+            for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer)]):
+                r.wait()
+            for r in dist.batch_isend_irecv([dist.P2POp(dist.irecv, x, peer)]):
+                r.wait()
+            if i >= 5:
+                rtt.append(time.perf_counter() - a - pause)
+        else:
+            for r in dist.batch_isend_irecv([dist.P2POp(dist.irecv, x, peer)]):
+                r.wait()
+            if pause:
+                time.sleep(pause)  # the peer computes (sleeps) before it answers: the waiter was blocked meanwhile
+            for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer)]):
+                r.wait()
+    if rank == 0:
+        Path(out).write_text(json.dumps(rtt))
+    dist.destroy_process_group()
+
+
+def gloo_round_trip(numel: int, n: int = 100, pause: float = 0.0) -> dict:
+    """Median and p90 one-way latency (half a round trip) of a ``numel``-float message over gloo between two
+    processes, as the engine posts it (`torch.distributed.batch_isend_irecv`, then wait); ``pause``: the answering
+    side sleeps that long first (the waiting side blocks in gloo meanwhile, as a stage waiting on its peer)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "rtt.json")
+        mp.start_processes(_pingpong, args=(port, numel, n, pause, out), nprocs=2, start_method="spawn")
+        rtt = json.loads(Path(out).read_text())
+    one_way = sorted(r / 2 for r in rtt)
+    return {"numel": numel, "n": n, "pause_s": pause, "one_way_median_s": statistics.median(one_way),
+            "one_way_p90_s": one_way[int(0.9 * len(one_way))]}  # fmt: skip
+
+
+# -- traced stand-in runs ------------------------------------------------------------------------------------
+def traced_runs(P: int, ms: list[int], schedules: list[str], F: float, B: float, steps: int,
+                keep: Path | None = None) -> list[dict]:
+    """One launch per P: a job per (schedule, m) with pipeline.trace=true; each job's steady window (stage 0's
+    cuts after the first batch up to the last but one) split on its critical path and per stage."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from asyncpipe.bench import critical_path as cp
+    from asyncpipe.bench.pipeline import BENCH_DEFAULTS, variants_of
+    from asyncpipe.bench.standin import ideal_step_s, standin_overrides
+    from asyncpipe.config import compose
+    from asyncpipe.spawn import Job, launch
+
+    table = variants_of(schedules)
+    base = [*BENCH_DEFAULTS, "model=tiny", f"model.n_layer={max(4, 2 * P)}", f"pipeline.stages={P}",
+            "train.micro_batch_size=1", "train.seq_len=16", *standin_overrides(F, B), "engine=pipeline",
+            f"train.steps={steps}", f"train.eval_every={steps}", "pipeline.trace=true", f"train.eval_batches={2 * P}",
+            "tracker.wandb.mode=disabled"]  # fmt: skip
+    keys = [(name, m) for m in ms for name in table]
+    out = []
+    with tempfile.TemporaryDirectory(prefix="standin-breakdown-") as scratch:
+        tmp = tempfile.mkdtemp(prefix=f"P{P}-", dir=keep) if keep else scratch
+        jobs = [Job(compose([*base, *table[name], f"train.micro_batches={m}"]), Path(tmp) / f"{name}-{m}",
+                    show_progress=False) for name, m in keys]  # fmt: skip
+        for j in jobs:
+            j.run_dir.mkdir()
+        load_before = _uptime()
+        launch(jobs)
+        load_after = _uptime()
+        for (name, m), job in zip(keys, jobs):
+            traces = {}
+            for f in job.run_dir.glob("trace-rank*.json"):
+                ev = json.loads(f.read_text())
+                if ev and ev[0].get("replica", 0) == 0:
+                    traces[ev[0]["stage"]] = sorted((e for e in ev if ":" not in e["op"]), key=lambda e: e["start"])
+            cuts = cp.cut_times(traces[0])
+            # From batch 1's cut (batch 0's first optimizer step, which builds the optimizer state, is before it)
+            # to the last batch's start: steady batches only.
+            t0, t1 = cuts[1], cuts[-2]
+            batches = len(cuts) - 3
+            ideal = ideal_step_s(job.cfg.pipeline.schedule, P, m, F, B)
+            path = cp.critical_path(traces, t0, t1, (F, B))
+            out.append({
+                "schedule": name, "stages": P, "micro_batches": m, "forward_s": F, "backward_s": B,
+                "steady_batches": batches, "step_s": (t1 - t0) / batches, "ideal_step_s": ideal,
+                "fraction_of_ideal": ideal * batches / (t1 - t0),
+                "critical_path_s_per_step": {k: v / batches for k, v in path["parts"].items()},
+                "critical_path_hops_per_step": path["hops"] / batches,
+                "message_s_median": statistics.median(path["message_s"]) if path["message_s"] else 0.0,
+                "per_stage_s_per_step": {s: {k: v / batches for k, v in p.items()}
+                                         for s, p in cp.per_stage(traces, t0, t1, (F, B)).items()},
+                "load_before": load_before, "load_after": load_after,
+            })  # fmt: skip
+    return out
+
+
+def render(recs: list[dict]) -> str:
+    """The table: per record, ms per step on the critical path by part, and the shortfall per micro-batch."""
+    from asyncpipe.bench.critical_path import PARTS
+
+    head = ["schedule", "P", "m", "ideal ms", "step ms", "fraction", *PARTS, "hops/step", "msg ms (median)",
+            "lost ms / micro-batch", "load"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in recs:
+        parts = r["critical_path_s_per_step"]
+        lost = (r["step_s"] - r["ideal_step_s"]) / r["micro_batches"]
+        lines.append("| " + " | ".join([
+            r["schedule"], str(r["stages"]), str(r["micro_batches"]), f"{r['ideal_step_s'] * 1e3:.1f}",
+            f"{r['step_s'] * 1e3:.1f}", f"{r['fraction_of_ideal']:.3f}", *(f"{parts[k] * 1e3:.1f}" for k in PARTS),
+            f"{r['critical_path_hops_per_step']:.1f}", f"{r['message_s_median'] * 1e3:.2f}", f"{lost * 1e3:.2f}",
+            r["load_before"].split(",")[0]]) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stages", default="2,4")
+    ap.add_argument("--micro", default="1,2", help="m as multiples of P")
+    ap.add_argument("--schedules", default="2bw,1f1b")
+    ap.add_argument("--standin", default="0.02,0.04")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--keep", type=Path, default=None, help="keep the traced run dirs under this folder")
+    ap.add_argument("--isolated-only", action="store_true", help="only the sleep and gloo figures")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    F, B = (float(x) for x in a.standin.split(","))
+    res: dict = {"load_before": _uptime()}
+    res["sleep"] = sleep_overshoot(F)
+    res["gloo"] = [gloo_round_trip(16 * 64, pause=p) for p in (0.0, F)]
+    print(f"load {res['load_before']}")
+    print(f"sleep {F * 1e3:.0f} ms overshoot: time.sleep median {res['sleep']['time_sleep']['median'] * 1e3:.3f} ms "
+          f"(p90 {res['sleep']['time_sleep']['p90'] * 1e3:.3f}), sleep_until median "
+          f"{res['sleep']['sleep_until']['median'] * 1e3:.3f} ms (p90 {res['sleep']['sleep_until']['p90'] * 1e3:.3f})")  # fmt: skip
+    for g in res["gloo"]:
+        print(f"gloo one-way ({g['numel']} floats, peer pauses {g['pause_s'] * 1e3:.0f} ms first): median "
+              f"{g['one_way_median_s'] * 1e3:.3f} ms, p90 {g['one_way_p90_s'] * 1e3:.3f} ms")  # fmt: skip
+    res["records"] = []
+    if not a.isolated_only:
+        for P in (int(x) for x in a.stages.split(",")):
+            res["records"] += traced_runs(P, [k * P for k in (int(x) for x in a.micro.split(","))],
+                                          a.schedules.split(","), F, B, a.steps, a.keep)  # fmt: skip
+        print(render(res["records"]))
+    res["load_after"] = _uptime()
+    print(f"load after {res['load_after']}")
+    if a.out:
+        a.out.write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
