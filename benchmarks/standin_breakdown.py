@@ -49,41 +49,47 @@ def sleep_overshoot(seconds: float = 0.02, n: int = 50) -> dict:
     return {"seconds": seconds, "n": n, "time_sleep": q(plain), "sleep_until": q(pad)}
 
 
-def _pingpong(rank: int, port: int, numel: int, n: int, pause: float, out: str) -> None:
+def _gloo_cases(rank: int, port: int, numel: int, n: int, pause: float, out: str) -> None:
     import torch
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    peer = 1 - rank
     x = torch.zeros(numel)
-    rtt = []
-    for i in range(n + 5):
-        if rank == 0:
-            a = time.perf_counter()
-            for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer)]):
-                r.wait()
-            for r in dist.batch_isend_irecv([dist.P2POp(dist.irecv, x, peer)]):
-                r.wait()
-            if i >= 5:
-                rtt.append(time.perf_counter() - a - pause)
+    t = torch.zeros(1, dtype=torch.float64)
+    cases: dict[str, list[float]] = {"blocked_receiver": [], "receive_at_wait": [], "receive_ahead": []}
+    for _ in range(n):
+        # The receiver waits first; the sender posts ``pause`` later: its post (clock sent along) to the
+        # receiver's return, the latency of a message to a blocked stage (wake-ups included).
+        dist.barrier()
+        if rank == 1:
+            time.sleep(pause)
+            t[0] = time.perf_counter()
+            dist.send(t, 0)
         else:
-            for r in dist.batch_isend_irecv([dist.P2POp(dist.irecv, x, peer)]):
-                r.wait()
-            if pause:
-                time.sleep(pause)  # the peer computes (sleeps) before it answers: the waiter was blocked meanwhile
-            for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer)]):
-                r.wait()
+            dist.recv(t, 1)
+            cases["blocked_receiver"].append(time.perf_counter() - t.item())
+        # The sender first: the receive posted only when the receiver waits (gloo's rendezvous then runs), or
+        # posted ``pause`` earlier (the data is there when it waits).
+        for case in ("receive_at_wait", "receive_ahead"):
+            dist.barrier()
+            if rank == 1:
+                dist.isend(x, 0).wait()
+                continue
+            work = dist.irecv(x, 1) if case == "receive_ahead" else None
+            time.sleep(pause)
+            a = time.perf_counter()
+            (work or dist.irecv(x, 1)).wait()
+            cases[case].append(time.perf_counter() - a)
     if rank == 0:
-        Path(out).write_text(json.dumps(rtt))
+        Path(out).write_text(json.dumps(cases))
     dist.destroy_process_group()
 
 
-def gloo_round_trip(numel: int, n: int = 100, pause: float = 0.0) -> dict:
-    """Median and p90 one-way latency (half a round trip) of a ``numel``-float message over gloo between two
-    processes, as the engine posts it (`torch.distributed.batch_isend_irecv`, then wait); ``pause``: the answering
-    side sleeps that long first (the waiting side blocks in gloo meanwhile, as a stage waiting on its peer)."""
+def gloo_latency(numel: int, n: int = 60, pause: float = 0.01) -> dict:
+    """Seconds (median, p90) a ``numel``-float message over gloo between two processes costs its receiver in
+    three cases (`_gloo_cases`): ``blocked_receiver``, ``receive_at_wait``, ``receive_ahead``."""
     import socket
 
     import torch.multiprocessing as mp
@@ -92,12 +98,11 @@ def gloo_round_trip(numel: int, n: int = 100, pause: float = 0.0) -> dict:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "rtt.json")
-        mp.start_processes(_pingpong, args=(port, numel, n, pause, out), nprocs=2, start_method="spawn")
-        rtt = json.loads(Path(out).read_text())
-    one_way = sorted(r / 2 for r in rtt)
-    return {"numel": numel, "n": n, "pause_s": pause, "one_way_median_s": statistics.median(one_way),
-            "one_way_p90_s": one_way[int(0.9 * len(one_way))]}  # fmt: skip
+        out = str(Path(tmp) / "gloo.json")
+        mp.start_processes(_gloo_cases, args=(port, numel, n, pause, out), nprocs=2, start_method="spawn")
+        cases = json.loads(Path(out).read_text())
+    q = lambda xs: {"median": statistics.median(xs), "p90": sorted(xs)[int(0.9 * len(xs))]}  # noqa: E731
+    return {"numel": numel, "n": n, "pause_s": pause, **{k: q(v) for k, v in cases.items()}}
 
 
 # -- traced stand-in runs ------------------------------------------------------------------------------------
@@ -187,14 +192,15 @@ def main() -> None:
     F, B = (float(x) for x in a.standin.split(","))
     res: dict = {"load_before": _uptime()}
     res["sleep"] = sleep_overshoot(F)
-    res["gloo"] = [gloo_round_trip(16 * 64, pause=p) for p in (0.0, F)]
+    res["gloo"] = gloo_latency(16 * 64)
     print(f"load {res['load_before']}")
     print(f"sleep {F * 1e3:.0f} ms overshoot: time.sleep median {res['sleep']['time_sleep']['median'] * 1e3:.3f} ms "
           f"(p90 {res['sleep']['time_sleep']['p90'] * 1e3:.3f}), sleep_until median "
           f"{res['sleep']['sleep_until']['median'] * 1e3:.3f} ms (p90 {res['sleep']['sleep_until']['p90'] * 1e3:.3f})")  # fmt: skip
-    for g in res["gloo"]:
-        print(f"gloo one-way ({g['numel']} floats, peer pauses {g['pause_s'] * 1e3:.0f} ms first): median "
-              f"{g['one_way_median_s'] * 1e3:.3f} ms, p90 {g['one_way_p90_s'] * 1e3:.3f} ms")  # fmt: skip
+    g = res["gloo"]
+    print(f"gloo, {g['numel']} floats, to the receiver: " + ", ".join(
+        f"{k} median {g[k]['median'] * 1e3:.3f} ms (p90 {g[k]['p90'] * 1e3:.3f})"
+        for k in ("blocked_receiver", "receive_at_wait", "receive_ahead")))  # fmt: skip
     res["records"] = []
     if not a.isolated_only:
         for P in (int(x) for x in a.stages.split(",")):
