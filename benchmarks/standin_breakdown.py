@@ -160,22 +160,52 @@ def traced_runs(P: int, ms: list[int], schedules: list[str], F: float, B: float,
     return out
 
 
-def render(recs: list[dict]) -> str:
-    """The table: per record, ms per step on the critical path by part, and the shortfall per micro-batch."""
-    from asyncpipe.bench.critical_path import PARTS
+LOST = ("optimizer_step", "reduce", "cut", "message", "commit", "load", "overshoot", "between", "other")
+HEAD = ["schedule", "P", "m", "ideal ms", "step ms", "fraction", "lost ms/step", "opt. step", "reduce", "cut",
+        "message", "commit", "load", "overshoot", "between", "other", "compute beyond ideal", "hops/step"]  # fmt: skip
+MARKS = ("<!-- standin-breakdown:start -->", "<!-- standin-breakdown:end -->")
+DOC = REPO / "docs" / "performance.md"
+JSON = REPO / "benchmarks" / "results" / "standin-breakdown.json"
 
-    head = ["schedule", "P", "m", "ideal ms", "step ms", "fraction", *PARTS, "hops/step", "msg ms (median)",
-            "lost ms / micro-batch", "load"]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in recs:
-        parts = r["critical_path_s_per_step"]
-        lost = (r["step_s"] - r["ideal_step_s"]) / r["micro_batches"]
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.1f}"
+
+
+def render(res: dict) -> str:
+    """The doc's section body: the isolated figures, then per record the step's loss against its ideal split
+    along the critical path (ms per step; "compute beyond ideal": configured compute the path crosses beyond
+    the ideal's, the window's two ends falling at different points of the rhythm)."""
+    sl, g = res["sleep"], res["gloo"]
+    q = lambda d: f"{d['median'] * 1e3:.3f} ms (p90 {d['p90'] * 1e3:.3f})"  # noqa: E731
+    lines = [
+        f"Measured under load: {res['measured_at']}, commit {res['commit']}, load {res['load_before']} before, "
+        f"{res['load_after']} after; F = {_ms(res['forward_s'])} ms, B = {_ms(res['backward_s'])} ms, "
+        f"{res['steps']} steps per job, window from stage 0's second cut to its last but one "
+        "(`benchmarks/standin_breakdown.py --update-doc`).",
+        "",
+        f"In isolation, same moment: a {_ms(sl['seconds'])} ms `time.sleep` overshoots by a median {q(sl['time_sleep'])}, "
+        f"the pad's `sleep_until` by {q(sl['sleep_until'])}; a {g['numel']}-float gloo message costs its receiver "
+        f"{q(g['blocked_receiver'])} when it was blocked waiting (post to return), {q(g['receive_at_wait'])} after "
+        f"a sender that came first when the receive is posted at the wait, {q(g['receive_ahead'])} when it was "
+        "posted ahead.",
+        "",
+        "| " + " | ".join(HEAD) + " |",
+        "|" + "---|" * len(HEAD),
+    ]  # fmt: skip
+    for r in res["records"]:
+        parts, ideal = r["critical_path_s_per_step"], r["ideal_step_s"]
         lines.append("| " + " | ".join([
-            r["schedule"], str(r["stages"]), str(r["micro_batches"]), f"{r['ideal_step_s'] * 1e3:.1f}",
-            f"{r['step_s'] * 1e3:.1f}", f"{r['fraction_of_ideal']:.3f}", *(f"{parts[k] * 1e3:.1f}" for k in PARTS),
-            f"{r['critical_path_hops_per_step']:.1f}", f"{r['message_s_median'] * 1e3:.2f}", f"{lost * 1e3:.2f}",
-            r["load_before"].split(",")[0]]) + " |")  # fmt: skip
+            r["schedule"], str(r["stages"]), str(r["micro_batches"]), _ms(ideal), _ms(r["step_s"]),
+            f"{r['fraction_of_ideal']:.3f}", _ms(r["step_s"] - ideal), *(_ms(parts[k]) for k in LOST),
+            _ms(parts["wait"] - ideal), f"{r['critical_path_hops_per_step']:.1f}"]) + " |")  # fmt: skip
     return "\n".join(lines)
+
+
+def update_doc(body: str) -> None:
+    text = DOC.read_text()
+    a, b = text.index(MARKS[0]) + len(MARKS[0]), text.index(MARKS[1])
+    DOC.write_text(text[:a] + "\n" + body + "\n" + text[b:])
 
 
 def main() -> None:
@@ -184,33 +214,38 @@ def main() -> None:
     ap.add_argument("--micro", default="1,2", help="m as multiples of P")
     ap.add_argument("--schedules", default="2bw,1f1b")
     ap.add_argument("--standin", default="0.02,0.04")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--keep", type=Path, default=None, help="keep the traced run dirs under this folder")
     ap.add_argument("--isolated-only", action="store_true", help="only the sleep and gloo figures")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help=f"the JSON (default with --update-doc: {JSON.relative_to(REPO)})")
+    ap.add_argument("--update-doc", action="store_true", help="write the JSON and docs/performance.md's section")
+    ap.add_argument("--from-json", action="store_true", help="re-render the saved JSON (with --update-doc: into the doc)")
     a = ap.parse_args()
+    if a.from_json:
+        body = render(json.loads((a.out or JSON).read_text()))
+        print(body)
+        if a.update_doc:
+            update_doc(body)
+        return
     F, B = (float(x) for x in a.standin.split(","))
-    res: dict = {"load_before": _uptime()}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    res: dict = {"forward_s": F, "backward_s": B, "steps": a.steps, "commit": commit[:12], "load_before": _uptime()}
     res["sleep"] = sleep_overshoot(F)
     res["gloo"] = gloo_latency(16 * 64)
-    print(f"load {res['load_before']}")
-    print(f"sleep {F * 1e3:.0f} ms overshoot: time.sleep median {res['sleep']['time_sleep']['median'] * 1e3:.3f} ms "
-          f"(p90 {res['sleep']['time_sleep']['p90'] * 1e3:.3f}), sleep_until median "
-          f"{res['sleep']['sleep_until']['median'] * 1e3:.3f} ms (p90 {res['sleep']['sleep_until']['p90'] * 1e3:.3f})")  # fmt: skip
-    g = res["gloo"]
-    print(f"gloo, {g['numel']} floats, to the receiver: " + ", ".join(
-        f"{k} median {g[k]['median'] * 1e3:.3f} ms (p90 {g[k]['p90'] * 1e3:.3f})"
-        for k in ("blocked_receiver", "receive_at_wait", "receive_ahead")))  # fmt: skip
     res["records"] = []
     if not a.isolated_only:
         for P in (int(x) for x in a.stages.split(",")):
             res["records"] += traced_runs(P, [k * P for k in (int(x) for x in a.micro.split(","))],
                                           a.schedules.split(","), F, B, a.steps, a.keep)  # fmt: skip
-        print(render(res["records"]))
     res["load_after"] = _uptime()
-    print(f"load after {res['load_after']}")
-    if a.out:
-        a.out.write_text(json.dumps(res, indent=1) + "\n")
+    res["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = render(res)
+    print(body)
+    out = a.out or (JSON if a.update_doc else None)
+    if out:
+        out.write_text(json.dumps(res, indent=1) + "\n")
+    if a.update_doc:
+        update_doc(body)
 
 
 if __name__ == "__main__":
