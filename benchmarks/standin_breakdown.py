@@ -34,7 +34,7 @@ def _uptime() -> str:
 
 # -- in isolation: a sleep's overshoot, gloo's round trip ---------------------------------------------------
 def sleep_overshoot(seconds: float = 0.02, n: int = 50) -> dict:
-    """Overshoot of a plain `time.sleep` and of the stand-in pad (`StandInPad.sleep_until`), in seconds."""
+    """Overshoot of a plain `time.sleep` and of the stand-in pad's sleep to a deadline (`sleep_until`), seconds."""
     from asyncpipe.pipe.standin import sleep_until
 
     plain, pad = [], []

@@ -7,18 +7,16 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-SPIN_S = 0.0002  # the last this-many seconds of a pad are spun, not slept: a sleep wakes late by the timer slack
 
-
-def sleep_until(deadline: float, spin: float = SPIN_S) -> None:
-    """Return at `time.perf_counter` ``deadline``: sleep until ``spin`` seconds before it, then spin (a plain
-    sleep overshoots by the kernel's timer slack plus the wake-up, which a pad pays on every instruction)."""
+def sleep_until(deadline: float) -> None:
+    """Return at `time.perf_counter` ``deadline`` or just after, sleeping (never spinning: with more ranks than
+    cores a spinning rank takes the core a woken one needs; a 0.2 ms spin tripled the pads' overshoot on 2BW's
+    critical path at P = 4, docs/performance.md "Where 2BW's time goes")."""
     while True:
         left = deadline - time.perf_counter()
         if left <= 0:
             return
-        if left > spin:
-            time.sleep(left - spin)
+        time.sleep(left)
 
 
 class StandInPad:
