@@ -85,3 +85,25 @@ def test_overshoot_and_the_cut_gap_are_their_own_parts() -> None:
     assert p["commit"] == pytest.approx(0.2) and p["load"] == 0.5 and p["optimizer_step"] == 1
     stage = cp.per_stage(traces, 0.0, 25.5, (10.0, 20.0))[0]
     assert stage["cut"] == pytest.approx(3.0) and sum(stage.values()) == pytest.approx(25.5)
+
+
+def test_the_doc_breakdown_is_the_committed_json() -> None:
+    """docs/performance.md's critical-path table is `benchmarks/standin_breakdown.py`'s rendering of its committed
+    JSON, and each record's path splits its window exactly: the parts add up to the step."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("standin_breakdown", repo / "benchmarks" / "standin_breakdown.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    res = json.loads(mod.JSON.read_text())
+    start, end = mod.MARKS
+    assert f"{start}\n{mod.render(res)}\n{end}" in mod.DOC.read_text()
+    assert {(r["schedule"], r["stages"], r["micro_batches"]) for r in res["records"]} == {
+        (s, P, k * P) for s in ("2bw", "1f1b") for P in (2, 4) for k in (1, 2)}  # fmt: skip
+    for r in res["records"]:
+        assert sum(r["critical_path_s_per_step"].values()) == pytest.approx(r["step_s"])
+        assert r["fraction_of_ideal"] == pytest.approx(r["ideal_step_s"] / r["step_s"])
