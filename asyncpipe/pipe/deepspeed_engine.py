@@ -111,6 +111,10 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         self.timer = StageClock(self.device, host=settings.trace)
         self._mark = dict(self.timer.totals)
         self._batch_walls: dict[int, float] = {}  # batch -> seconds its train_batch() call took here
+        # batch -> seconds from the previous cut to its own (its call plus the trainer's work at the cut before: on
+        # the critical path of a stream with no flush); the step time every record reports
+        self._batch_periods: dict[int, float] = {}
+        self._last_cut: Optional[float] = None  # reset by evaluate(), which is no step's time
         self.batch_wall_s = 0.0  # seconds in train_batch() calls so far
         self.batch_ops: list[dict] = []  # stand-in: per train_batch() call, its wall and per-instruction figures
         self.eval_seconds_by_op: dict[str, float] = {}  # instruction seconds spent in evaluate() (in by_op too)
@@ -136,10 +140,7 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         if not self._resuming:
             self.previous.drop()  # the copy a checkpoint at the last cut needed
         started = time.perf_counter()
-        # Stand-in on host timing (settled per instruction, so no device sync): per-batch figures.
-        per_batch = self.timer.mode == "host" and self.standin.on
-        before = (dict(self.timer.by_op), dict(self.timer.count_by_op), dict(self.timer.by_wait),
-                  dict(self.standin.target)) if per_batch else None  # fmt: skip
+        before = self._ops_mark()
         self.module.train()
         self._compute_loss = True
         self.total_loss = None
@@ -164,14 +165,11 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
                 rest = list(self._cmds)
                 if any(not isinstance(c, sched.OptimizerStep) or c.batch >= self.global_steps for c in rest):
                     raise RuntimeError(f"stage {self.stage_id}: instructions left after the last batch: {rest}")
-        self._batch_walls[b] = time.perf_counter() - started
+        ended = time.perf_counter()
+        self._batch_walls[b] = ended - started
+        self._batch_periods[b], self._last_cut = ended - (self._last_cut or started), ended
         self.batch_wall_s += self._batch_walls[b]
-        if before is not None:  # this call's seconds and counts per instruction kind (stand-in breakdowns)
-            diff = lambda now, was: {k: v - was.get(k, 0) for k, v in now.items() if v != was.get(k, 0)}  # noqa: E731
-            self.batch_ops.append({"wall_s": self._batch_walls[b], "seconds_by_op": diff(self.timer.by_op, before[0]),
-                                   "count_by_op": diff(self.timer.count_by_op, before[1]),
-                                   "seconds_blocked_in": diff(self.timer.by_wait, before[2]),
-                                   "standin_target_s": diff(self.standin.target, before[3])})  # fmt: skip
+        self._ops_record(before, self._batch_walls[b])
 
     @property
     def batches_run(self) -> int:
@@ -372,6 +370,7 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         Training buffers of in-flight 2BW micro-batches are set aside and restored around DeepSpeed's
         `eval_batch`, so evaluating never disturbs the running pipeline."""
         saved = (self.pipe_buffers, self.num_pipe_buffers, self.loss, self.total_loss, self.fwd_outputs)
+        self._last_cut = None
         self.pipe_buffers = {k: [] for k in saved[0]}
         self.num_pipe_buffers = 0
         self.timer.settle()

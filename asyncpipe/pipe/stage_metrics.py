@@ -16,6 +16,22 @@ from asyncpipe.pipe import memory
 class StageMetrics:
     """Per-step records and the run's stage summary of a `ScheduledPipelineEngine`."""
 
+    def _ops_mark(self) -> tuple | None:
+        """Stand-in on host timing (settled per instruction, so no device sync): the counters before a batch."""
+        if self.timer.mode != "host" or not self.standin.on:
+            return None
+        return dict(self.timer.by_op), dict(self.timer.count_by_op), dict(self.timer.by_wait), dict(self.standin.target)
+
+    def _ops_record(self, before: tuple | None, wall_s: float) -> None:
+        """This train_batch call's seconds and counts per instruction kind (the stand-in breakdowns)."""
+        if before is None:
+            return
+        diff = lambda now, was: {k: v - was.get(k, 0) for k, v in now.items() if v != was.get(k, 0)}  # noqa: E731
+        self.batch_ops.append({"wall_s": wall_s, "seconds_by_op": diff(self.timer.by_op, before[0]),
+                               "count_by_op": diff(self.timer.count_by_op, before[1]),
+                               "seconds_blocked_in": diff(self.timer.by_wait, before[2]),
+                               "standin_target_s": diff(self.standin.target, before[3])})  # fmt: skip
+
     def _record(self, b: int, stage_sq: float, global_norm: float) -> None:
         loss_sum, count = 0.0, 0
         if self.is_last_stage():
@@ -46,7 +62,7 @@ class StageMetrics:
         order: all but the latest, or with ``synced`` (call it only where all ranks meet, e.g. right after
         `evaluate`, or at the end) every step so far. Other ranks get [] (``synced`` finishes their sends)."""
         upto = None if synced else self.global_steps - 1 - self.reporter.LAG
-        return self.reporter.collect(self._batch_walls, upto)
+        return self.reporter.collect(self._batch_periods, upto)
 
     def stage_summary(self) -> dict[str, Any]:
         """This rank's totals over the run: idle fraction, weight memory, schedule facts."""
