@@ -75,7 +75,7 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
     assert r["stages"] == 2 and r["micro_batches"] == 2 and r["ideal_ratio"] == pytest.approx(1.5)
     # PyTorch's own schedules run beside ours by default; its DualPipeV refuses m < 2P in its own words.
     torch_names = {"pt_1f1b", "pt_interleaved1f1b", "pt_loopedbfs", "pt_interleavedzb", "pt_zbv"}
-    assert set(r["variants"]) == {"1f1b", "2bw", "2bw_ef", "paci", *torch_names}
+    assert set(r["variants"]) == {"1f1b", "2bw", "2bw_ef", "paci", "paci-recompute", *torch_names}
     assert set(r["skipped"]) == {"dualpipev", "pt_dualpipev"} and "ScheduleDualPipeV" in r["skipped"]["pt_dualpipev"]
     assert "pt_zbv = PyTorch ScheduleZBVZeroBubble" in res.output
     v = r["variants"]

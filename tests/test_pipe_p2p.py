@@ -29,7 +29,7 @@ class _Stage(BatchedP2P):
         self.pipe_buffers = {"inputs": [None], "outputs": [None], "grads": [None]}
         self.grid = SimpleNamespace(stage_to_global=lambda s: s)
         self.device = torch.device("cpu")
-        self.spec = SimpleNamespace(stream=object(), chunks=1)
+        self.spec = SimpleNamespace(stream=object(), chunks=1, in_order=True)
         self.settings = SimpleNamespace(total_steps=2)
         self.micro_batches = 3
         self.init_p2p()

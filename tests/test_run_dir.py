@@ -148,10 +148,10 @@ def test_a_stop_during_the_last_step_completes_the_run_with_its_final_val_loss(t
     engine = trainer.engine
     step_once = engine.train_step
 
-    def last_step_signalled(sync: bool = True):
+    def last_step_signalled(sync: bool = True, save: bool = False):
         if engine.step == steps - 1:
             os.kill(os.getpid(), signal.SIGTERM)  # handled by the trainer's StopRequest: a flag, not a death
-        return step_once(sync)
+        return step_once(sync, save)
 
     engine.train_step = last_step_signalled
     summary = trainer.run(show_progress=False)

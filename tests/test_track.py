@@ -349,7 +349,8 @@ def test_train_records_provenance_and_train_log(tmp_path):
     assert prov["versions"]["torch"] and prov["versions"]["hydra-core"] and "wandb" in prov["versions"]
     # the rules it ran, as declared (asyncpipe.registry): a report never pools runs of different revisions
     assert prov["revisions"] == {"optimizer": {"name": "adamw", "revision": 1},
-                                 "compensation": {"name": "none", "revision": 1}}  # fmt: skip
+                                 "compensation": {"name": "none", "revision": 1},
+                                 "schedule": {"name": "1f1b", "revision": 1}}  # fmt: skip
     repo = Path(__file__).resolve().parents[1]
     if (repo / ".git").exists():
         assert len(prov["git"]["commit"]) == 40 and isinstance(prov["git"]["dirty"], bool)

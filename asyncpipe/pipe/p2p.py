@@ -2,7 +2,7 @@
 `CommitP2P` posts the queued ones together (batched isend/irecv) and waits for them. `BatchedP2P` is a mixin of
 `ScheduledPipelineEngine`: it uses DeepSpeed's pipe buffers, stage ids and tensor-meta handshake.
 
-Receives posted ahead (gloo, one-chunk streams): once a commit has posted micro-batch k's receive of a kind, it
+Receives posted ahead (gloo, one-chunk streams that declare `in_order`: 2BW's and PACI's): once a commit has posted micro-batch k's receive of a kind, it
 posts k+1's at once, so a message whose sender is earlier than its receiver is already in the buffer when the
 receiver's commit waits. Measured in isolation (`benchmarks/standin_breakdown.py`, docs/performance.md "Where
 2BW's time goes"), a receive posted only at the wait costs its receiver 0.6-1.1 ms (median, load 2.4-3.6 on 2
@@ -37,7 +37,7 @@ class BatchedP2P:
         self.p2p_ops: list[tdist.P2POp] = []
         self.act_meta_sent = False
         self.act_spec: Optional[tuple] = None
-        self.p2p_ahead = tdist.get_backend() == "gloo" and self.spec.stream is not None and self.spec.chunks == 1
+        self.p2p_ahead = tdist.get_backend() == "gloo" and self.spec.in_order and self.spec.chunks == 1
         self.p2p_group = tdist.new_group(list(range(tdist.get_world_size()))) if self.p2p_ahead else None
         self._claimed: list[Any] = []  # works of receives posted ahead that this round's instructions took
         self._next: list[tuple] = []  # (kind, micro-batch, buffer maker, peer) to post ahead after this round's

@@ -89,6 +89,6 @@ def check(cfg: Any) -> None:
 SPEC = declare_schedule(ScheduleSpec(
     name="paci", note="PACI: asynchronous 1F1B, one weight version, each stage steps in place with no barrier",
     versions=versions, weight_versions=lambda P, s: 1, in_flight=one_f_one_b_in_flight, stream=stream,
-    delay=1, clip_modes=("stage",), compensations=("none", "ef"), check=check, inplace=True, flush=False,
+    delay=1, clip_modes=("stage",), compensations=("none", "ef"), check=check, in_order=True, inplace=True, flush=False,
     revision=2,
 ))  # fmt: skip

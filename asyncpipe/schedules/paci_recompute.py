@@ -14,5 +14,5 @@ from asyncpipe.schedules.paci import check, stream, versions
 SPEC = declare_schedule(ScheduleSpec(
     name="paci-recompute", note="PACI with each straddling micro-batch's forward recomputed on the current weights",
     versions=versions, weight_versions=lambda P, s: 1, in_flight=one_f_one_b_in_flight, stream=stream,
-    delay=1, clip_modes=("stage",), compensations=("none", "ef"), check=check, recompute=True, flush=False,
+    delay=1, clip_modes=("stage",), compensations=("none", "ef"), check=check, in_order=True, recompute=True, flush=False,
 ))  # fmt: skip
