@@ -13,7 +13,7 @@ How the work becomes a step time (`predict`):
   `timelines.timeline.simulate` with those costs, ``overhead_s`` per instruction, ``p2p_s`` per exchange, and, under
   global clipping, every stage's step waiting for the norm all-reduce (``allreduce_latency_s``). The step time is
   the steady state: the makespan ``batches + 1`` batches add over ``batches``.
-- DualPipeV (no stream of ours: DeepSpeed's order over two chunks per rank) is replayed by data dependencies
+- DualPipeV (no stream of ours: DeepSpeed's order over two chunks per rank, written out in `timelines.orders`) is replayed by data dependencies
   (`timelines.orders.replay`, each chunk at its own cost, the overhead of its instructions spread over its ops);
   a flush per batch, so a step is that batch, then the all-reduce and the slowest stage's optimizer step.
 Bubble: the idle share of the least busy stage over a steady step. Memory is `asyncpipe.plan`'s.
@@ -159,18 +159,14 @@ def _predict_orders(model: CostModel, spec: Any, P: int, m: int, D: int, ef: boo
 
 
 def _instructions_per_op(name: str, P: int, m: int) -> float:
-    """Engine instructions per forward or backward of a two-chunk schedule, counted on DeepSpeed's own ticks
-    (DualPipeV's: loads, sends, receives, commits and passes), the most on any rank."""
+    """Engine instructions per forward or backward of a two-chunk schedule: DualPipeV's as DeepSpeed's ticks give
+    them (loads, sends, receives, commits and passes; `orders.dualpipev_instructions`, torch-free), the most on
+    any rank."""
     if name != "dualpipev":
         return 3.0  # receive, pass, send
-    from deepspeed.runtime.pipe.schedule import BackwardPass, DualPipeVSchedule, ForwardPass
+    from asyncpipe.timelines.orders import dualpipev_instructions
 
-    worst = 0.0
-    for r in range(P):
-        cmds = [c for tick in DualPipeVSchedule(micro_batches=m, stages=P, stage_id=r) for c in tick]
-        ops = sum(isinstance(c, (ForwardPass, BackwardPass)) for c in cmds)
-        worst = max(worst, len(cmds) / max(ops, 1))
-    return worst
+    return max(dualpipev_instructions(P, m, r) for r in range(P)) / (4 * m)
 
 
 def ratio(model: CostModel, schedule: str, reference: str, stages: int, micro_batches: int,
