@@ -158,7 +158,7 @@ def test_report_labels_modelled_throughput_with_its_calibration(tmp_path: Path) 
     path.write_text(json.dumps(rec))
     bench = load_bench([path])
     thr = throughput(4, 8, bench)
-    assert thr.kind == "modelled" and "cost-small-P2-m4.json" in thr.source and thr.vs_best_sync is None
+    assert thr.kind == "modelled" and "cost-small-P2-m4.json" in thr.source
     assert 1.0 < thr.vs_1f1b < (8 + 4 - 1) / 8  # below the ideal: the step and the uneven head cost something
     assert throughput(2, 4, bench).kind == "measured"
     table = speedup_table([], bench)
@@ -166,6 +166,52 @@ def test_report_labels_modelled_throughput_with_its_calibration(tmp_path: Path) 
     del rec["variants"]["1f1b"]["seconds_by_op_per_stage"]
     path.write_text(json.dumps(rec))
     assert throughput(4, 8, load_bench([path])).source == "ideal (m+P-1)/m"
+
+
+def test_report_models_the_strongest_sync_schedule_at_depth(tmp_path: Path) -> None:
+    """At a modelled depth the strongest sync schedule is the model's faster of 1F1B and DualPipeV: with a small
+    engine overhead (the file's 1F1B step no longer than its compute) DualPipeV wins at P = 4, m = 8 and 2BW's ratio
+    over it is the cost model's own; where DualPipeV cannot run (m < 2P; P = 8 needs 16 blocks, small has 8) or
+    where the fitted overhead of its many instructions makes it slower, it is 1F1B."""
+    from asyncpipe.report.stats import Interval
+    from asyncpipe.report.target import Ladder, net_speedup, phrase, speedup_table
+    from asyncpipe.report.throughput import load_bench, throughput
+    from asyncpipe.timelines.cost import ratio
+    from asyncpipe.timelines.cost_source import from_bench
+
+    rec = _record([0.04, 0.05], [0.08, 0.09], [0.01, 0.01])
+    rec["variants"]["1f1b"].update(step_time_s=0.01, ratio_to_1f1b=1.0)  # below the replayed compute: no overhead
+    rec["variants"]["2bw"] = {"ratio_to_1f1b": 1.2}
+    path = tmp_path / "lean-small-P2-m4.json"
+    path.write_text(json.dumps(rec))
+    bench = load_bench([path])
+    model = from_bench(rec, str(path))
+    thr = throughput(4, 8, bench)
+    assert ratio(model, "dualpipev", "1f1b", 4, 8) > 1.0
+    assert (thr.kind, thr.best_sync, thr.best_sync_label) == ("modelled", "dualpipev", "DualPipeV (modelled)")
+    assert thr.vs_1f1b == pytest.approx(ratio(model, "2bw", "1f1b", 4, 8))
+    assert thr.vs_best_sync == pytest.approx(ratio(model, "2bw", "dualpipev", 4, 8)) and thr.vs_best_sync < thr.vs_1f1b
+    ef = throughput(4, 8, bench, ef=True)
+    assert ef.vs_best_sync == pytest.approx(ratio(model, "2bw", "dualpipev", 4, 8, ef=True))
+    for P, m in ((4, 4), (8, 16)):  # m < 2P; 2P = 16 chunks > 8 blocks
+        short = throughput(P, m, bench)
+        assert (short.best_sync, short.best_sync_label, short.vs_best_sync) == ("1f1b", "1F1B (modelled)", short.vs_1f1b)
+    cell = speedup_table([], bench).loc[(4, 8), "strongest sync schedule (x1F1B)"]
+    assert cell == f"dualpipev = DualPipeV (modelled), {thr.vs_1f1b / thr.vs_best_sync:.3f}"
+    iv = Interval(1.5, 1.2, 1.8, 3, "fieller")
+    lad = Ladder("t", "adamw", ["1-step"], [1.0], False, 4, 8, ratio=iv,
+                 per_seed={s: (1.0, True, 1.0) for s in range(3)})  # fmt: skip
+    said = phrase(lad, bench)
+    assert said.endswith(f"; against the cost model's strongest synchronous schedule, DualPipeV (modelled): "
+                         f"{net_speedup(iv, None, thr.vs_best_sync)}")  # fmt: skip
+    table = speedup_table([lad], bench)
+    assert table.loc[(4, 8), "adamw 1-step vs dualpipev"] == net_speedup(iv, None, thr.vs_best_sync) + " (modelled)"
+    rec["variants"]["1f1b"]["step_time_s"] = 1.0  # the fitted overhead per instruction outweighs a one-block chunk
+    heavy = tmp_path / "heavy-small-P2-m4.json"  # another file: the report keeps each file's calibration
+    heavy.write_text(json.dumps(rec))
+    slow = throughput(4, 8, load_bench([heavy]))
+    assert ratio(from_bench(rec, str(heavy)), "dualpipev", "1f1b", 4, 8) < 1.0
+    assert (slow.best_sync, slow.vs_best_sync) == ("1f1b", slow.vs_1f1b)
 
 
 def test_deferred_steps_cost_p_minus_2_steps_at_depth() -> None:

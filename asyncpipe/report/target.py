@@ -195,7 +195,8 @@ def speedup_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
             label = f"{lad.optimizer} {lad.columns[0]}"
             row[f"{label} vs 1F1B"] = f"{lad.net(thr)} ({thr.vs_1f1b:.3f}, {thr.kind})"
             if thr.vs_best_sync is not None and thr.best_sync != "1f1b":
-                row[f"{label} vs {thr.best_sync}"] = net_speedup(lad.ratio, lad.bound, thr.vs_best_sync)
+                modelled = " (modelled)" if thr.kind == "modelled" else ""  # the model's own DualPipeV, not a file's
+                row[f"{label} vs {thr.best_sync}"] = net_speedup(lad.ratio, lad.bound, thr.vs_best_sync) + modelled
         rows.append(row)
     return pd.DataFrame(rows).fillna("—").set_index(["P", "m"])
 
@@ -237,9 +238,12 @@ def phrase(lad: Ladder, bench: list[dict]) -> str:
 
 
 def _versus_strongest(thr: Throughput, lad: Ladder) -> str:
-    """The net speed-up against the strongest synchronous schedule the bench file measured, named (PyTorch's own
-    schedules included), when that is not 1F1B itself (then the clause before already said it)."""
+    """The net speed-up against the strongest synchronous schedule the bench file measured (or, at a modelled depth,
+    the cost model's faster of 1F1B and DualPipeV), named (PyTorch's own schedules included), when that is not 1F1B
+    itself (then the clause before already said it)."""
     if thr.vs_best_sync is None or thr.best_sync == "1f1b":
         return ""
     who = f"the strongest synchronous schedule measured, {thr.best_sync} ({thr.best_sync_label})"
+    if thr.kind == "modelled":
+        who = f"the cost model's strongest synchronous schedule, {thr.best_sync_label}"
     return f"; against {who}: {net_speedup(lad.ratio, lad.bound, thr.vs_best_sync)}"

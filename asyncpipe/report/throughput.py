@@ -5,7 +5,9 @@ or the analytic ideal (m+P-1)/m (a flushed 1F1B batch lasts m+P-1 slots, a 2BW b
 
 Rule: a file measured at this P and m; else the file at this P with the nearest m (labelled with its m); else, at
 a depth no file covers, the cost model's 2BW (2BW + EF) over 1F1B at this P and m, calibrated on a P = 2 file's
-1F1B (labelled "modelled" with that file; no strongest sync schedule is modelled there); else the ideal. The strongest sync schedule is the fastest of the measured synchronous variants in that file: DeepSpeed's
+1F1B (labelled "modelled" with that file), and its strongest sync schedule the faster of the model's 1F1B and
+DualPipeV (where it can run: m >= 2P and 2P blocks; named "DualPipeV (modelled)"); else the ideal. Measured, the
+strongest sync schedule is the fastest of the measured synchronous variants in that file: DeepSpeed's
 1F1B and DualPipeV, and PyTorch's own schedules (``pt_*``, `torch.distributed.pipelining`) where the file has them
 (a variant's ``synchronous`` flag says so; files written before it carry none: then 1F1B and DualPipeV).
 """
@@ -39,10 +41,11 @@ class Throughput:
     stages: int
     micro_batches: int
     vs_1f1b: float  # 2BW (or 2BW + EF) tokens/s over 1F1B's
-    vs_best_sync: float | None  # over the fastest measured sync schedule; None when not measured
+    vs_best_sync: float | None  # over the fastest measured (or modelled) sync schedule; None for the ideal
     best_sync: str  # its name
     source: str  # "measured, 2bw (FILE)", "measured at m=M, 2bw_ef (FILE)", "modelled, 2bw (...)", "ideal (m+P-1)/m"
-    best_sync_label: str = ""  # what it runs, as the bench file names it ("PyTorch ScheduleZBVZeroBubble")
+    best_sync_label: str = ""  # what it runs, as the bench file names it ("PyTorch ScheduleZBVZeroBubble"), or
+    # "DualPipeV (modelled)" / "1F1B (modelled)"
 
     @property
     def kind(self) -> str:
@@ -93,18 +96,22 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
                           b.get("labels", {}).get(best, best))
     modelled = modelled_ratio(stages, micro_batches, bench, ef, schedule)
     if modelled is not None:
-        return Throughput(stages, micro_batches, modelled[0], None, "1f1b", modelled[1])
+        value, where, sync = modelled
+        best, over_1f1b = sync if sync is not None and sync[1] > 1.0 else ("1f1b", 1.0)
+        return Throughput(stages, micro_batches, value, value / over_1f1b, best, where, MODELLED_LABELS[best])
     return Throughput(stages, micro_batches, ideal_ratio(stages, micro_batches), None, "1f1b", "ideal (m+P-1)/m")
 
 
 _MODELS: dict[str, object] = {}  # calibrations already made, by file
+MODELLED_LABELS = {"1f1b": "1F1B (modelled)", "dualpipev": "DualPipeV (modelled)"}
 
 
-def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool = False,
-                   schedule: str = "2bw") -> tuple[float, str] | None:  # fmt: skip
-    """(``schedule``'s (+ EF's) modelled throughput over 1F1B, its source label), from the P = 2 file with the most
-    micro-batches (the most work per timed instruction) whose 1F1B has per-instruction timings; None when no file
-    has them or the model cannot run this P (too few blocks)."""
+def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool = False, schedule: str = "2bw"
+                   ) -> tuple[float, str, tuple[str, float] | None] | None:  # fmt: skip
+    """(``schedule``'s (+ EF's) modelled throughput over 1F1B, its source label, ("dualpipev", DualPipeV's modelled
+    throughput over 1F1B) or None where the model cannot run DualPipeV here: m < 2P or fewer than 2P blocks), from
+    the P = 2 file with the most micro-batches (the most work per timed instruction) whose 1F1B has per-instruction
+    timings; None when no file has them or the model cannot run this P (too few blocks)."""
     from asyncpipe.errors import UserError as Refused
     from asyncpipe.timelines.cost import ratio
     from asyncpipe.timelines.cost_source import from_bench
@@ -122,7 +129,11 @@ def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool 
             value = ratio(model, schedule, "1f1b", stages, micro_batches, ef=ef)  # type: ignore[arg-type]
         except Refused:
             return None
+        try:
+            sync: tuple[str, float] | None = ("dualpipev", ratio(model, "dualpipev", "1f1b", stages, micro_batches))  # type: ignore[arg-type]
+        except Refused:  # m < 2P, or fewer blocks than DualPipeV's 2P chunks
+            sync = None
         name = f"{schedule}_ef" if ef else schedule
         return value, (f"modelled, {name} (cost model calibrated on {Path(b['path']).name}: 1F1B at P=2, "
-                       f"m={b['m']}, {rec.get('model', '?')})")  # fmt: skip
+                       f"m={b['m']}, {rec.get('model', '?')})"), sync  # fmt: skip
     return None
