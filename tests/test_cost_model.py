@@ -215,11 +215,16 @@ def test_report_models_the_strongest_sync_schedule_at_depth(tmp_path: Path) -> N
 
 
 def test_deferred_steps_cost_p_minus_2_steps_at_depth() -> None:
-    """The doc's figure: equal stages, F = 1, B = 2, a step of 1 per stage, P = 8, m = 16: 2BW under global clipping
-    (deferred steps) 55 = m(F+B) + U + (P-2)U; per-stage clipping 49; at P = 2 the two agree (13)."""
+    """The doc's figure: equal stages, F = 1, B = 2, a step of 1 per stage, P = 8. At m = P = 8 2BW under global
+    clipping (deferred steps, at different beats of the rhythm) takes m(F+B) + U + (P-2)U = 31, per-stage clipping
+    m(F+B) + U = 25; from m = 1.5 P the deferred steps are aligned to one beat (`TwoBWSchedule`): 37 = 37 at m = 12,
+    49 = 49 at m = 16 (55 before they were). At P = 2 the two agree (13)."""
     model = hand_model(blocks=8, u_per_block=1.0)
-    assert predict(model, "2bw", 8, 16, clip="global").step_s == pytest.approx(55.0)
-    assert predict(model, "2bw", 8, 16, clip="stage").step_s == pytest.approx(49.0)
+    assert predict(model, "2bw", 8, 8, clip="global").step_s == pytest.approx(31.0)
+    assert predict(model, "2bw", 8, 8, clip="stage").step_s == pytest.approx(25.0)
+    for m, step in ((12, 37.0), (16, 49.0)):
+        assert predict(model, "2bw", 8, m, clip="global").step_s == pytest.approx(step)
+        assert predict(model, "2bw", 8, m, clip="stage").step_s == pytest.approx(step)
     two = hand_model(blocks=2, u_per_block=1.0)
     assert predict(two, "2bw", 2, 4, clip="global").step_s == pytest.approx(predict(two, "2bw", 2, 4, clip="stage").step_s)
 

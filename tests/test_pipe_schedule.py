@@ -100,16 +100,27 @@ def test_versions_pinned_to_w_b_minus_1_and_two_alive(P, m, N, defer):
 def test_deferred_step_lands_before_its_weights_are_read(P, m, N):
     for s, stream in enumerate(streams(P, m, N, defer=True)):
         index = {id(c): i for i, c in enumerate(stream)}
+        aligned = sched.TwoBWSchedule(m, P, s, N, defer_step=True).aligned  # P >= 3 and m >= 1.5 P
+        assert aligned == (P >= 3 and 2 * m >= 3 * P)
         for step in of(stream, sched.OptimizerStep):
             first_use = [c for c in of(stream, sched.ForwardPass) if c.version == step.dst_version]
             assert all(index[id(step)] < index[id(c)] for c in first_use)
-            if s == 0:  # the first stage reduces last: it steps at once
+            reduced = [i for i, c in enumerate(stream) if c == sched.ReduceGrads(batch=step.batch)]
+            assert reduced and reduced[0] < index[id(step)]
+            if s == 0 and not aligned:  # the first stage reduces last: it steps at once
                 assert stream[index[id(step)] - 1] == sched.ReduceGrads(batch=step.batch)
-            # the others no earlier than needed: right before batch b+2's first forward when there is one
+            # the others (aligned: every stage) at one beat of the rhythm: right before the forward of micro-batch
+            # (b+2) m - s (aligned) or of batch b+2's first (not), when there is one and it follows the reduction
             elif (step.batch + 2) * m < N * m:
                 nxt = stream[index[id(step)] + 1 :]
                 following = next(c for c in nxt if isinstance(c, (sched.LoadMicroBatch, sched.ForwardPass)))
-                assert following.micro_batch == (step.batch + 2) * m
+                due = (step.batch + 2) * m - (s if aligned else 0)
+                if not aligned:
+                    assert following.micro_batch == due
+                else:  # due, or right after its reduction when that came later than the due forward
+                    last = [i for i in range(index[id(step)]) if isinstance(stream[i], sched.ForwardPass)][-1]
+                    assert following.micro_batch >= due
+                    assert stream[last].micro_batch < due or last < reduced[0]
 
 
 @pytest.mark.parametrize("P,m,N", CASES)
@@ -204,6 +215,15 @@ def test_deferral_costs_nothing_with_unequal_stages_and_a_priced_step(P, m):
     free = simulate_schedule("2bw-deferred", m, P, N, **costs).makespan
     deferred = simulate_schedule("2bw-deferred", m, P, N, collective_steps=True, **costs).makespan
     assert deferred == pytest.approx(free)
+    if sched.TwoBWSchedule(m, P, 0, N, defer_step=True).aligned:
+        # aligned steps (P >= 3, m >= 1.5 P) against the rule below: faster
+        unaligned = []
+        for s in range(P):
+            t = sched.TwoBWSchedule(m, P, s, N, defer_step=True)
+            t.aligned, t.defer_step = False, s > 0
+            unaligned.append(sched.flatten(t.steps()))
+        assert simulate(unaligned, collective_steps=True, **costs).makespan > deferred
+        return
     all_deferred = [sched.flatten(sched.TwoBWSchedule(m, P, s, N, defer_step=True).steps()) for s in range(P)]
     first = sched.TwoBWSchedule(m, P, 0, N, defer_step=True)
     first.defer_step = True  # the old rule: the first stage deferred too

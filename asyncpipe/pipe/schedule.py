@@ -106,6 +106,12 @@ class TwoBWSchedule:
     instead of stalling. The first stage runs the last backward of every batch, so when it reaches
     `ReduceGrads(b)` every other stage has already started the reduction: it steps at once, which keeps its
     step off the rhythm the other stages wait on (a deferred step there delays the next activation sent).
+    With P >= 3 and m >= 1.5 P the steps are **aligned** instead: stage s (the first included) steps just before the
+    forward of micro-batch (b+2) m - s, the same beat of the 1F1B rhythm on every stage (forward k reaches
+    stage s at beat k + s), so the steady batch stalls for one step, not for one per stage. Replayed with
+    F = 1, B = 2, U = 1 under the global norm all-reduce the step is then m(F+B) + U, the no-bubble minimum:
+    25 against 27 at P = 4, m = 8; 49 against 55 at P = 8, m = 16; 97 against 103 at P = 8, m = 32 (at P = 2 it
+    gains nothing and delays stage 0's sends; at m = P, P + 1 it is slower: those keep the rule above).
 
     ``start``: the stream begins at batch ``start`` (a resumed run), warming up afresh; micro-batch numbers and
     version pins stay absolute, so batch b still runs on W(max(b-1, 0)).
@@ -125,7 +131,8 @@ class TwoBWSchedule:
             )
         self.micro_batches, self.stages, self.stage_id, self.batches = micro_batches, stages, stage_id, batches
         self.is_first_stage = stage_id == 0
-        self.defer_step, self.start = defer_step and not self.is_first_stage, start
+        self.aligned = defer_step and stages >= 3 and 2 * micro_batches >= 3 * stages
+        self.defer_step, self.start = defer_step and (self.aligned or not self.is_first_stage), start
         self.is_last_stage = stage_id == stages - 1
 
     # -- the rules the engine and the tests rely on ------------------------------------------------------
@@ -180,6 +187,7 @@ class TwoBWSchedule:
 
     def _deferred(self, ticks: Iterator[list[Instruction]]) -> Iterator[list[Instruction]]:
         waiting: list[Instruction] = []
+        lookahead = self.stage_id if self.aligned else 0  # steps are due this many forwards early
         for tick in ticks:
             out: list[Instruction] = []
             for cmd in tick:
@@ -188,7 +196,7 @@ class TwoBWSchedule:
                     continue
                 if waiting and isinstance(cmd, (LoadMicroBatch, ForwardPass)):
                     # Steps are pending in batch order; each is due when its W(b+1) is first read.
-                    while waiting and cmd.micro_batch >= (waiting[0].batch + 2) * self.micro_batches:
+                    while waiting and cmd.micro_batch >= (waiting[0].batch + 2) * self.micro_batches - lookahead:
                         out.append(waiting.pop(0))
                 out.append(cmd)
             yield out
