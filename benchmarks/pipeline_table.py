@@ -59,7 +59,10 @@ def measure(model: str, stages: int, ms: list[int], rounds: int, steps: int, ext
     out = []
     for m in ms:
         before = _uptime()
-        res = bench_pipeline([f"model={model}", f"pipeline.stages={stages}", f"train.micro_batches={m}", *extra],
+        # eval_batches >= 2P: DualPipeV's own check (its evaluation runs two chunks per rank); the bench's default
+        # of one evaluation batch would skip it
+        res = bench_pipeline([f"model={model}", f"pipeline.stages={stages}", f"train.micro_batches={m}",
+                              f"train.eval_batches={2 * stages}", *extra],
                              rounds=rounds, steps=steps, warmup_steps=3, simulator=simulator and m == 4, variants=order,
                              log=lambda msg: print(msg, file=sys.stderr))  # fmt: skip
         res["uptime_before"], res["uptime_after"] = before, _uptime()
