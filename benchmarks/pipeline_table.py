@@ -117,7 +117,7 @@ def table(results: list[dict], order: list[str] = ORDER) -> str:
                      f"rounds x {first['steps_per_job']} steps per schedule ({first['steps_dropped_each_end']} "
                      f"dropped at each end), schedule model at the measured backward/forward cost ratio "
                      + ", ".join(f"{r.get('backward_over_forward', 2.0):.2f} (m={r['micro_batches']})" for r in results)
-                     + f"; {first.get('cpu', '?')}, {first['cpu_count']} CPUs shared with other jobs; measured "
+                     + f"; {first.get('cpu', '?')}, {first['cpu_count']} CPUs (the load column says what else ran); measured "
                      f"{first.get('measured_at', '?')}.")  # fmt: skip
     if order is TORCH_ORDER and results:
         lines.append("\n" + strongest(results))
