@@ -109,7 +109,8 @@ with open(sys.argv[1], "a") as marks:  # not guarded by __name__: a re-import wo
 forkserver.MODULES = (*forkserver.MODULES, "forkserver_probe")
 child = forkserver.start([sys.executable, "-m", "forkserver_probe", "sleep", "60"], parent_death_signal=9)
 print(child.pid, flush=True)
-import time; time.sleep(60)
+import time; time.sleep(600)  # killed by the test; long, so a child slow to come up (a fresh venv's first imports
+# under a loaded suite took over 60 s once) does not die with a starter that ended its wait first
 """
 
 
