@@ -8,11 +8,13 @@ stock torch's version check holds). One more forward per straddler: (P-1-s) per 
 
 from __future__ import annotations
 
-from asyncpipe.schedules import ScheduleSpec, declare_schedule, one_f_one_b_in_flight
-from asyncpipe.schedules.paci import check, stream, versions
+from dataclasses import replace
 
-SPEC = declare_schedule(ScheduleSpec(
-    name="paci-recompute", note="PACI with each straddling micro-batch's forward recomputed on the current weights",
-    versions=versions, weight_versions=lambda P, s: 1, in_flight=one_f_one_b_in_flight, stream=stream,
-    delay=1, clip_modes=("stage",), compensations=("none", "ef"), check=check, in_order=True, recompute=True, flush=False,
+from asyncpipe.schedules import declare_schedule
+from asyncpipe.schedules.paci import SPEC as PACI
+
+# PACI's declaration with the other straddle recipe: same stream, versions, memory and constraints.
+SPEC = declare_schedule(replace(
+    PACI, name="paci-recompute", note="PACI with each straddling micro-batch's forward recomputed on the current weights",
+    inplace=False, recompute=True, revision=1, module="",
 ))  # fmt: skip
