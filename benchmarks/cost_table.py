@@ -9,8 +9,9 @@ per-instruction timings the file keeps) against that job's step.
     .venv/bin/python benchmarks/cost_table.py --standin RUN.json --update-doc            # + a stand-in run's records
 
 The stand-in rows (`benchmarks/standin_table.py`'s JSON, saved as benchmarks/results/cost-standin.json): every record
-predicted by `cost_source.from_standin`, calibrated on one record (1F1B at P = 2, the largest m), beside the
-schedule's ideal step (free optimizer step and messages) the record carries.
+predicted by `cost_source.from_standin`, calibrated on two records (1F1B and 2BW at P = 2, the largest m: an
+overhead per instruction and a latency per exchange), beside the schedule's ideal step (free optimizer step and
+messages) the record carries.
 
 Raw results: benchmarks/results/cost-{model}-P{P}-m{m}.json; the table: benchmarks/results/cost-table.json, rendered
 into docs/performance.md between its cost-table markers (tests/test_cost_model.py re-renders and compares).
@@ -91,32 +92,35 @@ def rows(model: str, P: int) -> dict:
 
 
 def standin_rows(run: dict, name: str) -> dict:
-    """Every stand-in record against the cost model calibrated on 1F1B at P = 2 (its largest m)."""
+    """Every stand-in record against the cost model calibrated on 1F1B and 2BW at P = 2 (the largest m)."""
     from asyncpipe.timelines.cost import predict
-    from asyncpipe.timelines.cost_source import from_standin
+    from asyncpipe.timelines.cost_source import from_standin, model_at, standin_calibration
 
     recs = run["records"]
-    cal = max((r for r in recs if r["schedule"] == "1f1b" and r["stages"] == 2), key=lambda r: r["micro_batches"])
+    cal = standin_calibration(recs)
+    fitted = from_standin(cal, 2, name)
     out = []
     for r in recs:
-        model = from_standin(cal, r["stages"], name)
+        model = model_at(fitted, r["stages"])
         pred = predict(model, r["schedule"], r["stages"], r["micro_batches"]).step_s
         out.append({"P": r["stages"], "m": r["micro_batches"], "schedule": r["schedule"],
-                    "measured_step_s": r["step_time_s"], "predicted_step_s": pred, "error": pred / r["step_time_s"] - 1,
+                    "measured_step_s": r["step_time_s"], "rounds_s": r.get("step_time_s_per_round", []), "predicted_step_s": pred, "error": pred / r["step_time_s"] - 1,
                     "ideal_step_s": r["ideal_step_s"], "ideal_error": r["ideal_step_s"] / r["step_time_s"] - 1})  # fmt: skip
-    model = from_standin(cal, 2, name)
+    model = fitted
     load = [float(run[k].split("load average:")[-1].split(",")[0]) for k in ("uptime_before", "uptime_after")]
-    return {"label": model.label, "overhead_s": model.overhead_s, "step_s": model.step_per_param * 2,
+    return {"label": model.label, "overhead_s": model.overhead_s, "p2p_s": model.p2p_s, "step_s": model.step_per_param * 2,
             "forward_s": run["forward_s"], "backward_s": run["backward_s"], "load": load,
             "provenance": f"commit {run.get('commit', '?')}{' (dirty)' if run.get('dirty') else ''}, "
                           f"measured {run.get('measured_at', '?')}", "rows": out}  # fmt: skip
 
 
 def render_standin(st: dict) -> str:
-    lines = ["| P | m | schedule | measured step ms | predicted ms | error | ideal ms | ideal's error |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| P | m | schedule | measured step ms | rounds ms | predicted ms | error | ideal ms | ideal's error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in st["rows"]:
-        lines.append(f"| {r['P']} | {r['m']} | {r['schedule']} | {r['measured_step_s'] * 1e3:.1f} "
+        rounds = r.get("rounds_s") or []
+        spread = f"{min(rounds) * 1e3:.1f}-{max(rounds) * 1e3:.1f}" if len(rounds) > 1 else "-"
+        lines.append(f"| {r['P']} | {r['m']} | {r['schedule']} | {r['measured_step_s'] * 1e3:.1f} | {spread} "
                      f"| {r['predicted_step_s'] * 1e3:.1f} | {r['error']:+.1%} | {r['ideal_step_s'] * 1e3:.1f} "
                      f"| {r['ideal_error']:+.1%} |")  # fmt: skip
     within = sum(abs(r["error"]) <= 0.05 for r in st["rows"])
@@ -125,7 +129,8 @@ def render_standin(st: dict) -> str:
     lines.append(
         f"\nStand-in F = {st['forward_s'] * 1e3:.0f} ms, B = {st['backward_s'] * 1e3:.0f} ms per stage and micro-batch; "
         f"calibration: {st['label']}: optimizer step {st['step_s'] * 1e3:.1f} ms per stage, engine overhead "
-        f"{st['overhead_s'] * 1e3:.2f} ms per instruction (fitted on that one record). Within 5 %: {within} of "
+        f"{st['overhead_s'] * 1e3:.2f} ms per instruction and {st.get('p2p_s', 0.0) * 1e3:.2f} ms per exchange (both "
+        f"fitted on those two records). Within 5 %: {within} of "
         f"{len(st['rows'])} (the ideal: {ideal_within}); worst {worst['schedule']} at P = {worst['P']}, m = {worst['m']} "
         f"({worst['error']:+.1%}). Load {st['load'][0]:.1f} → {st['load'][1]:.1f} on 2 cores; {st['provenance']}."
     )  # fmt: skip

@@ -102,6 +102,27 @@ def test_calibration_recovers_the_costs_and_fits_the_overhead() -> None:
     assert fitted.label.startswith("measured:")
 
 
+def test_two_records_separate_the_overhead_from_the_exchange_latency() -> None:
+    """Steps replayed with a known overhead per instruction and latency per exchange, for 1F1B (a flush) and 2BW
+    (none) at P = 2, m = 8: the fit recovers both; one overhead alone cannot reproduce both steps. Where 2BW's
+    measured step needs a negative latency, the latency is 0 and the overhead fits 1F1B alone."""
+    from dataclasses import replace
+
+    from asyncpipe.timelines.cost_source import fit_overhead_latency
+
+    base = hand_model(blocks=4, f=0.01, b=0.02, u_per_block=0.001)
+    truth = replace(base, overhead_s=3e-4, p2p_s=2e-3)
+    cal = [(s, 2, 8, predict(truth, s, 2, 8).step_s) for s in ("1f1b", "2bw")]
+    fitted = fit_overhead_latency(base, cal)
+    assert fitted.overhead_s == pytest.approx(3e-4, rel=1e-4) and fitted.p2p_s == pytest.approx(2e-3, rel=1e-4)
+    assert predict(fitted, "1f1b", 4, 16).step_s == pytest.approx(predict(truth, "1f1b", 4, 16).step_s, rel=1e-5)
+    one = fit_overhead_latency(base, cal[:1] + [("1f1b", 2, 8, cal[0][3])])  # the same record twice: singular
+    assert one.p2p_s == 0 and predict(one, "1f1b", 2, 8).step_s == pytest.approx(cal[0][3], rel=1e-6)
+    assert predict(one, "2bw", 2, 8).step_s != pytest.approx(cal[1][3], rel=1e-3)
+    fast = fit_overhead_latency(base, [cal[0], ("2bw", 2, 8, predict(base, "2bw", 2, 8).step_s * 0.9)])
+    assert fast.p2p_s == 0 and predict(fast, "1f1b", 2, 8).step_s == pytest.approx(cal[0][3], rel=1e-6)
+
+
 def test_the_cost_table_in_the_doc_is_its_json() -> None:
     """docs/performance.md's cost table is `benchmarks/cost_table.py` rendered from the committed JSON, and that JSON
     is what the committed raw bench files give (re-computed here, no bench run)."""

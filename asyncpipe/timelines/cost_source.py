@@ -18,8 +18,12 @@ Device profile (`from_profile`): forward seconds = FLOPs / (peak x an assumed ef
 parameters per token + causal attention's 2 x seq x d_model, the head's 2 x d_model x vocab; backward = a stated
 multiple; step and EF: bytes per parameter over memory bandwidth; p2p: a micro-batch's bf16 activation over the
 link + its latency. Such a profile is labelled as stated, never as measured.
-Stand-in compute (`from_standin`): a `bench pipeline --standin F,B` record's configured F and B per stage, plus what
-the engine measurably adds to each forward / backward, its measured optimizer step, the overhead fitted as above.
+Stand-in compute (`from_standin`): two `bench pipeline --standin F,B` records' configured F and B per stage (1F1B
+and 2BW at the smallest depth), plus what the engine measurably adds to each forward / backward, the measured
+optimizer step, and two fitted figures: the overhead per instruction and the latency per exchange, fitted so that
+both records' replayed steps equal their measured ones (1F1B's flush and 2BW's slack-free steady state put
+different shares of exchanges on the critical path, so the two separate; one overhead alone, fitted on 1F1B,
+over-priced the schedules without a flush by 5-9 %).
 """
 
 from __future__ import annotations
@@ -191,28 +195,84 @@ def calibration(paths: list[str], P: int = 2) -> Optional[tuple[str, dict]]:
     return None
 
 
-def from_standin(record: dict, stages: int, path: str = "") -> CostModel:
+def fit_overhead_latency(model: CostModel, calibration: list[tuple[str, int, int, float]]) -> CostModel:
+    """``model`` with the per-instruction overhead and per-exchange latency at which two calibration records'
+    predicted steps equal their measured ones: ``calibration`` = [(schedule, P, m, measured step s)] x 2, one
+    with a flush and one without (1F1B and 2BW), whose critical paths hold different shares of instructions and
+    exchanges. A replayed step is piecewise linear in the two (seconds on the critical path per instruction and per
+    exchange), so Newton's method with a finite-difference Jacobian solves the 2 x 2 system in a few replays. Where
+    no non-negative pair fits both, the latency is 0 and the overhead fits the first record alone (`fit_overhead`)."""
+    measured = [t for *_, t in calibration]
+
+    def residual(o: float, lat: float) -> list[float]:
+        m = CostModel(**{**model.__dict__, "overhead_s": o, "p2p_s": lat})
+        return [predict(m, s, P, mb).step_s - t for s, P, mb, t in calibration]
+
+    o = lat = 0.0
+    h = 1e-6 * max(measured)
+    for _ in range(12):
+        r = residual(o, lat)
+        if max(abs(x) / t for x, t in zip(r, measured)) < 1e-6:
+            break
+        ro, rl = residual(o + h, lat), residual(o, lat + h)
+        j = [[(ro[i] - r[i]) / h, (rl[i] - r[i]) / h] for i in range(2)]
+        det = j[0][0] * j[1][1] - j[0][1] * j[1][0]
+        if abs(det) < 1e-12:
+            break
+        o -= (j[1][1] * r[0] - j[0][1] * r[1]) / det
+        lat -= (j[0][0] * r[1] - j[1][0] * r[0]) / det
+        o, lat = max(o, 0.0), max(lat, 0.0)
+    fitted = CostModel(**{**model.__dict__, "overhead_s": o, "p2p_s": lat})
+    if lat > 0 and max(abs(x) / t for x, t in zip(residual(o, lat), measured)) < 1e-3:
+        return fitted
+    s, P, mb, t = calibration[0]
+    return fit_overhead(CostModel(**{**model.__dict__, "p2p_s": 0.0}), s, P, mb, t)
+
+
+def standin_calibration(records: list[dict]) -> list[dict]:
+    """The stand-in records `from_standin` calibrates on: 1F1B and 2BW at the smallest depth, the largest m."""
+    P = min(int(r["stages"]) for r in records)
+    out = []
+    for name in ("1f1b", "2bw"):
+        mine = [r for r in records if r["schedule"] == name and int(r["stages"]) == P]
+        if not mine:
+            raise UserError(f"stand-in calibration needs a {name} record at P = {P}")
+        out.append(max(mine, key=lambda r: int(r["micro_batches"])))
+    return out
+
+
+def from_standin(calibration: list[dict], stages: int, path: str = "") -> CostModel:
     """A cost model of stand-in compute (`bench pipeline --standin F,B`: each stage's forward and backward padded
-    to F and B per micro-batch, a V's chunk to half) at ``stages`` ranks, from one stand-in record (1F1B at P = 2
-    by `cost_table`'s rule): 2P blocks of F/2 and B/2 (so a stage, or a V's chunk pair, waits F and B) plus the
-    engine's measured excess per ForwardPass / BackwardPass; the optimizer step + gradient reduction per stage
-    less its norm wait (`step_breakdown_s`, mean over stages); the per-instruction overhead fitted to the record's
-    measured step. Labelled measured."""
-    F, B = float(record["forward_s"]), float(record["backward_s"])
-    over = record.get("overhead_s_per_instruction", {})
-    f = (F + float(over.get("ForwardPass", 0.0))) / 2
-    b = (B + float(over.get("BackwardPass", 0.0))) / 2
-    parts = record["step_breakdown_s"]
+    to F and B per micro-batch, a V's chunk to half) at ``stages`` ranks, from two stand-in records at one depth
+    (1F1B and 2BW, `standin_calibration`): 2P blocks of F/2 and B/2 (so a stage, or a V's chunk pair, waits F
+    and B) plus the engine's measured excess per ForwardPass / BackwardPass; the optimizer step + gradient
+    reduction per stage less its norm wait (`step_breakdown_s`, mean over stages and both records); the
+    per-instruction overhead and the per-exchange latency fitted to the two records' measured steps
+    (`fit_overhead_latency`). Labelled measured."""
+    first = calibration[0]
+    F, B = float(first["forward_s"]), float(first["backward_s"])
+    over = [r.get("overhead_s_per_instruction", {}) for r in calibration]
+    f = (F + sum(float(o.get("ForwardPass", 0.0)) for o in over) / len(over)) / 2
+    b = (B + sum(float(o.get("BackwardPass", 0.0)) for o in over) / len(over)) / 2
+    parts = [x for r in calibration for x in r["step_breakdown_s"]]
     update = sum(x["optimizer_step"] - x["norm_wait"] + x["reduce"] for x in parts) / len(parts)
-    n = 2 * stages
-    name = Path(path).name if path else "stand-in record"
+    name = Path(path).name if path else "stand-in records"
+    used = ", ".join(f"{r['schedule']} at P={r['stages']}, m={r['micro_batches']}" for r in calibration)
     model = CostModel(
-        label=f"measured: {name} (stand-in F={F:g} s, B={B:g} s; {record['schedule']} at P={record['stages']}, "
-              f"m={record['micro_batches']})",
-        measured=True, forward=[0.0] + [f] * n + [0.0], backward=[0.0] + [b] * n + [0.0], params=[0] + [1] * n + [0],
+        label=f"measured: {name} (stand-in F={F:g} s, B={B:g} s; {used})",
+        measured=True, forward=[0.0, f, f, 0.0], backward=[0.0, b, b, 0.0], params=[0, 1, 1, 0],
         tokens_per_micro_batch=1, step_per_param=update / 2,
     )  # fmt: skip
-    P, m = int(record["stages"]), int(record["micro_batches"])
-    if stages != P:  # the calibration's overhead, fitted at its own depth
-        return model.with_overhead(from_standin(record, P, path).overhead_s)
-    return fit_overhead(model, str(record["schedule"]), P, m, float(record["step_time_s"]))
+    P = int(first["stages"])
+    fitted = fit_overhead_latency(model_at(model, P), [(str(r["schedule"]), P, int(r["micro_batches"]),
+                                                        float(r["step_time_s"])) for r in calibration])  # fmt: skip
+    return model_at(fitted, stages)
+
+
+def model_at(model: CostModel, stages: int) -> CostModel:
+    """A stand-in cost model (`from_standin`) re-cut for ``stages`` ranks: 2P blocks of the same per-block costs,
+    the fitted overhead and latency kept."""
+    f, b = model.forward[1], model.backward[1]
+    n = 2 * stages
+    return CostModel(**{**model.__dict__, "forward": [0.0] + [f] * n + [0.0], "backward": [0.0] + [b] * n + [0.0],
+                        "params": [0] + [1] * n + [0]})  # fmt: skip
