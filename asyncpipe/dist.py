@@ -5,10 +5,11 @@ needs (barrier, gather, any) on a group of the engine's choosing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from asyncpipe.errors import UserError
 
@@ -72,6 +73,41 @@ def destroy_process_group() -> None:
     if tdist.is_initialized():
         tdist.barrier()  # no rank tears down while a peer still talks to it
         tdist.destroy_process_group()
+
+
+def groups_alive() -> list:
+    """The process groups this process holds besides the default one, oldest first ([] before `init_process_group`).
+    Torch keeps them in its private world map; where a torch version has none, [] (nothing is torn down)."""
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized():
+        return []
+    from torch.distributed import distributed_c10d as c10d
+
+    pg_map = getattr(getattr(c10d, "_world", None), "pg_map", None)
+    default = tdist.group.WORLD
+    return [pg for pg in list(pg_map or {}) if pg is not default]
+
+
+@contextlib.contextmanager
+def job_groups() -> Iterator[None]:
+    """The process groups created inside the block (an engine's own, DeepSpeed's topology and p2p groups) are
+    destroyed when it ends normally, every rank together after a barrier on the default group. The ranks of a
+    launch run its jobs back to back in one process, and each job's groups otherwise stay alive with their gloo
+    threads and sockets. Not after an exception: a peer may be gone and the barrier would wait for it."""
+    before = {id(pg) for pg in groups_alive()}
+    yield
+    created = [pg for pg in groups_alive() if id(pg) not in before]
+    if created:
+        import gc
+
+        import torch.distributed as tdist
+
+        tdist.barrier()  # no rank tears a group down while a peer may still talk over it
+        for pg in reversed(created):
+            tdist.destroy_process_group(pg)
+        del created, pg
+        gc.collect()  # a group's threads end with its last reference; the job's engine objects hold them in cycles
 
 
 def free_port() -> int:

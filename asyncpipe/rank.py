@@ -56,7 +56,7 @@ def main(spec_path: str) -> None:
     try:
         from omegaconf import OmegaConf
 
-        from asyncpipe.dist import destroy_process_group
+        from asyncpipe.dist import destroy_process_group, job_groups
         from asyncpipe.trainer import train
 
         with open(out / "events.jsonl", "a") if rank == 0 else open(os.devnull, "w") as events:
@@ -72,7 +72,7 @@ def main(spec_path: str) -> None:
                     _write_json(out / f"result-{i}-{rank}.json", skipped)
                     continue
                 run_dir = None if job["run_dir"] is None else Path(job["run_dir"])
-                with _train_log(run_dir if rank == 0 else None):
+                with _train_log(run_dir if rank == 0 else None), job_groups():
                     result = train(OmegaConf.create(job["config"]), run_dir, stop=stop,
                                    on_step=lambda m, i=i: on_step(m, i), show_progress=job["show_progress"])
                 _write_json(out / f"result-{i}-{rank}.json", result)

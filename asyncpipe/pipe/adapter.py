@@ -183,4 +183,5 @@ class PipelineEngineAdapter:
             (Path(self.run_dir) / f"trace-rank{self.rank}.json").write_text(json.dumps(events))
         summary = self.engine.stage_summary()
         summary.update(cut_control_wait_s=self.control.wait_s, cuts=self.control.cuts, **self.clock.summary())
+        self.engine.release()
         return tail, {"stages": self.comm.gather(summary)}

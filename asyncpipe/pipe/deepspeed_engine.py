@@ -363,6 +363,13 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         self.global_samples += self.train_batch_size()
         self._record(b, float(stage_sq), norm if self._global_norm else math.nan)
 
+    def release(self) -> None:
+        """Drop the last micro-batches' tensors when the run ends: their graphs hold DeepSpeed's backward hooks, closures
+        over this engine that gc cannot see through C++ nodes, which kept each finished engine alive in a rank."""
+        self.loss = self.total_loss = None
+        self.fwd_outputs = []
+        self.pipe_buffers = {k: [] for k in self.pipe_buffers}
+
     # -- evaluation: a collective forward-only pass on the latest weights ---------------------------------
     def evaluate(self, data_iter: Any, num_micro_batches: int) -> float:
         """Mean loss over ``num_micro_batches`` from ``data_iter`` (averaged over replicas), on every rank.
