@@ -1,32 +1,38 @@
 """The extension points: every optimizer and every staleness mitigation ("compensation method") declares itself
-here, next to its update rule, and nothing else in the package keeps a list of them.
+here, in one module of its own, and nothing else in the package keeps a list of them.
 
 A declaration (`OptimizerSpec`, `MethodSpec`) carries the builder, the config dataclass of the keys the component
 adds (its YAML fills them), its value checks (one-line `ConfigError`s) and its memory model (bytes of state it
 keeps, from the planned tensor shapes). `config` builds the schema from the declarations and runs their checks,
 `plan` sums their memory, `optim.build_optimizer` calls their builders.
 
-Built-in components are the modules of `asyncpipe.optim` and `asyncpipe.optim.compensation` (found by walking
-those packages, so adding one needs no list edited). Code outside the package is named by import path, Hydra's
-`_target_` convention: ``optimizer._target_=mypkg.lion`` imports ``mypkg.lion``, whose `declare_optimizer`
-decorator registers it (docs/extending.md). This module imports no torch; loading the built-ins does.
+Built-in components are the modules of `asyncpipe.optimizers` and `asyncpipe.compensation` (found by walking those
+packages, so adding one needs no list edited). Those modules import no torch: `config`, `plan` and `report` read
+them in processes that never train. A builder imports torch when it is called, or is named by import path
+(``build="module:function"``, resolved when a run builds the component): a method's update rule, a
+`torch.optim.Optimizer` subclass, lives in `asyncpipe.optim.compensation` and its declaration names its builder
+there. Code outside the package is named by import path, Hydra's `_target_` convention:
+``optimizer._target_=mypkg.lion`` imports ``mypkg.lion``, whose `declare_optimizer` decorator registers it
+(docs/extending.md); such a module may import torch itself. This module imports no torch.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from asyncpipe.errors import ConfigError, UserError
 
 # Packages whose modules declare the built-in components (imported by name: this module stays torch-free).
-BUILTIN_PACKAGES = ("asyncpipe.optim", "asyncpipe.optim.compensation")
+BUILTIN_PACKAGES = ("asyncpipe.optimizers", "asyncpipe.compensation")
 
 Check = Callable[[Any, Any], None]  # (the component's own config node, the whole config) -> raise ConfigError
 Memory = Callable[[Any, list], float]  # (the whole config, the stage's planned layer shapes) -> bytes
+Builder = Union[Callable[..., Any], str]  # the builder, or "module:function" naming it (imported when called)
 
 
 @dataclass(frozen=True)
@@ -34,12 +40,15 @@ class OptimizerSpec:
     """``optimizer.name=<name>``: ``build(module, cfg.optimizer, hidden) -> torch optimizer``."""
 
     name: str
-    build: Callable[..., Any]
+    builder: Builder
     memory: Memory  # bytes of optimizer state (fp32 buffers) for these layers
     config: Optional[type] = None  # dataclass of the keys it adds to `optimizer.*` (flat, shared by name)
     check: Optional[Check] = None
     module: str = ""
     revision: int = 1  # bumped when its update rule changes (asyncpipe.report.revisions keeps what each one was)
+
+    def build(self, module: Any, cfg: Any, hidden: Any) -> Any:
+        return resolve(self.builder)(module, cfg, hidden)
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ class MethodSpec:
     """``compensation=<name>``: ``build(optimizer, cfg.compensation, delays) -> wrapped optimizer``."""
 
     name: str
-    build: Callable[..., Any]
+    builder: Builder
     buffers: int  # parameter-sized fp32 buffers it keeps, the step's snapshot included
     fits_2bw: bool  # runs inside engine=pipeline's 2BW (else simulator only)
     note: str  # what it keeps, or why it does not fit 2BW
@@ -59,10 +68,28 @@ class MethodSpec:
     module: str = ""
     revision: int = 1  # bumped when its update rule changes (asyncpipe.report.revisions keeps what each one was)
 
+    def build(self, optimizer: Any, cfg: Any, delays: Any) -> Any:
+        return resolve(self.builder)(optimizer, cfg, delays)
+
 
 _OPTIMIZERS: dict[str, OptimizerSpec] = {}
 _METHODS: dict[str, MethodSpec] = {}
 _loaded = False
+
+
+def resolve(builder: Builder) -> Any:
+    """``builder`` itself, or the object a ``"module:name"`` path names (a builder, a schedule's engine class),
+    imported now; one line if it is not there."""
+    if not isinstance(builder, str):
+        return builder
+    module, _, name = builder.partition(":")
+    try:
+        found = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise UserError(f"cannot load {builder}: {exc}; is it on PYTHONPATH?") from None
+    if not name or not hasattr(found, name):
+        raise UserError(f"cannot load {builder}: {module} has no {name or 'name after the colon'} ('module:function')")
+    return getattr(found, name)
 
 
 def _add(table: dict, spec: Any, kind: str) -> None:
@@ -72,34 +99,55 @@ def _add(table: dict, spec: Any, kind: str) -> None:
     table[spec.name] = spec
 
 
-def declare_optimizer(name: str, memory: Memory, config: Optional[type] = None, check: Optional[Check] = None,
-                      revision: int = 1):  # fmt: skip
-    """Decorator on a builder ``(module, cfg_optimizer, hidden) -> torch.optim.Optimizer``; ``revision``: which
-    version of its update rule this is (1 until the rule changes; a run records it, a report never pools two)."""
+def _caller() -> str:
+    """The module that called the `declare_*` function calling this (a declaration made by a statement)."""
+    return str(sys._getframe(2).f_globals.get("__name__", ""))
 
-    def wrap(build: Callable[..., Any]) -> Callable[..., Any]:
-        _add(_OPTIMIZERS, OptimizerSpec(name, build, memory, config, check, build.__module__, revision), "optimizer")
-        return build
+
+def declare_optimizer(name: str, memory: Memory, config: Optional[type] = None, check: Optional[Check] = None,
+                      revision: int = 1, build: Optional[str] = None) -> Any:  # fmt: skip
+    """Declare the optimizer ``name``. As a decorator on its builder ``(module, cfg_optimizer, hidden) ->
+    torch.optim.Optimizer``; or, with ``build="module:function"``, as a statement naming a builder that is imported
+    only when a run builds the optimizer (a torch-free declaration). ``revision``: which version of its update rule
+    this is (1 until the rule changes; a run records it, a report never pools two)."""
+    if build is not None:
+        spec = OptimizerSpec(name, build, memory, config, check, _caller(), revision)
+        _add(_OPTIMIZERS, spec, "optimizer")
+        return spec
+
+    def wrap(builder: Callable[..., Any]) -> Callable[..., Any]:
+        _add(_OPTIMIZERS, OptimizerSpec(name, builder, memory, config, check, builder.__module__, revision), "optimizer")
+        return builder
 
     return wrap
 
 
 def declare_method(name: str, *, buffers: int, fits_2bw: bool, note: str, key: Optional[str] = None,
                    config: Optional[type] = None, check: Optional[Check] = None, memory: Optional[Memory] = None,
-                   needs_delay: bool = False, revision: int = 1):  # fmt: skip
-    """Decorator on a builder ``(optimizer, cfg_compensation, delays) -> torch.optim.Optimizer``; ``revision``: which
-    version of its rule this is (1 until the rule changes; a run records it, a report never pools two)."""
+                   needs_delay: bool = False, revision: int = 1, build: Optional[str] = None) -> Any:  # fmt: skip
+    """Declare the compensation method ``name``. As a decorator on its builder ``(optimizer, cfg_compensation,
+    delays) -> torch.optim.Optimizer``; or, with ``build="module:function"``, as a statement naming a builder that is
+    imported only when a run builds the method (the built-ins' declarations, torch-free, name their rules in
+    `asyncpipe.optim.compensation` so). ``revision``: which version of its rule this is (1 until the rule changes;
+    a run records it, a report never pools two)."""
 
     if (key is None) != (config is None):
         given, missing = ("key=", "config=") if config is None else ("config=", "key=")
         raise UserError(f"declare_method({name!r}) has {given} without {missing}: a method's settings are the node "
                         "compensation.<key> that its config dataclass fills; declare both or neither")  # fmt: skip
 
-    def wrap(build: Callable[..., Any]) -> Callable[..., Any]:
-        spec = MethodSpec(name, build, buffers, fits_2bw, note, key, config, check, memory, needs_delay,
-                          build.__module__, revision)
-        _add(_METHODS, spec, "compensation")
-        return build
+    def spec(builder: Builder, module: str) -> MethodSpec:
+        return MethodSpec(name, builder, buffers, fits_2bw, note, key, config, check, memory, needs_delay, module,
+                          revision)  # fmt: skip
+
+    if build is not None:
+        declared = spec(build, _caller())
+        _add(_METHODS, declared, "compensation")
+        return declared
+
+    def wrap(builder: Callable[..., Any]) -> Callable[..., Any]:
+        _add(_METHODS, spec(builder, builder.__module__), "compensation")
+        return builder
 
     return wrap
 

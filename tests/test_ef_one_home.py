@@ -1,4 +1,5 @@
-"""grep-level: EF's rule has one home (asyncpipe/optim/compensation/ef.py), and the *_ef presets' switch
+"""grep-level: EF's rule has one home (asyncpipe/optim/compensation/ef.py; its torch-free declaration:
+asyncpipe/compensation/ef.py), and the *_ef presets' switch
 `optimizer.ef.*` is read only where it is resolved (config/alias.py) or where old records are read (report/load,
 report/groups, report/claims, describe's key list, the bench's refused keys)."""
 
@@ -9,11 +10,12 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "asyncpipe"
 EF_HOME = "optim/compensation/ef.py"
+EF_DECLARATION = "compensation/ef.py"  # its settings and their check
 # Where the switch may still be named in code (not comments/docstrings): its resolution, its key list for `config
 # show`, reading records written before it became an alias, and the bench's list of keys its variants set.
 SWITCH_READERS = {"config/alias.py", "config/describe.py", "report/load.py", "report/groups.py",
                   "bench/simulator.py",
-                  "config/validate.py", EF_HOME}  # these two only name it in a message (an unresolved switch; lam's check)
+                  "config/validate.py", EF_DECLARATION}  # these two only name it in a message (an unresolved switch; lam's check)
 
 
 def _code(path: Path) -> str:

@@ -1,6 +1,9 @@
 """What must stay light: the config, the report, the sweep layer and the run dir's files never import torch (a
-report or a sweep's bookkeeping runs where torch is slow to import or absent), and nothing imports Hydra's
-private modules. Each check imports in a fresh interpreter, so modules loaded by other tests cannot hide an import."""
+report or a sweep's bookkeeping runs where torch is slow to import or absent), nor does running them: composing
+every built-in optimizer and compensation method (their declarations, `asyncpipe.optimizers` and
+`asyncpipe.compensation`), `config show`, `plan`, `schedule`, `report --bench` and the report's cost model; and
+nothing imports Hydra's private modules. Each check runs in a fresh interpreter, so modules loaded by other tests
+cannot hide an import."""
 
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ LIGHT = [
 ]  # fmt: skip
 HEAVY = ("torch", "deepspeed")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+REPO = PACKAGE.parent
+BENCH = REPO / "benchmarks" / "results" / "pipeline-small-P2-m4.json"  # a committed `bench pipeline` record, P = 2
+SWEEP = REPO / "results" / "cpu_study" / "lr_adamw"  # a committed sweep (five runs)
 
 
 def heavy_after_import(modules: list[str]) -> list[str]:
@@ -51,6 +57,63 @@ def test_importtime_of_config_and_report_names_no_torch(module: str) -> None:
     lines = proc.stderr.splitlines()
     assert len(lines) > 50 and any(module in line for line in lines)  # importtime did report the imports
     assert [line for line in lines if "torch" in line] == []
+
+
+# Every light code path in one interpreter; each step asserts it did its work (a path that failed early would
+# prove nothing), and the last line lists the heavy modules loaded.
+LIGHT_PATHS = r"""
+import contextlib, io, sys
+from pathlib import Path
+from asyncpipe import registry
+from asyncpipe.cli import main
+from asyncpipe.config import compose, group_options
+from asyncpipe.config.validate import validate
+from asyncpipe.plan import plan
+from asyncpipe.report.throughput import load_bench, throughput
+
+bench, sweep, out = (Path(a) for a in sys.argv[1:4])
+
+
+def cli(*argv):
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+        try:
+            main(list(argv))
+        except SystemExit as exc:
+            assert exc.code in (0, None), (argv, exc.code, text.getvalue()[-2000:])
+    return text.getvalue()
+
+
+optimizers = group_options("optimizer")
+methods = group_options("compensation")
+assert {"adamw", "muon", "nadam", "soap"} <= set(optimizers) and len(methods) >= 8, (optimizers, methods)
+for name in optimizers:
+    cfg = compose(["model=tiny", f"optimizer={name}"])
+    validate(cfg)
+    assert plan(cfg, 80.0).ok, name
+for name in methods:
+    cfg = compose(["model=tiny", f"compensation={name}", "delay=1"])
+    validate(cfg)
+    assert cfg.compensation.name == name and registry.method_spec(name).name == name
+    assert plan(cfg, 80.0).ok, name
+assert "compensation:" in cli("config", "show", "model=tiny", "compensation=basis_rotation", "delay=1")
+assert "fits" in cli("plan", "model=tiny", "optimizer=muon", "compensation=ef", "delay=1")
+assert "2bw" in cli("schedule").lower()
+modelled = throughput(4, 8, load_bench([bench]))  # no record at P = 4: the cost model, calibrated on the P = 2 one
+assert modelled.kind == "modelled", modelled
+cli("report", str(sweep), "--bench", str(bench), "--no-plots", "--no-wandb-log", "--out", str(out))
+assert (out / "report.md").is_file()
+print(sorted(m for m in ("torch", "deepspeed") if m in sys.modules))
+"""
+
+
+def test_composing_planning_and_reporting_never_import_torch(tmp_path: Path) -> None:
+    """Compose (and validate, and plan) every built-in optimizer preset and compensation method, `config show`,
+    `plan`, `schedule`, the report's modelled throughput and `report --bench` on committed records: no torch."""
+    proc = subprocess.run([sys.executable, "-c", LIGHT_PATHS, str(BENCH), str(SWEEP), str(tmp_path / "report")],
+                          capture_output=True, text=True, timeout=600, env=ENV, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ast.literal_eval(proc.stdout.strip().splitlines()[-1]) == []
 
 
 def test_nothing_imports_hydras_private_modules() -> None:

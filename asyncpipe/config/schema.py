@@ -2,8 +2,9 @@
 
 Values live in `conf/` YAML; these dataclasses give Hydra the types and the set of allowed keys,
 so a typo or a wrong type is caught at composition time. The keys an optimizer or a compensation method adds
-are declared in its own module (`asyncpipe.registry`); `full_schema` adds them. This module imports no torch
-(`full_schema` loads the declaring modules, which do).
+are declared in its own module (`asyncpipe.registry`); `full_schema` adds them. This module imports no torch, and
+neither does `full_schema` (the built-ins' declaring modules, `asyncpipe.optimizers` and `asyncpipe.compensation`,
+are torch-free).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class CompensationBase:
 
     name: str = "none"  # a declared method: none, ef, ef_adaptive, dc, ... (`asyncpipe config show` lists them)
     _target_: Optional[str] = None  # import path of your own method module (docs/extending.md)
-    # + each method's settings node, declared in its module (asyncpipe/optim/compensation/), added by `full_schema`
+    # + each method's settings node, declared in its module (asyncpipe/compensation/), added by `full_schema`
 
 
 @dataclass
@@ -233,7 +234,7 @@ def _default(f: dataclasses.Field) -> Any:
 
 def full_schema() -> type:
     """`Config` with the keys every declared optimizer adds to ``optimizer.*`` (flat) and every declared method's
-    settings node ``compensation.<key>`` (`asyncpipe.registry`; loading the built-ins imports torch)."""
+    settings node ``compensation.<key>`` (`asyncpipe.registry`; the built-ins' declarations import no torch)."""
     from asyncpipe import registry
 
     declared = tuple((s.name, s.module) for s in registry.optimizers() + registry.methods())

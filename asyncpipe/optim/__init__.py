@@ -1,6 +1,8 @@
-"""Optimisation for delayed (asynchronous-pipeline) training: the optimizer registry (AdamW, Muon + AdamW,
-NAdam, SOAP: each module declares itself in `asyncpipe.registry`), stale weights for a k-step delay, the staleness mitigations (`compensation`: EF and the rest,
-wrapping any optimizer), clipping, and the lr schedule (`asyncpipe.lr_schedule`, re-exported)."""
+"""Optimisation for delayed (asynchronous-pipeline) training, the torch side: building the declared optimizer
+(`build_optimizer`; the built-ins AdamW, Muon + AdamW, NAdam, SOAP are declared, torch-free, in
+`asyncpipe.optimizers`), stale weights for a k-step delay, the staleness mitigations' update rules (`compensation`:
+EF and the rest, wrapping any optimizer; declared in `asyncpipe.compensation`), clipping, the one update, and the lr
+schedule (`asyncpipe.lr_schedule`, re-exported). Only a run that builds an optimizer imports this package."""
 
 from asyncpipe.lr_schedule import LRSchedule, lr_factor
 from asyncpipe.optim.clip import clip_grads, grad_sq_norm

@@ -1,7 +1,8 @@
 """Building an optimizer: `build_optimizer`, the one entry point, and the helpers optimizer modules share.
 
 Optimizers declare themselves with `asyncpipe.registry.declare_optimizer` (builder, config keys, checks, memory
-model) in their own module. A builder receives the module (a whole model or one pipeline stage), the `OptimizerConfig`-shaped node and an
+model) in their own module (the built-ins: `asyncpipe.optimizers`, torch-free; their builders import this module when
+called). A builder receives the module (a whole model or one pipeline stage), the `OptimizerConfig`-shaped node and an
 optional predicate naming the hidden matrices (None = `block_matrices`); it returns a torch optimizer whose
 every group carries ``base_lr``.
 """
@@ -21,20 +22,16 @@ Builder = Callable[[nn.Module, Any, Optional[HiddenFn]], torch.optim.Optimizer]
 
 def register(name: str, memory: Any = None, **declaration: Any) -> Callable[[Builder], Builder]:
     """Decorator: make ``builder`` available as ``optimizer.name=<name>`` (`asyncpipe.registry.declare_optimizer`;
-    ``memory`` defaults to Adam's two buffers only when said so: pass ``adam_bytes``)."""
+    ``memory`` is required: for Adam-like state pass `asyncpipe.optimizers.adamw.adam_bytes`)."""
     if memory is None:
-        raise TypeError(f"optimizer {name!r}: declare its memory model (memory=adam_bytes for Adam-like state)")
+        raise TypeError(f"optimizer {name!r}: declare its memory model (memory=adam_bytes for Adam-like state, "
+                        "asyncpipe.optimizers.adamw)")
     return declare_optimizer(name, memory=memory, **declaration)
 
 
 def available() -> list[str]:
     """Declared optimizer names, sorted."""
     return names(optimizers())
-
-
-def adam_bytes(cfg: Any, shapes: list) -> float:
-    """Memory model of Adam-like state: two fp32 buffers per parameter."""
-    return 4.0 * 2 * sum(s.params for s in shapes)
 
 
 def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:

@@ -19,13 +19,11 @@ unchanged. Memory: one parameter-sized buffer m (optimizer state, no weight vers
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from asyncpipe.errors import ConfigError, UserError
-from asyncpipe.optim.compensation.registry import register
+from asyncpipe.errors import UserError
 from asyncpipe.optim.compensation.base import Compensated
 
 
@@ -53,18 +51,6 @@ class UpdateAveraging(Compensated):
             p.sub_(prev - u, alpha=g)
 
 
-@dataclass
-class AveragingCompensation:
-    gamma: float = 0.9  # update_averaging: EMA decay over applied updates (0 = the plain optimizer)
-
-
-def check_averaging(c: Any, cfg: Any) -> None:
-    if not 0 <= c.gamma < 1:
-        raise ConfigError(f"compensation.nag.gamma={c.gamma} must be in [0, 1)")
-
-
-# key "nag": the v3 run records' name for this node (the report compares every recorded key)
-@register("update_averaging", fits_2bw=True, note="one parameter-sized buffer m (optimizer state, no weight version)",
-          buffers=2, key="nag", config=AveragingCompensation, check=check_averaging)
 def build_averaging(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
+    """The method ``update_averaging`` (declared in `asyncpipe.compensation.averaging`) around ``optimizer``."""
     return UpdateAveraging(optimizer, delays, cfg.nag.gamma)

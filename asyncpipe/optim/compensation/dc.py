@@ -27,13 +27,11 @@ DC-ASGD-a one (MeanSquare); both run in the 2BW engine. ``lam = 0`` is the plain
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from asyncpipe.errors import ConfigError, UserError
-from asyncpipe.optim.compensation.registry import register
+from asyncpipe.errors import UserError
 from asyncpipe.optim.compensation.base import Compensated
 
 
@@ -78,30 +76,7 @@ class DelayCompensated(Compensated):
         self.diagnostics = {"dc_rel": torch.where(grad_sq > 0, rel, torch.zeros_like(rel))}  # read when recorded
 
 
-@dataclass
-class DCCompensation:
-    lam: float = 2.0  # DC-ASGD lambda: g + lam(t) * g*g*(W(t) - W(t-k))
-    adaptive: bool = True  # DC-ASGD-a: lam(t) = lam / sqrt(EMA(g*g) + eps), elementwise, the EMA starting at 0
-    rho: float = 0.95  # EMA decay of g*g (adaptive)
-    eps: float = 1e-7
-
-
-def check_dc(c: Any, cfg: Any) -> None:
-    if c.lam < 0:
-        raise ConfigError(f"compensation.dc.lam={c.lam} must be >= 0")
-    if not (0 <= c.rho < 1 and c.eps > 0):
-        raise ConfigError(f"compensation.dc needs 0 <= rho < 1 and eps > 0, got rho={c.rho}, eps={c.eps}")
-
-
-def dc_bytes(cfg: Any, shapes: list) -> float:
-    """What `DelayCompensated` keeps: DC-ASGD-a one fp32 buffer v per parameter, DC-ASGD none (the correction is
-    made in place, one tensor at a time)."""
-    return 4.0 * sum(s.params for s in shapes) if cfg.compensation.dc.adaptive else 0.0
-
-
-@register("dc", fits_2bw=True, note="W(t-k) is still in the 2BW stash at step time; DC-ASGD-a keeps one buffer v",
-          buffers=0, memory=dc_bytes, key="dc", config=DCCompensation, check=check_dc, needs_delay=True,
-          revision=2)  # r1 (to 262fe8d): eps outside the root, MeanSquare seeded with g*g (asyncpipe.report.revisions)
 def build_dc(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
+    """The method ``dc`` (declared in `asyncpipe.compensation.dc`) around ``optimizer``."""
     c = cfg.dc
     return DelayCompensated(optimizer, delays, c.lam, c.adaptive, c.rho, c.eps)

@@ -1,6 +1,6 @@
 """EF, the paper's correction (Zmushko et al. 2026, "One-Step Gradient Delay is Not a Barrier for Large-Scale
-Asynchronous Pipeline Parallel LLM Pretraining"), with lambda as a schedule: EF's one home (its rule, its
-settings, its value check).
+Asynchronous Pipeline Parallel LLM Pretraining"), with lambda as a schedule: EF's rule (its declaration, settings,
+value check and memory model, torch-free: `asyncpipe.compensation.ef`).
 
 Update rule, with u(t) the wrapped optimizer's own weight change (learning rate and weight decay included) from
 the stale gradient g(W(t-k)):
@@ -20,33 +20,13 @@ snapshot.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from asyncpipe.errors import ConfigError, UserError
+from asyncpipe.compensation.ef import SCHEDULES
+from asyncpipe.errors import UserError
 from asyncpipe.optim.compensation.base import Compensated
-from asyncpipe.optim.compensation.registry import register
-
-SCHEDULES = ("constant", "warmup")
-
-
-@dataclass
-class EFCompensation:
-    lam: float = 1.0  # EF strength lambda (>= 0): x -= u(t-1) + lam * (u(t-1) - u(t-2))
-    schedule: str = "constant"  # constant, or warmup: lam * min(1, (t+1) / warmup_steps)
-    warmup_steps: int = 0  # steps of the linear lambda warm-up (schedule=warmup)
-
-
-def check_ef(c: Any, cfg: Any) -> None:
-    """EF's value checks (the one check of lambda; ``optimizer.ef.lam`` arrives here through the alias)."""
-    if c.lam < 0:
-        raise ConfigError(f"compensation.ef.lam={c.lam} must be >= 0 (optimizer.ef.lam is its alias)")
-    if c.schedule not in SCHEDULES:
-        raise ConfigError(f"compensation.ef.schedule={c.schedule} is not allowed; choose one of: {', '.join(SCHEDULES)}")
-    if c.warmup_steps < 0 or (c.schedule == "warmup" and c.warmup_steps < 1):
-        raise ConfigError(f"compensation.ef.warmup_steps={c.warmup_steps} must be >= 1 with schedule=warmup (>= 0 always)")
 
 
 def lam_schedule(lam: float, schedule: str, warmup_steps: int) -> Callable[[int], float]:
@@ -168,9 +148,8 @@ class ErrorFeedback(Compensated):
         return f"ErrorFeedback(lam={self.lam}, {self.optimizer!r})"
 
 
-@register("ef", fits_2bw=True, note="one parameter-sized buffer u(t-1) (optimizer state, no weight version)",
-          buffers=2, key="ef", config=EFCompensation, check=check_ef)
 def build_ef(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
+    """The method ``ef`` (declared in `asyncpipe.compensation.ef`) around ``optimizer``."""
     c = cfg.ef
     at = lam_schedule(c.lam, c.schedule, c.warmup_steps)
     return ErrorFeedback(optimizer, c.lam, lam_at=None if c.schedule == "constant" else at, delays=delays)

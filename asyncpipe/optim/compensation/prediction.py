@@ -24,28 +24,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from asyncpipe.errors import ConfigError, UserError
-from asyncpipe.optim.compensation.registry import register
+from asyncpipe.errors import UserError
 from asyncpipe.optim.compensation.base import Compensated
-
-
-@dataclass
-class PredictionCompensation:
-    beta: float = 0.0  # EMA of the observed weight velocity (0 = the last step's change, SpecTrain-style)
-    horizon: float = 1.0  # extrapolate horizon * k steps ahead (1 = exactly the delay)
-
-
-def check_prediction(c: Any, cfg: Any) -> None:
-    if not 0 <= c.beta < 1:
-        raise ConfigError(f"compensation.prediction.beta={c.beta} must be in [0, 1)")
-    if not 0 <= c.horizon <= 16:
-        raise ConfigError(f"compensation.prediction.horizon={c.horizon} must be in [0, 16] (steps of k ahead; 1 = "
-                          "exactly the delay, 0 = no prediction)")
 
 
 class WeightPrediction(Compensated):
@@ -89,16 +73,7 @@ class WeightPrediction(Compensated):
                 p.data = stale
 
 
-@register(
-    "weight_prediction",
-    fits_2bw=False,
-    note="the predicted weights are a third weight version per batch in flight beyond 2BW's two, plus W(t-k-1)",
-    buffers=3,
-    key="prediction",
-    config=PredictionCompensation,
-    check=check_prediction,
-    needs_delay=True,
-)
 def build_prediction(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
+    """The method ``weight_prediction`` (declared in `asyncpipe.compensation.prediction`) around ``optimizer``."""
     c = cfg.prediction
     return WeightPrediction(optimizer, delays, c.beta, c.horizon)

@@ -1,5 +1,6 @@
-"""The registry of compensation methods: `register` (a decorator each method module applies), `method`, `build`,
-and the engine hooks (`compensate_grads`, `forward_weights`, `extra_bytes`). See the package docstring."""
+"""Compensation methods on the torch side: `build` (the declared method's builder around an optimizer), `method`,
+`available`, `register` (the decorator form of `asyncpipe.registry.declare_method`, for a method in one module of
+its own) and the engine hooks (`compensate_grads`, `forward_weights`, `extra_bytes`). See the package docstring."""
 
 from __future__ import annotations
 
@@ -55,8 +56,3 @@ def forward_weights(optimizer: torch.optim.Optimizer) -> ContextManager[None]:
 
 def extra_bytes(optimizer: torch.optim.Optimizer) -> int:
     return int(getattr(optimizer, "extra_bytes", 0))
-
-
-@register("none", fits_2bw=True, note="no extra memory", buffers=0)
-def _build_none(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
-    return optimizer

@@ -9,16 +9,16 @@ what Muon is designed for, so they get AdamW at ``aux_lr`` (``lr`` when unset). 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
-
-import torch
-import torch.nn as nn
+from typing import TYPE_CHECKING, Any, Optional
 
 from asyncpipe.errors import ConfigError
-from asyncpipe.optim.combined import CombinedOptimizer
-from asyncpipe.optim.expert_muon import ExpertMuon
-from asyncpipe.optim.registry import HiddenFn, block_matrices, decay_groups, trainable
 from asyncpipe.registry import declare_optimizer
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+    from asyncpipe.optim.registry import HiddenFn
 
 ADJUST_LR_FNS = ("original", "match_rms_adamw")  # torch.optim.Muon; null = original
 
@@ -58,6 +58,12 @@ def muon_bytes(cfg: Any, shapes: list) -> float:
 
 @declare_optimizer("muon", memory=muon_bytes, config=MuonConfig, check=check_muon)
 def build_muon(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn]) -> torch.optim.Optimizer:
+    import torch
+
+    from asyncpipe.optim.combined import CombinedOptimizer
+    from asyncpipe.optim.expert_muon import ExpertMuon
+    from asyncpipe.optim.registry import block_matrices, decay_groups, trainable
+
     adjust = cfg.adjust_lr_fn  # values checked by asyncpipe.config.validate
     is_hidden = hidden if hidden is not None else block_matrices(module, routers=bool(getattr(cfg, "muon_router", False)))
     named = trainable(module)

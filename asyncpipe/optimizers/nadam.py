@@ -5,14 +5,17 @@ parameter (torch's per-parameter mu_product is a scalar)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
-
-import torch
-import torch.nn as nn
+from typing import TYPE_CHECKING, Any, Optional
 
 from asyncpipe.errors import ConfigError
-from asyncpipe.optim.registry import HiddenFn, adam_bytes, decay_groups, trainable
+from asyncpipe.optimizers.adamw import adam_bytes
 from asyncpipe.registry import declare_optimizer
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+    from asyncpipe.optim.registry import HiddenFn
 
 
 @dataclass
@@ -27,6 +30,10 @@ def check_nadam(o: Any, cfg: Any) -> None:
 
 @declare_optimizer("nadam", memory=adam_bytes, config=NAdamConfig, check=check_nadam)
 def build_nadam(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn]) -> torch.optim.Optimizer:
+    import torch
+
+    from asyncpipe.optim.registry import decay_groups, trainable
+
     groups = decay_groups(trainable(module), cfg.lr, cfg.weight_decay)
     return torch.optim.NAdam(
         groups,

@@ -8,13 +8,15 @@ tensor (the package's max_precond_dim; `tests/test_plan.py` compares this with w
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-import torch.nn as nn
-
-from asyncpipe.optim.registry import HiddenFn, decay_groups, trainable
 from asyncpipe.registry import declare_optimizer
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+    from asyncpipe.optim.registry import HiddenFn
 
 MAX_PRECOND_DIM = 10000  # pytorch-optimizer's default
 
@@ -28,6 +30,8 @@ def soap_bytes(cfg: Any, shapes: list) -> float:
 @declare_optimizer("soap", memory=soap_bytes)
 def build_soap(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn]) -> torch.optim.Optimizer:
     from pytorch_optimizer import SOAP
+
+    from asyncpipe.optim.registry import decay_groups, trainable
 
     groups = decay_groups(trainable(module), cfg.lr, cfg.weight_decay)
     return SOAP(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)

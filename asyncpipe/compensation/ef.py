@@ -1,0 +1,36 @@
+"""``compensation=ef``: EF (Zmushko et al. 2026), x(t+1) = x(t) - u(t) - lam(t) (u(t) - u(t-1)), lambda constant or
+warmed up; its settings, value checks and memory (u(t-1) plus the step's snapshot). The rule:
+`asyncpipe.optim.compensation.ef`. The *_ef presets' ``optimizer.ef.enabled`` is an alias of this method
+(`asyncpipe.config.alias`), so its lambda is checked here only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from asyncpipe.errors import ConfigError
+from asyncpipe.registry import declare_method
+
+SCHEDULES = ("constant", "warmup")
+
+
+@dataclass
+class EFCompensation:
+    lam: float = 1.0  # EF strength lambda (>= 0): x -= u(t-1) + lam * (u(t-1) - u(t-2))
+    schedule: str = "constant"  # constant, or warmup: lam * min(1, (t+1) / warmup_steps)
+    warmup_steps: int = 0  # steps of the linear lambda warm-up (schedule=warmup)
+
+
+def check_ef(c: Any, cfg: Any) -> None:
+    """EF's value checks (the one check of lambda; ``optimizer.ef.lam`` arrives here through the alias)."""
+    if c.lam < 0:
+        raise ConfigError(f"compensation.ef.lam={c.lam} must be >= 0 (optimizer.ef.lam is its alias)")
+    if c.schedule not in SCHEDULES:
+        raise ConfigError(f"compensation.ef.schedule={c.schedule} is not allowed; choose one of: {', '.join(SCHEDULES)}")
+    if c.warmup_steps < 0 or (c.schedule == "warmup" and c.warmup_steps < 1):
+        raise ConfigError(f"compensation.ef.warmup_steps={c.warmup_steps} must be >= 1 with schedule=warmup (>= 0 always)")
+
+
+declare_method("ef", build="asyncpipe.optim.compensation.ef:build_ef", fits_2bw=True,
+               note="one parameter-sized buffer u(t-1) (optimizer state, no weight version)", buffers=2, key="ef",
+               config=EFCompensation, check=check_ef)  # fmt: skip
