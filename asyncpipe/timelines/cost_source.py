@@ -229,11 +229,12 @@ def fit_overhead_latency(model: CostModel, calibration: list[tuple[str, int, int
     return fit_overhead(CostModel(**{**model.__dict__, "p2p_s": 0.0}), s, P, mb, t)
 
 
-def standin_calibration(records: list[dict]) -> list[dict]:
-    """The stand-in records `from_standin` calibrates on: 1F1B and 2BW at the smallest depth, the largest m."""
+def standin_calibration(records: list[dict], flushed: str = "1f1b", unflushed: str = "2bw") -> list[dict]:
+    """The stand-in records `from_standin` calibrates on: a schedule with a flush (1F1B, the reference) and one
+    without (2BW), each at the smallest depth and its largest m."""
     P = min(int(r["stages"]) for r in records)
     out = []
-    for name in ("1f1b", "2bw"):
+    for name in (flushed, unflushed):
         mine = [r for r in records if r["schedule"] == name and int(r["stages"]) == P]
         if not mine:
             raise UserError(f"stand-in calibration needs a {name} record at P = {P}")
