@@ -386,3 +386,36 @@ def test_docs_corpus_from_debian_package(tmp_path):
     assert m["documents"]["train"] + m["documents"]["val"] > 100
     assert m["sources"][0]["name"].startswith("python3.11-doc_")
     assert b"Python" in (path / "train.bin").read_bytes()[::2][:200_000]
+
+
+def test_module_docstrings_keep_ast_walks_order():
+    """The torchdoc part reads docstrings from statements only; the defs and their order are still `ast.walk`'s
+    (breadth first), whatever blocks nest them."""
+    import ast
+
+    from asyncpipe.data.corpus import module_docstrings
+
+    source = '''"""M."""
+def f():
+    """F."""
+    class Inner:
+        """Inner."""
+if x:
+    try:
+        pass
+    except E:
+        def g():
+            """G."""
+    match y:
+        case 1:
+            async def h():
+                """H."""
+class C:
+    """C."""
+    def m(self):
+        """m."""
+lam = lambda: None
+'''
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    walked = [ast.get_docstring(n) for n in ast.walk(ast.parse(source)) if isinstance(n, kinds)]
+    assert module_docstrings(source) == "\n\n".join(walked) == "M.\n\nF.\n\nC.\n\nInner.\n\nm.\n\nG.\n\nH."

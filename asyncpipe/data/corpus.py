@@ -127,8 +127,24 @@ def module_docstrings(source: str) -> str:
     except (SyntaxError, ValueError):
         return ""
     kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    docs = [ast.get_docstring(n) for n in ast.walk(tree) if isinstance(n, kinds)]
+    docs = [ast.get_docstring(n) for n in _statements(tree) if isinstance(n, kinds)]
     return "\n\n".join(d.strip() for d in docs if d and d.strip())
+
+
+_BLOCKS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
+def _statements(tree: ast.Module) -> list[ast.AST]:
+    """`ast.walk`'s nodes in its order (breadth first), less every expression: a def or class is always a statement
+    whose ancestors are statements (or except/case clauses), so the defs come out exactly as `ast.walk` gives them.
+    Skipping the expressions (most of a module's nodes) halves the time of reading torch's docstrings."""
+    queue, i = [tree], 0
+    while i < len(queue):
+        for child in ast.iter_child_nodes(queue[i]):
+            if isinstance(child, _BLOCKS):
+                queue.append(child)
+        i += 1
+    return queue
 
 
 def load_torch_docstrings() -> Corpus:
