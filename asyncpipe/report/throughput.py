@@ -103,6 +103,9 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
 
 
 _MODELS: dict[str, object] = {}  # calibrations already made, by file
+# Ratios already modelled, by (file, schedule, P, m, ef): a report asks for each cell's several times (its tables,
+# takeaways and wall-clock columns), and each answer replays whole timelines (the v5 ttt report: 81 asks, 21 distinct).
+_RATIOS: dict[tuple, tuple[float, tuple[str, float] | None] | None] = {}
 MODELLED_LABELS = {"1f1b": "1F1B (modelled)", "dualpipev": "DualPipeV (modelled)"}
 
 
@@ -112,10 +115,6 @@ def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool 
     throughput over 1F1B) or None where the model cannot run DualPipeV here: m < 2P or fewer than 2P blocks), from
     the P = 2 file with the most micro-batches (the most work per timed instruction) whose 1F1B has per-instruction
     timings; None when no file has them or the model cannot run this P (too few blocks)."""
-    from asyncpipe.errors import UserError as Refused
-    from asyncpipe.timelines.cost import ratio
-    from asyncpipe.timelines.cost_source import from_bench
-
     if micro_batches < stages:
         return None
     for b in sorted(bench, key=lambda b: -b["m"]):
@@ -123,17 +122,34 @@ def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool 
         one = rec.get("variants", {}).get("1f1b")
         if b["P"] != 2 or not isinstance(one, dict) or "seconds_by_op_per_stage" not in one:
             continue
-        try:
-            model = _MODELS.get(b["path"]) or from_bench(rec, b["path"])
-            _MODELS[b["path"]] = model
-            value = ratio(model, schedule, "1f1b", stages, micro_batches, ef=ef)  # type: ignore[arg-type]
-        except Refused:
+        key = (b["path"], schedule, stages, micro_batches, ef)
+        if key not in _RATIOS:
+            _RATIOS[key] = _model(b, rec, schedule, stages, micro_batches, ef)
+        if _RATIOS[key] is None:
             return None
-        try:
-            sync: tuple[str, float] | None = ("dualpipev", ratio(model, "dualpipev", "1f1b", stages, micro_batches))  # type: ignore[arg-type]
-        except Refused:  # m < 2P, or fewer blocks than DualPipeV's 2P chunks
-            sync = None
+        value, sync = _RATIOS[key]
         name = f"{schedule}_ef" if ef else schedule
         return value, (f"modelled, {name} (cost model calibrated on {Path(b['path']).name}: 1F1B at P=2, "
                        f"m={b['m']}, {rec.get('model', '?')})"), sync  # fmt: skip
     return None
+
+
+def _model(b: dict, rec: dict, schedule: str, stages: int, micro_batches: int, ef: bool
+           ) -> tuple[float, tuple[str, float] | None] | None:  # fmt: skip
+    """``schedule``'s (+ EF's) ratio over 1F1B and DualPipeV's (or None where the model cannot run it) under the
+    cost model calibrated on `b`; None where the model cannot run ``schedule`` at this P and m."""
+    from asyncpipe.errors import UserError as Refused
+    from asyncpipe.timelines.cost import ratio
+    from asyncpipe.timelines.cost_source import from_bench
+
+    try:
+        model = _MODELS.get(b["path"]) or from_bench(rec, b["path"])
+        _MODELS[b["path"]] = model
+        value = ratio(model, schedule, "1f1b", stages, micro_batches, ef=ef)  # type: ignore[arg-type]
+    except Refused:
+        return None
+    try:
+        sync: tuple[str, float] | None = ("dualpipev", ratio(model, "dualpipev", "1f1b", stages, micro_batches))  # type: ignore[arg-type]
+    except Refused:  # m < 2P, or fewer blocks than DualPipeV's 2P chunks
+        sync = None
+    return value, sync
