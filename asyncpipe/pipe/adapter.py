@@ -23,6 +23,7 @@ from asyncpipe.dist import Comm
 from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.model.compile import CompileClock, eager, wanted
 from asyncpipe.registry import describe
+from asyncpipe.registry import resolve as load_named
 from asyncpipe.runtime.device import use_bf16
 from asyncpipe.runtime.protocol import Agreement, Setup
 
@@ -65,8 +66,8 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
         from asyncpipe.model.compile import compile_modules
 
         compile_modules(layers, t.compile_backend)
-    engine_cls: Any = _load(spec.engine_class) if spec.engine_class else ScheduledPipelineEngine
-    module_cls: Any = _load(spec.module_class) if spec.module_class else StagedModule
+    engine_cls: Any = load_named(spec.engine_class) if spec.engine_class else ScheduledPipelineEngine
+    module_cls: Any = load_named(spec.module_class) if spec.module_class else StagedModule
     with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints its seed and topology settings
         module = module_cls(layers, parts, topo, lm_loss)
     set_aux_grad_scale(module, 1.0 / t.micro_batches)  # MoE aux losses: scaled as DeepSpeed scales the LM loss
@@ -84,14 +85,6 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     )  # fmt: skip
     engine.memory_baseline = baseline
     return engine, coord.pipe, coord.data
-
-
-def _load(path: str) -> Any:
-    """The class a declaration names as ``module:Class``."""
-    import importlib
-
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 class PipelineEngineAdapter:

@@ -1,16 +1,13 @@
 """`ScheduledPipelineEngine`: DeepSpeed's `PipelineEngine` running the schedule its settings name, as declared in
-`asyncpipe.schedules` (DeepSpeed's 1F1B, PipeDream-2BW, PACI; DeepSpeed's DualPipeV through the
-`asyncpipe.pipe.dualpipev` subclass), as DeepSpeed's own `DualPipeVEngine` adds a schedule, by subclassing and
-extending the instruction map.
+`asyncpipe.schedules` (DeepSpeed's 1F1B, 2BW, PACI; DualPipeV through the `asyncpipe.pipe.dualpipev` subclass), by
+extending the instruction map as DeepSpeed's own `DualPipeVEngine` does.
 
 A schedule that declares a stream (2BW, PACI) runs as one instruction stream for the whole run (no flush), each
-micro-batch on the weight version its declaration pins, from a `WeightStash` of the declared number of versions;
-one that declares none runs its engine class's own (DeepSpeed's `TrainSchedule`) unchanged. A declaration with
-``recompute`` (PACI) has a micro-batch whose stage was stepped since its forward recompute that forward on the
-current weights before its backward (see `asyncpipe.schedules.paci`). Every schedule ends
-a batch with the same `ReduceGrads` / `OptimizerStep` handlers, which call `asyncpipe.optim` for clipping, the
-lr schedule and the update, so the math is the simulator's. Communication and step metrics never add a flush:
-gradient norms cross stages by an all-reduce that, when deferred, overlaps the next batch's work.
+micro-batch on the weight version its declaration pins, from a `WeightStash`; one that declares none runs its engine
+class's own (DeepSpeed's `TrainSchedule`). A straddling micro-batch (stage stepped since its forward) recomputes its
+forward on the current weights (paci-recompute) or back-propagates through its own graph (paci). Every schedule ends
+a batch with the same `ReduceGrads` / `OptimizerStep` handlers (`asyncpipe.optim`: clipping, lr schedule, update), so
+the math is the simulator's; gradient norms cross stages by an all-reduce that, deferred, overlaps the next batch.
 """
 from __future__ import annotations
 
@@ -71,11 +68,9 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         P, s = self.num_stages, self.stage_id
         self.stash = WeightStash(self.module, self.spec.weight_versions(P, s) - 1)  # the stash holds 1 or 2
         self.activations = ActivationMeter(self._weight_tensors)
-        self.pipe_buffers["grads"] = []
-        self.pipe_buffers["losses"] = []
+        self.pipe_buffers["grads"], self.pipe_buffers["losses"] = [], []
         self.init_p2p()
-        self.world = tdist.get_world_size()
-        self.rank = tdist.get_rank()
+        self.world, self.rank = tdist.get_world_size(), tdist.get_rank()
         self._pipe_group = self.grid.get_pipe_parallel_group()
         self._dp_group = self.grid.get_data_parallel_group()
         self._dp = self.grid.get_data_parallel_world_size()
@@ -364,11 +359,10 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         self._record(b, float(stage_sq), norm if self._global_norm else math.nan)
 
     def release(self) -> None:
-        """Drop the last micro-batches' tensors when the run ends: their graphs hold DeepSpeed's backward hooks, closures
-        over this engine that gc cannot see through C++ nodes, which kept each finished engine alive in a rank."""
+        """Drop the last micro-batches' tensors at the run's end: their graphs hold DeepSpeed's backward hooks, closures
+        over this engine that gc cannot follow through C++ nodes, which kept each finished engine alive in its rank."""
         self.loss = self.total_loss = None
-        self.fwd_outputs = []
-        self.pipe_buffers = {k: [] for k in self.pipe_buffers}
+        self.fwd_outputs, self.pipe_buffers = [], {k: [] for k in self.pipe_buffers}
 
     # -- evaluation: a collective forward-only pass on the latest weights ---------------------------------
     def evaluate(self, data_iter: Any, num_micro_batches: int) -> float:

@@ -28,6 +28,7 @@ over-priced the schedules without a flush by 5-9 %).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -205,7 +206,7 @@ def fit_overhead_latency(model: CostModel, calibration: list[tuple[str, int, int
     measured = [t for *_, t in calibration]
 
     def residual(o: float, lat: float) -> list[float]:
-        m = CostModel(**{**model.__dict__, "overhead_s": o, "p2p_s": lat})
+        m = replace(model, overhead_s=o, p2p_s=lat)
         return [predict(m, s, P, mb).step_s - t for s, P, mb, t in calibration]
 
     o = lat = 0.0
@@ -222,11 +223,10 @@ def fit_overhead_latency(model: CostModel, calibration: list[tuple[str, int, int
         o -= (j[1][1] * r[0] - j[0][1] * r[1]) / det
         lat -= (j[0][0] * r[1] - j[1][0] * r[0]) / det
         o, lat = max(o, 0.0), max(lat, 0.0)
-    fitted = CostModel(**{**model.__dict__, "overhead_s": o, "p2p_s": lat})
     if lat > 0 and max(abs(x) / t for x, t in zip(residual(o, lat), measured)) < 1e-3:
-        return fitted
+        return replace(model, overhead_s=o, p2p_s=lat)
     s, P, mb, t = calibration[0]
-    return fit_overhead(CostModel(**{**model.__dict__, "p2p_s": 0.0}), s, P, mb, t)
+    return fit_overhead(replace(model, p2p_s=0.0), s, P, mb, t)
 
 
 def standin_calibration(records: list[dict], flushed: str = "1f1b", unflushed: str = "2bw") -> list[dict]:
@@ -275,5 +275,4 @@ def model_at(model: CostModel, stages: int) -> CostModel:
     the fitted overhead and latency kept."""
     f, b = model.forward[1], model.backward[1]
     n = 2 * stages
-    return CostModel(**{**model.__dict__, "forward": [0.0] + [f] * n + [0.0], "backward": [0.0] + [b] * n + [0.0],
-                        "params": [0] + [1] * n + [0]})  # fmt: skip
+    return replace(model, forward=[0.0] + [f] * n + [0.0], backward=[0.0] + [b] * n + [0.0], params=[0] + [1] * n + [0])
