@@ -22,7 +22,8 @@ per-instruction figures of stage 0..P-1 (replica 0) over the whole job: ``per_in
 per instruction kind), ``overhead_s_per_instruction`` (the same minus the configured wait, for forward and
 backward; equal to the wall time for the rest), ``instructions_per_step`` and ``step_breakdown_s`` (per stage,
 seconds per step: configured ``wait`` (the stand-in), forward/backward ``compute_overhead``, p2p ``comm``,
-``reduce``, ``optimizer_step`` (of which ``norm_wait``), ``other`` instructions and ``outside`` any instruction).
+``reduce``, ``optimizer_step`` (of which ``norm_wait``), ``other`` instructions and ``outside`` any instruction;
+and ``cpu``, the rank's CPU seconds in those calls).
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ def _sum(batches: list[dict], key: str) -> dict[str, float]:
 
 
 def _stage_breakdown(batches: list[dict]) -> dict[str, float]:
-    """Seconds per steady batch of one stage's train_batch() calls, partitioned (the keys but ``wall`` and
-    ``norm_wait``, which is inside ``optimizer_step``, add up to ``wall``)."""
+    """Seconds per steady batch of one stage's train_batch() calls, partitioned (the keys but ``wall``,
+    ``norm_wait``, which is inside ``optimizer_step``, and ``cpu`` add up to ``wall``); ``cpu``: the rank's CPU
+    seconds in the calls (all its threads; NaN in records from before it was kept)."""
     n = max(1, len(batches))
     by, target = _sum(batches, "seconds_by_op"), sum(_sum(batches, "standin_target_s").values())
     wall = sum(bt["wall_s"] for bt in batches)
@@ -111,6 +113,7 @@ def _stage_breakdown(batches: list[dict]) -> dict[str, float]:
         "standin": target, "compute_overhead": compute - target, "comm": comm, "reduce": reduce,
         "optimizer_step": opt, "norm_wait": _sum(batches, "seconds_blocked_in").get("norm_allreduce", 0.0),
         "other": sum(by.values()) - compute - comm - reduce - opt, "outside": wall - sum(by.values()), "wall": wall,
+        "cpu": sum(bt.get("cpu_s", math.nan) for bt in batches),
     }.items()}  # fmt: skip
 
 

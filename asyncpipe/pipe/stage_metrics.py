@@ -7,6 +7,7 @@ seconds). It reads the engine's own attributes (timer, stash, reporter, spec, se
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from asyncpipe.model import pop_moe_sums
@@ -20,7 +21,8 @@ class StageMetrics:
         """Stand-in on host timing (settled per instruction, so no device sync): the counters before a batch."""
         if self.timer.mode != "host" or not self.standin.on:
             return None
-        return dict(self.timer.by_op), dict(self.timer.count_by_op), dict(self.timer.by_wait), dict(self.standin.target)
+        return (dict(self.timer.by_op), dict(self.timer.count_by_op), dict(self.timer.by_wait),
+                dict(self.standin.target), time.process_time())  # fmt: skip
 
     def _ops_record(self, before: tuple | None, wall_s: float) -> None:
         """This train_batch call's seconds and counts per instruction kind (the stand-in breakdowns)."""
@@ -30,7 +32,9 @@ class StageMetrics:
         self.batch_ops.append({"wall_s": wall_s, "seconds_by_op": diff(self.timer.by_op, before[0]),
                                "count_by_op": diff(self.timer.count_by_op, before[1]),
                                "seconds_blocked_in": diff(self.timer.by_wait, before[2]),
-                               "standin_target_s": diff(self.standin.target, before[3])})  # fmt: skip
+                               "standin_target_s": diff(self.standin.target, before[3]),
+                               # CPU seconds of the whole process (all its threads: gloo's too) in the call
+                               "cpu_s": time.process_time() - before[4]})  # fmt: skip
 
     def _record(self, b: int, stage_sq: float, global_norm: float) -> None:
         loss_sum, count = 0.0, 0
