@@ -179,7 +179,7 @@ def render(res: dict) -> str:
     sl, g = res["sleep"], res["gloo"]
     q = lambda d: f"{d['median'] * 1e3:.3f} ms (p90 {d['p90'] * 1e3:.3f})"  # noqa: E731
     lines = [
-        f"Measured under load: {res['measured_at']}, commit {res['commit']}, load {res['load_before']} before, "
+        f"Measured: {res['measured_at']}, commit {res['commit']}, load {res['load_before']} before, "
         f"{res['load_after']} after; F = {_ms(res['forward_s'])} ms, B = {_ms(res['backward_s'])} ms, "
         f"{res['steps']} steps per job, window from stage 0's second cut to its last but one "
         "(`benchmarks/standin_breakdown.py --update-doc`).",

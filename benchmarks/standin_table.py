@@ -76,7 +76,7 @@ def render(res: dict) -> str:
     recs = sorted(res["records"], key=lambda r: (r["stages"], r["micro_batches"], SCHEDULES.index(r["schedule"])))
     ms = lambda x: f"{x * 1e3:.1f}"  # noqa: E731
     lines = [
-        f"Measured under load: {res['measured_at']}, commit {res['commit']}{' (dirty)' if res['dirty'] else ''}, "
+        f"Measured: {res['measured_at']}, commit {res['commit']}{' (dirty)' if res['dirty'] else ''}, "
         f"{res['cpu']} ({res['cpu_count']} cores), load {_load(res['uptime_before'])} before, "
         f"{_load(res['uptime_after'])} after; F = {ms(res['forward_s'])} ms, B = {ms(res['backward_s'])} ms per stage "
         f"and micro-batch, {res['steps_per_job']} steps per job (first and last not timed), {res['rounds']} round(s), "
