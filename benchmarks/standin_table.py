@@ -8,7 +8,7 @@ against its own ideal, and what the engine adds per instruction.
     # 2BW at 4x the stand-in times (does the engine's loss scale with compute?): the doc's second table
     OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/standin_table.py --standin 0.08,0.16 --stages 2,4 \
         --schedules 2bw --steps 6 --out benchmarks/results/standin-2bw-x4.json --section standin-x4 --update-doc
-    # ... and at 10x (0.2,0.4; --out benchmarks/results/standin-2bw-x10.json --section standin-x10): the doc's third
+    # ... and at 10x (0.2,0.4 --stages 2,4,8; --out benchmarks/results/standin-2bw-x10.json --section standin-x10): the doc's third
     .venv/bin/python benchmarks/standin_table.py --from-json [--update-doc]                 # re-render the saved JSON
 
 Results: benchmarks/results/standin.json ({"records": [...], "skipped", machine, load, commit}; the record
