@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from asyncpipe import cli_perf, cli_sweep  # typer and asyncpipe.errors only: --help stays fast
-from asyncpipe.errors import EXIT_USER_ERROR, UserError, WriteFailed
+from asyncpipe.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, Stopped, UserError, WriteFailed
 from asyncpipe.paths import data_root, writable_dir, writable_file
 from asyncpipe.terminal import check_cwd, guarded_streams
 
@@ -266,6 +266,9 @@ def _run(argv: Optional[List[str]]) -> object:
     except WriteFailed as exc:  # a full disk or a size limit: the file, why, and what to do (not a user mistake)
         typer.echo(f"error: {exc}", err=True)
         code = 1
+    except Stopped as exc:  # a bench stopped by a signal: it said so, wrote nothing
+        typer.echo(f"stopped: {exc}", err=True)
+        code = EXIT_INTERRUPTED
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         code = 130

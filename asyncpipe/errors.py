@@ -12,6 +12,11 @@ class ConfigError(UserError):
     """A config the user composed is invalid."""
 
 
+class Stopped(Exception):
+    """A stop signal (Ctrl-C, SIGTERM, a closed terminal) ended a command that keeps nothing partial (a bench):
+    the CLI prints it as one line and exits `EXIT_INTERRUPTED`."""
+
+
 # Exit codes of `asyncpipe train` (the sweep launchers read them).
 EXIT_USER_ERROR = 2  # a UserError: nothing ran
 EXIT_DIVERGED = 3  # NaN/inf loss or one above train.diverge_loss

@@ -197,7 +197,8 @@ class Trainer:
                 status = COMPLETED
                 if engine.comm.any(stop.requested):  # a signal during set-up: no step runs, nothing new to save
                     status = INTERRUPTED
-                    say(f"{stop.signal_name or 'stop'} before the first step; resume=true continues from step {start}")
+                    say(f"{stop.signal_name or 'stop'} before the first step"
+                        + (f"; resume=true continues from step {start}" if run_dir is not None else ""))
                 for step in range(start + 1, t.steps + 1) if status == COMPLETED else ():
                     last = step == t.steps
                     eval_now = step % t.eval_every == 0 or last
@@ -221,8 +222,9 @@ class Trainer:
                         save_s.append(time.perf_counter() - began)
                     if halt:
                         status = INTERRUPTED
-                        where = f"checkpoint {path} written" if run_dir is not None else "no run dir to checkpoint"
-                        say(f"{stop.signal_name or 'stop'}: {where}; resume=true continues")
+                        where = (f"checkpoint {path} written; resume=true continues" if run_dir is not None
+                                 else f"stopped after step {step} (no run dir: nothing to resume)")  # a bench's job
+                        say(f"{stop.signal_name or 'stop'}: {where}")
                         break
                 tail, extra = engine.finish()
                 if status == COMPLETED and tail.loss is not None and diverged(tail.loss, t.diverge_loss):

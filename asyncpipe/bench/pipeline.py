@@ -47,6 +47,20 @@ def variants_of(names: Sequence[str]) -> dict[str, list[str]]:
 BENCH_DEFAULTS = ["train.eval_batches=1"]
 
 
+def check_jobs(what: str, labels: Sequence[str], results: Sequence[dict], steps: int) -> None:
+    """Every bench job ran all its steps, else: a stop signal (`Stopped`: one line, nothing written) or a failure."""
+    from asyncpipe.errors import Stopped
+    from asyncpipe.status import INTERRUPTED
+
+    for label, r in zip(labels, results):
+        if r.get("status") == INTERRUPTED:
+            done = sum(x.get("status") == "completed" for x in results)
+            raise Stopped(f"{what} stopped by a signal at {label}, {done} of {len(results)} jobs done; nothing written")
+        if r.get("status") != "completed" or len(r.get("history", [])) < steps:
+            raise RuntimeError(f"{what}: {label} ended {r.get('status', 'without a result')} after "
+                               f"{len(r.get('history', []))} of {steps} steps")  # fmt: skip
+
+
 def ideal_speedup(stages: int, micro_batches: int) -> float:
     """(m+P-1)/m: a flushed 1F1B batch lasts m+P-1 slots, a 2BW batch m slots, with equal-cost stages."""
     return (micro_batches + stages - 1) / micro_batches
@@ -260,10 +274,7 @@ def bench_pipeline(
     jobs = [Job(c, None, show_progress=False) for c in [warm, *[cfgs[n] for n in order]]]
     results = launch(jobs, on_step=progress)[1:]
     load_after = list(os.getloadavg())
-    for i, (name, r) in enumerate(zip(order, results), start=1):
-        if r.get("status") != "completed" or len(r.get("history", [])) < steps:
-            raise RuntimeError(f"bench job {i} ({name}) ended {r.get('status', 'without a result')} after "
-                               f"{len(r.get('history', []))} of {steps} steps")  # fmt: skip
+    check_jobs("bench pipeline", [f"job {i} ({name})" for i, name in enumerate(order, start=1)], results, steps)
     per_job = [(name, job_stats(r, tokens_per_step, skip)) for name, r in zip(order, results)]
     out: dict[str, Any] = {
         "bench": "pipeline", "model": cfg.model.name, "optimizer": cfg.optimizer.name,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from asyncpipe.bench.pipeline import check_jobs
 from asyncpipe.bench.standin import standin_overrides, standin_record
 from asyncpipe.errors import UserError
 
@@ -57,9 +58,8 @@ def bench_standin(
         f"{len(order)} jobs of {steps} steps" + "".join(f"\n  {k}: {v}" for k, v in skipped.items()))
     results = launch([Job(c, None, show_progress=False) for c in [warm, *[cfgs[k] for k in order]]])[1:]
     per: dict[tuple[str, int], list[dict]] = {}
+    check_jobs("bench standin", [f"job {name} m={m}" for name, m in order], results, steps)
     for key, r in zip(order, results):
-        if r.get("status") != "completed" or len(r.get("history", [])) < steps:
-            raise RuntimeError(f"stand-in job {key} ended {r.get('status', 'without a result')}")
         c = cfgs[key]
         tokens = c.train.micro_batch_size * c.train.micro_batches * c.pipeline.data_parallel * c.train.seq_len
         per.setdefault(key, []).append(job_stats(r, tokens, skip))
