@@ -46,3 +46,21 @@ def test_sigterm_during_a_bench_is_one_line_and_exit_4(tmp_path: Path) -> None:
     assert "stopped: bench pipeline stopped by a signal at job 1 (1f1b), 0 of 4 jobs done; nothing written" in text
     assert "(no run dir: nothing to resume)" in text and "resume=true" not in text  # a bench's jobs keep no run
     assert not out.exists()
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_during_the_simulator_bench_is_one_line_and_exit_4(tmp_path: Path) -> None:
+    out, log = tmp_path / "sim.json", tmp_path / "log"
+    args = [sys.executable, "-m", "asyncpipe", "bench", "simulator", "model=tiny", "--rounds", "500", "--out", str(out)]
+    with open(log, "w") as f:  # in-process: before, the signal's default action ended it with no word (exit 143)
+        proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 100
+    while "round 1/" not in log.read_text() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, log.read_text()[-2000:]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == EXIT_INTERRUPTED, log.read_text()[-2000:]
+    text = log.read_text()
+    assert "Traceback" not in text, text[-2000:]
+    assert "stopped: bench simulator stopped by SIGTERM in round " in text and "of 500; nothing written" in text
+    assert not out.exists()

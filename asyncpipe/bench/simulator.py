@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 
 from omegaconf import DictConfig
 
-from asyncpipe.errors import UserError
+from asyncpipe.errors import Stopped, UserError
+from asyncpipe.runtime.signals import StopRequest
 
 BASIC = {
     "delay0": ["delay=0"],
@@ -86,21 +87,34 @@ def bench_simulator(
 ) -> dict:
     """Median step time of each variant (default: `all_variants`) in each mode, its ratio to delay=0 of the same
     mode and its spread, the compiled/eager speed-up per variant, compile seconds and the extra memory."""
-    import torch
-
     from asyncpipe.config import compose as default_compose
-    from asyncpipe.optim.compensation import extra_bytes
-    from asyncpipe.trainer import Trainer
 
     compose = compose or default_compose
     if not modes or any(m not in MODES for m in modes):
         raise UserError(f"bench simulator: modes {', '.join(modes) or '(none)'} must come from {', '.join(MODES)}")
     overrides, delay = split_delay(overrides)
     chosen = variants or all_variants(delay)
+    with StopRequest() as stop:  # a stop signal between steps: one line, nothing written (`errors.Stopped`)
+        return _bench(overrides, delay, chosen, rounds, steps_per_round, warmup, compose, log, modes, stop)
+
+
+def _bench(overrides: list[str], delay: int, chosen: dict[str, list[str]], rounds: int, steps_per_round: int,
+           warmup: int, compose: Callable[[list[str]], DictConfig], log: Callable[[str], None],
+           modes: Sequence[str], stop: StopRequest) -> dict:  # fmt: skip
+    import torch
+
+    from asyncpipe.optim.compensation import extra_bytes
+    from asyncpipe.trainer import Trainer
+
+    def check(where: str) -> None:
+        if stop.requested:
+            raise Stopped(f"bench simulator stopped by {stop.signal_name} {where}; nothing written")
+
     load_before = list(os.getloadavg())
     trainers, compile_s = {}, {}
     for mode in modes:
         for name, extra in chosen.items():
+            check(f"while setting up {name}")
             cfg = compose([*overrides, *extra, "train.steps=1000000", f"train.compile={mode == 'compiled'}"])
             trainer = Trainer(cfg).engine
             began = time.perf_counter()
@@ -114,6 +128,7 @@ def bench_simulator(
     times: dict[tuple, list[float]] = {key: [] for key in trainers}
     for r in range(rounds):
         for key, trainer in trainers.items():
+            check(f"in round {r + 1} of {rounds}")
             for _ in range(steps_per_round):
                 start = time.perf_counter()
                 trainer.train_step()
