@@ -173,67 +173,19 @@ class Trainer:
         description and progress lines."""
         from asyncpipe.track import Tracker
 
-        cfg, engine, run_dir, say = self.cfg, self.engine, self.run_dir, self.say
+        cfg, engine, run_dir = self.cfg, self.engine, self.run_dir
         t, rank = cfg.train, engine.rank
-        if cfg.resume:
-            if run_dir is None:
-                raise UserError("resume=true needs a run dir to resume from (run.dir)")
-            self.resume(run_dir)
-        if engine.step == 0 and cfg.run.branch_from is not None:
-            self.branch(Path(cfg.run.branch_from))
+        self.start_segment()
         start = engine.step
-        tracker = Tracker(cfg, run_dir, rank=rank, say=say) if run_dir is not None and rank == 0 else None
-        status, final_val = FAILED, math.nan
+        tracker = Tracker(cfg, run_dir, rank=rank, say=self.say) if run_dir is not None and rank == 0 else None
         progress = Progress(t.steps, start, t.log_every, engine.describe()) if rank == 0 and show_progress else None
         book = Book(tracker, engine.tokens_per_step, t.diverge_loss, progress, on_step, vocab=self.setup.vocab_size)
-        every, save_s, pins = cfg.checkpoint.every, [], self.branch_points()
+        status, final_val, save_s = FAILED, math.nan, []
         installed = contextlib.nullcontext(stop) if stop is not None else StopRequest()
         try:
             with installed as stop:
-                if start == 0:
-                    final_val = self.evaluate()
-                    book.val_at[0] = final_val
-                    book.log({"step": 0, "tokens": 0, "val_loss": final_val})
-                status = COMPLETED
-                if engine.comm.any(stop.requested):  # a signal during set-up: no step runs, nothing new to save
-                    status = INTERRUPTED
-                    say(f"{stop.signal_name or 'stop'} before the first step"
-                        + (f"; resume=true continues from step {start}" if run_dir is not None else ""))
-                for step in range(start + 1, t.steps + 1) if status == COMPLETED else ():
-                    last = step == t.steps
-                    eval_now = step % t.eval_every == 0 or last
-                    save_now = (bool(every) and step % every == 0 or step in pins) and not last and run_dir is not None
-                    engine.train_step(sync=eval_now or save_now, save=save_now)
-                    seen = engine.agree(stop.requested)
-                    blown = seen.loss is not None and diverged(seen.loss, t.diverge_loss)
-                    halt = blown or (seen.stop and not last)  # a stop during the last step lets the run complete
-                    if halt:
-                        engine.settle()
-                    if eval_now and not blown:
-                        final_val = book.val_at[step] = self.evaluate()
-                    book.emit(engine.records(synced=eval_now or save_now or halt))
-                    if blown:
-                        status = DIVERGED
-                        say(f"diverged at step {seen.loss_step}: train loss {seen.loss}")
-                        break
-                    if (halt or save_now) and run_dir is not None:
-                        began = time.perf_counter()
-                        path = self.save(run_dir)
-                        save_s.append(time.perf_counter() - began)
-                    if halt:
-                        status = INTERRUPTED
-                        where = (f"checkpoint {path} written; resume=true continues" if run_dir is not None
-                                 else f"stopped after step {step} (no run dir: nothing to resume)")  # a bench's job
-                        say(f"{stop.signal_name or 'stop'}: {where}")
-                        break
-                tail, extra = engine.finish()
-                if status == COMPLETED and tail.loss is not None and diverged(tail.loss, t.diverge_loss):
-                    status = DIVERGED
-                    say(f"diverged at step {tail.loss_step}: train loss {tail.loss}")
-                book.emit(engine.records(synced=True))
-                if status == COMPLETED and book.collapsed:  # not a result: never averaged into a report
-                    status, extra = DIVERGED, {**extra, "collapsed": book.collapsed}
-                    say(f"diverged: {book.collapsed}")
+                status, final_val = self.step_loop(stop, book, start, save_s)
+                status, extra = self.finish_engine(status, book)
         except BaseException:
             if tracker is not None:
                 with contextlib.suppress(OSError):  # a full disk must not hide the error that ended the run
@@ -242,9 +194,81 @@ class Trainer:
         finally:
             if progress is not None:
                 progress.close()
+        summary = self.summary(status, final_val, book, start, save_s, extra)
+        if tracker is not None:
+            tracker.finish(summary)
+        if rank == 0 and run_dir is not None:
+            self.say(f"{status}: final val loss {summary['final_val_loss']} | run dir {run_dir}")
+        return {**summary, "history": book.history} if rank == 0 else {**summary, "rank": rank}
+
+    def start_segment(self) -> None:
+        """Resume from the run dir (resume=true) or branch from a parent's checkpoint (run.branch_from)."""
+        if self.cfg.resume:
+            if self.run_dir is None:
+                raise UserError("resume=true needs a run dir to resume from (run.dir)")
+            self.resume(self.run_dir)
+        if self.engine.step == 0 and self.cfg.run.branch_from is not None:
+            self.branch(Path(self.cfg.run.branch_from))
+
+    def step_loop(self, stop: StopRequest, book: Book, start: int, save_s: list) -> tuple[str, float]:
+        """The step loop, from ``start`` to ``train.steps``: (status, last val loss). Stops early on divergence or
+        a stop signal (saving a checkpoint to resume from); appends each checkpoint's save time to ``save_s``."""
+        cfg, engine, run_dir, say = self.cfg, self.engine, self.run_dir, self.say
+        t, every, pins = cfg.train, cfg.checkpoint.every, self.branch_points()
+        final_val = math.nan
+        if start == 0:
+            final_val = self.evaluate()
+            book.val_at[0] = final_val
+            book.log({"step": 0, "tokens": 0, "val_loss": final_val})
+        if engine.comm.any(stop.requested):  # a signal during set-up: no step runs, nothing new to save
+            say(f"{stop.signal_name or 'stop'} before the first step"
+                + (f"; resume=true continues from step {start}" if run_dir is not None else ""))  # fmt: skip
+            return INTERRUPTED, final_val
+        for step in range(start + 1, t.steps + 1):
+            last = step == t.steps
+            eval_now = step % t.eval_every == 0 or last
+            save_now = (bool(every) and step % every == 0 or step in pins) and not last and run_dir is not None
+            engine.train_step(sync=eval_now or save_now, save=save_now)
+            seen = engine.agree(stop.requested)
+            blown = seen.loss is not None and diverged(seen.loss, t.diverge_loss)
+            halt = blown or (seen.stop and not last)  # a stop during the last step lets the run complete
+            if halt:
+                engine.settle()
+            if eval_now and not blown:
+                final_val = book.val_at[step] = self.evaluate()
+            book.emit(engine.records(synced=eval_now or save_now or halt))
+            if blown:
+                say(f"diverged at step {seen.loss_step}: train loss {seen.loss}")
+                return DIVERGED, final_val
+            if (halt or save_now) and run_dir is not None:
+                began = time.perf_counter()
+                path = self.save(run_dir)
+                save_s.append(time.perf_counter() - began)
+            if halt:
+                where = (f"checkpoint {path} written; resume=true continues" if run_dir is not None
+                         else f"stopped after step {step} (no run dir: nothing to resume)")  # a bench's job
+                say(f"{stop.signal_name or 'stop'}: {where}")
+                return INTERRUPTED, final_val
+        return COMPLETED, final_val
+
+    def finish_engine(self, status: str, book: Book) -> tuple[str, dict]:
+        """Drain the engine's last in-flight work and judge it: (status, the engine's extra summary fields)."""
+        tail, extra = self.engine.finish()
+        if status == COMPLETED and tail.loss is not None and diverged(tail.loss, self.cfg.train.diverge_loss):
+            status = DIVERGED
+            self.say(f"diverged at step {tail.loss_step}: train loss {tail.loss}")
+        book.emit(self.engine.records(synced=True))
+        if status == COMPLETED and book.collapsed:  # not a result: never averaged into a report
+            status, extra = DIVERGED, {**extra, "collapsed": book.collapsed}
+            self.say(f"diverged: {book.collapsed}")
+        return status, extra
+
+    def summary(self, status: str, final_val: float, book: Book, start: int, save_s: list, extra: dict) -> dict:
+        """The run's summary.json fields for this segment."""
+        engine = self.engine
         done = book.history[-1]["step"] if book.history else start
         segment = time.perf_counter() - self.started
-        summary = {
+        return {
             "status": status,
             "final_val_loss": final_val if final_val is not None and math.isfinite(final_val) else None,
             "tokens": done * engine.tokens_per_step,
@@ -253,15 +277,10 @@ class Trainer:
             **({"wall_time_this_segment": segment} if self.earlier_wall else {}),
             "exit_code": exit_code(status),
             "epochs": done * engine.tokens_per_step / self.train_tokens,  # passes over the train split (> 1: data repeated)
-            **(self.branch_summary() if rank == 0 else {}),
+            **(self.branch_summary() if engine.rank == 0 else {}),
             **({"checkpoint_save_s": save_s} if save_s else {}),
             **extra,
         }
-        if tracker is not None:
-            tracker.finish(summary)
-        if rank == 0 and run_dir is not None:
-            say(f"{status}: final val loss {summary['final_val_loss']} | run dir {run_dir}")
-        return {**summary, "history": book.history} if rank == 0 else {**summary, "rank": rank}
 
 
 def earlier_wall_time(run_dir: Path) -> float:
