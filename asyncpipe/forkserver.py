@@ -42,11 +42,47 @@ from asyncpipe.runtime.signals import SIGNALS
 PRELOAD = ["torch", "torch._dynamo", "deepspeed", "omegaconf", "hydra", "asyncpipe.cli", "asyncpipe.run",
            "asyncpipe.trainer", "asyncpipe.pipe.deepspeed_engine"]  # fmt: skip
 MODULES = ("asyncpipe", "asyncpipe.rank")  # the `python -m` targets that start from the fork server
+# Python's safe-path flag: the working directory is not put on the import path (a `yaml.py` or `random.py` left
+# in the directory a sweep starts in must never run). PYTHONPATH still counts, unlike with -I.
+SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 Stream = Union[None, int, IO[Any]]
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the directory holding this asyncpipe
 _MAX_MESSAGE = 1 << 20
 SERVER_LOST = 255  # a child's exit code when its server died first (its real status is lost with the server)
 _STOP_SIGNALS = SIGNALS  # the runs' stop signals (a closed terminal's SIGHUP among them)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv of ``python -m module args`` that imports nothing from the working directory (``-P``; before Python
+    3.11, which has no such flag, a ``-c`` that drops the working directory from the path and runs the module)."""
+    if SAFE_PATH:
+        return [sys.executable, *SAFE_PATH, "-m", module, *args]
+    return [sys.executable, "-c", _RUN_MODULE, module, *args]
+
+
+_RUN_MODULE = ("import runpy, sys; del sys.path[0]; sys.argv[:1] = []; "
+               "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def _module_of(argv: Sequence[str]) -> tuple[Optional[str], bool, list[str]]:
+    """(module, whether the working directory goes on its path, its arguments) of a ``python -m`` argv (also in
+    `python_module`'s forms), else (None, False, [])."""
+    if len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m":
+        return argv[2], True, list(argv[3:])
+    if len(argv) > 3 and argv[0] == sys.executable and list(argv[1:3]) in (["-P", "-m"], ["-c", _RUN_MODULE]):
+        return argv[3], False, list(argv[4:])
+    return None, False, []
+
+
+def child_environ(env: Optional[dict] = None) -> dict[str, str]:
+    """``env`` (default: this process's) for a `python_module` child, which must import this very asyncpipe: a
+    checkout (perhaps found through the working directory) goes first on PYTHONPATH; an installed one needs nothing."""
+    env = dict(os.environ if env is None else env)
+    if os.path.exists(os.path.join(_ROOT, "pyproject.toml")):
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if _ROOT not in paths:
+            env["PYTHONPATH"] = os.pathsep.join([_ROOT, *paths])
+    return env
 
 
 def enabled() -> bool:
@@ -82,7 +118,8 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", f"import sys; sys.path.insert(0, {_ROOT!r}); "  # this very asyncpipe
+                [sys.executable, *SAFE_PATH, "-c", "import sys; sys.path[:1] = [] if sys.path[:1] == [''] else "
+                 f"sys.path[:1]; sys.path.insert(0, {_ROOT!r}); "  # never the working directory; this asyncpipe
                  f"from asyncpipe.forkserver import serve; serve({theirs.fileno()})"],
                 stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
             )  # fmt: skip
@@ -181,7 +218,9 @@ def start(
     process dies."""
     argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
-    module = argv[2] if len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m" else None
+    module, cwd_first, args = _module_of(argv)
+    if module in MODULES:
+        env = child_environ(env)
     if module not in MODULES or not enabled() or subprocess.PIPE in (stdout, stderr):
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env, pass_fds=tuple(pass_fds),
@@ -195,7 +234,7 @@ def start(
         out = devnull if stdout == subprocess.DEVNULL else _fileno(stdout, 1)
         err = out if stderr == subprocess.STDOUT else devnull if stderr == subprocess.DEVNULL else _fileno(stderr, 2)
         fds = [status_w, devnull, out, err, *pass_fds, *([alive_r] if alive_w is not None else [])]
-        job = (module, argv[3:], env, os.getcwd(), list(pass_fds), start_new_session, parent_death_signal)
+        job = (module, args, env, os.getcwd(), cwd_first, list(pass_fds), start_new_session, parent_death_signal)
         pid = _server.request(job, fds)
     except BaseException:
         os.close(status_r)
@@ -288,15 +327,16 @@ def _exit_code(err: SystemExit) -> int:
     return 1
 
 
-def _child(module: str, args: list, env: dict, cwd: str, pass_fds: list, new_session: bool,
+def _child(module: str, args: list, env: dict, cwd: str, cwd_first: bool, pass_fds: list, new_session: bool,
            death_signal: Optional[int], fds: list) -> None:  # fmt: skip
-    """In the forked child: become ``python -m module args`` and exit as that process would."""
+    """In the forked child: become ``python [-P] -m module args`` and exit as that process would."""
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    # `python -m` puts the working directory first, then PYTHONPATH (the starter's sys.path came with the fork).
+    # `python -m` puts the working directory first (`-P`: not at all), then PYTHONPATH (the server's sys.path,
+    # which never holds its own working directory, came with the fork).
     extra = [p for p in dict.fromkeys(env.get("PYTHONPATH", "").split(os.pathsep)) if p and p not in sys.path]
-    sys.path[:0] = [cwd, *extra]
+    sys.path[:0] = [*([cwd] if cwd_first else []), *extra]
     stdin, out, err, *rest = fds
     for fd, target in ((stdin, 0), (out, 1), (err, 2)):
         os.dup2(fd, target)

@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -115,7 +114,7 @@ def launch(
         procs = []
         for r in range(world):
             env = dict(os.environ, **rank_environ(r, world, port), OMP_NUM_THREADS=str(threads))
-            argv = [sys.executable, "-m", "asyncpipe.rank", str(out / "spec.json")]
+            argv = forkserver.python_module("asyncpipe.rank", str(out / "spec.json"))
             procs.append(forkserver.start(argv, env=env, parent_death_signal=signal.SIGKILL))
         forwarding = _Forward(procs)
         try:

@@ -11,6 +11,13 @@ if action == "report":  # what a fresh `python -m` process would see, then exit 
                       "path0": sys.path[0], "stdin": sys.stdin.read(), "pid": os.getpid()}))
     print("a line on stderr", file=sys.stderr)
     sys.exit(int(arg))
+if action == "import":  # whether module ARG imports (and the import path it was looked for on)
+    try:
+        __import__(arg)
+        imported = True
+    except ImportError:
+        imported = False
+    print(json.dumps({"imported": imported, "path": sys.path}))
 if action == "write":  # into the passed descriptor number ARG
     os.write(int(arg), b"through the passed descriptor")
 if action == "signal":  # die of signal ARG

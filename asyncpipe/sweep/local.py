@@ -51,7 +51,7 @@ POLL_S = 0.25
 
 
 def train_command(overrides: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "asyncpipe", "train", *overrides]
+    return forkserver.python_module("asyncpipe", "train", *overrides)
 
 
 @dataclass

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig
 
+from asyncpipe import forkserver
 from asyncpipe.errors import UserError
 from asyncpipe.sweep.display import SweepDisplay
 from asyncpipe.sweep.expand import RunSpec, SweepPlan, run_overrides
@@ -85,6 +88,16 @@ def task_env(launcher: DictConfig) -> dict[str, str]:
     (otherwise whatever the submitting shell exported, e.g. NCCL_SOCKET_IFNAME, reaches the tasks unchanged)."""
     ifname = launcher.get("socket_ifname")
     return {"GLOO_SOCKET_IFNAME": str(ifname), "NCCL_SOCKET_IFNAME": str(ifname)} if ifname else {}
+
+
+def job_python() -> str:
+    """The interpreter command of submitit's job script (``python -u -m submitit.core._submit``): never importing
+    from the job's working directory, the sweep's (`forkserver.SAFE_PATH`), and finding this asyncpipe as the
+    sweep does (the submitting environment reaches the job, and the run it starts, with the checkout first on its
+    PYTHONPATH)."""
+    path = forkserver.child_environ().get("PYTHONPATH")
+    argv = [*(["env", f"PYTHONPATH={path}"] if path else []), sys.executable, *forkserver.SAFE_PATH]
+    return " ".join(shlex.quote(a) for a in argv)  # srun runs it: `env` sets the path, as no shell is there
 
 
 def executor_parameters(name: str, launcher: DictConfig, nodes: int, tasks_per_node: int) -> dict[str, Any]:
@@ -220,7 +233,7 @@ class SlurmLauncher:
                 if spec.name in claims:
                     groups.setdefault(task_layout(self.cfgs[spec.name]), []).append(spec)
             for (nodes, per_node), specs in groups.items():
-                executor = submitit.SlurmExecutor(folder=self.sweep_dir / SUBMITIT_DIR / "%j")
+                executor = submitit.SlurmExecutor(folder=self.sweep_dir / SUBMITIT_DIR / "%j", python=job_python())
                 executor.update_parameters(**executor_parameters(self.plan.name, self.launcher, nodes, per_node))
                 calls = []
                 for spec in specs:

@@ -258,7 +258,8 @@ def sync(path: str | os.PathLike, timeout_s: float = 120.0, progress: Any = None
     say = progress or (lambda _line: None)
     for i, run in enumerate(runs):
         say(f"[{i + 1}/{len(runs)}] wandb sync {run}")
-        cmd = [sys.executable, "-m", "wandb", "sync", str(run)]
+        safe = ["-P"] if sys.version_info >= (3, 11) else []  # never import from the working directory
+        cmd = [sys.executable, *safe, "-m", "wandb", "sync", str(run)]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout_s)
         except subprocess.TimeoutExpired:

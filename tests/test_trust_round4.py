@@ -1,0 +1,76 @@
+"""Trust, round four (issue 56): the new surfaces. No child process asyncpipe starts imports from the working
+directory; a budget branch is exact or refused; a refused resume leaves the run dir as it was; failure advice
+that works. (One-line refusals of flags are rows of tests/test_bad_input_table.py; records pooled across
+revisions are in tests/test_report_revisions.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncpipe import forkserver
+from helpers import cli_env, read_summary
+
+TINY = ["model=tiny", "train.micro_batch_size=4", "train.seq_len=32", "train.eval_batches=2"]
+PLANTED = ("yaml", "random", "asyncpipe_planted")  # a dependency's name, a stdlib name, and one nothing has imported
+
+
+def _plant(where: Path, marker: Path) -> None:
+    """Modules that leave ``marker`` behind (and break the importer) if anything imports them from ``where``."""
+    for name in PLANTED:
+        (where / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\nraise SystemExit(3)\n")
+
+
+@pytest.mark.parametrize("preload", ["1", "0"])
+def test_a_sweep_never_imports_from_its_working_directory(tmp_path: Path, preload: str) -> None:
+    """`asyncpipe sweep` started in a directory holding `yaml.py` and `random.py`: the fork server, the runs it
+    forks (preload=1) and fresh run processes (preload=0, as on a GPU machine) never import them."""
+    work, marker = tmp_path / "work", tmp_path / "imported"
+    work.mkdir()
+    _plant(work, marker)
+    env = cli_env(ASYNCPIPE_PRELOAD=preload)
+    # `asyncpipe` (the console script) puts its own bin directory first, not the working directory: so does -P.
+    argv = forkserver.python_module("asyncpipe", "sweep", "seed=0", *TINY, "train.steps=2", "--out", str(tmp_path / "sw"))
+    proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert not marker.exists(), marker.read_text()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run,) = [p for p in (tmp_path / "sw").glob("*/*") if (p / "summary.json").exists()]
+    assert read_summary(run)["status"] == "completed"
+
+
+def test_a_forked_child_in_the_safe_form_has_no_working_directory_on_its_path(tmp_path: Path, monkeypatch) -> None:
+    """`python_module`'s children, forked or fresh, see PYTHONPATH but never their working directory (whatever the
+    directory the fork server itself started in)."""
+    monkeypatch.setattr(forkserver, "MODULES", (*forkserver.MODULES, "forkserver_probe"))
+    work, marker = tmp_path / "work", tmp_path / "imported"
+    work.mkdir()
+    _plant(work, marker)
+    env = cli_env(PYTHONPATH=str(Path(__file__).resolve().parent))
+    monkeypatch.chdir(work)
+    seen = []
+    for preload in ("1", "0"):
+        monkeypatch.setenv("ASYNCPIPE_PRELOAD", preload)
+        out = tmp_path / f"out-{preload}"
+        with open(out, "wb") as f:
+            argv = forkserver.python_module("forkserver_probe", "import", "asyncpipe_planted")
+            assert forkserver.start(argv, env=env, stdout=f, stderr=subprocess.STDOUT).wait(timeout=120) == 0
+        seen.append(json.loads(out.read_text()))
+    assert not marker.exists(), marker.read_text()
+    for report in seen:
+        assert report["imported"] is False and str(work) not in report["path"] and "" not in report["path"]
+        assert str(Path(__file__).resolve().parent) in report["path"]
+
+
+def test_slurm_jobs_start_python_without_the_working_directory() -> None:
+    """The submitit job script's interpreter and each task's run command carry the safe-path flag."""
+    from asyncpipe.sweep.local import train_command
+    from asyncpipe.sweep.slurm import job_python
+
+    assert forkserver.SAFE_PATH and job_python().endswith(" ".join([sys.executable, *forkserver.SAFE_PATH]))
+    assert train_command(["seed=0"])[:4] == [sys.executable, *forkserver.SAFE_PATH, "-m", "asyncpipe"]
+    assert os.path.isdir(os.path.join(forkserver.child_environ()["PYTHONPATH"].split(os.pathsep)[0], "asyncpipe"))
