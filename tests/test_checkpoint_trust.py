@@ -92,3 +92,31 @@ def test_marker_that_is_a_directory_is_one_line(tmp_path: Path) -> None:
     (step / checkpoint.MARKER).mkdir(parents=True)
     with pytest.raises(UserError, match="not a regular file"):
         checkpoint.read_marker(step)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(root.rglob("*"))}
+
+
+def _truncate_part(step: Path) -> None:
+    part = step / "rank0.pt"
+    part.write_bytes(part.read_bytes()[:1000])
+
+
+def _damage_marker(step: Path) -> None:
+    (step / checkpoint.MARKER).write_bytes(b"\xff\xfe not json")
+
+
+@pytest.mark.parametrize("damage", [_truncate_part, _damage_marker], ids=["truncated part", "damaged marker"])
+def test_a_refused_resume_changes_nothing_in_the_run_dir(finished: Path, tmp_path: Path, damage) -> None:
+    """The only checkpoint damaged, no earlier one: resume=true is refused in one line, and provenance.json gains no
+    `resumed` entry (nor train.log a line, nor config.yaml a byte) for a resume that never happened."""
+    run = tmp_path / "damaged"
+    damage(_interrupted_copy(finished, run))
+    before = _tree(run)
+    proc = asyncpipe("train", *RUN, f"run.dir={run}", "resume=true")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    after = _tree(run)
+    assert "resumed" not in json.loads(after["provenance.json"])
+    assert after == before, sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
