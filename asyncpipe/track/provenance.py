@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 
 from asyncpipe.errors import UserError
 from asyncpipe.terminal import broken_streams
-from asyncpipe.track.files import CONFIG_FILE, PROVENANCE_FILE, atomic_write_json, redact_secrets
+from asyncpipe.track.files import CONFIG_FILE, PROVENANCE_FILE, atomic_write_bytes, atomic_write_json, redact_secrets
 
 TRAIN_LOG = "train.log"
 PACKAGES = ("asyncpipe", "torch", "deepspeed", "hydra-core", "omegaconf", "wandb", "numpy")
@@ -169,18 +169,43 @@ class LogTee:
         return getattr(self.stream, name)
 
 
+class _Earlier:
+    """provenance.json and train.log of an existing run dir as a start found them: a refused resume (a damaged
+    checkpoint found only after the record was written) puts them back, so it leaves no trace of a start."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.provenance, self.log = Path(run_dir) / PROVENANCE_FILE, Path(run_dir) / TRAIN_LOG
+        self.record = _read_or_none(self.provenance)
+        self.log_size = self.log.stat().st_size if self.log.is_file() else None
+
+    def restore(self) -> None:
+        if self.record is not None and _read_or_none(self.provenance) != self.record:
+            atomic_write_bytes(self.provenance, self.record)
+        if self.log_size is not None and self.log.is_file() and self.log.stat().st_size > self.log_size:
+            os.truncate(self.log, self.log_size)
+
+
+def _read_or_none(path: Path) -> Optional[bytes]:
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
+
+
 @contextmanager
 def recorded(cfg: Any, overrides: Sequence[str], rank: int = 0, revisions: Optional[dict] = None) -> Iterator[None]:
     """Record provenance (with the rules' `revisions`) and train.log for the run in cfg.run.dir (rank 0 only)."""
     if rank != 0:
         yield
         return
+    earlier = _Earlier(Path(cfg.run.dir))
     tee = LogTee(sys.stdout, Path(cfg.run.dir), provenance(overrides, revisions))
     sys.stdout = tee  # type: ignore[assignment]
     try:
         yield
     except UserError:  # a refused start (say, a bad resume) leaves an existing run dir exactly as it was
         tee.record, tee.pending, tee.partial = None, [], ""
+        earlier.restore()
         raise
     finally:
         sys.stdout = tee.stream
