@@ -1,35 +1,189 @@
-"""How a pipeline cuts the layer list into stages (pure Python, no torch: `plan`, the cost model and the report read
-it); `asyncpipe.model.partition` re-exports it for the engines."""
+"""How a pipeline cuts the layer list ``[embedding, block x n, head]`` into stages (pure Python, no torch: `plan`,
+the cost model and the report read it; `asyncpipe.model.partition` re-exports it for the engines).
+
+A cut is given as blocks per chunk (one chunk per stage, or 2P in a V for a two-chunk schedule): the embedding
+rides with chunk 0 and the head with the last chunk, every chunk holds at least one block. `pipeline.cut` picks it:
+- ``even``: blocks spread as evenly as possible, earlier chunks taking the remainder;
+- ``balanced`` (the default): the cut that minimises the slowest chunk's forward + backward per micro-batch, by
+  each layer's FLOPs (`asyncpipe.shapes.layer_flops`: the head at its real vocabulary, the embedding a free
+  lookup). The pipeline's step is paced by its slowest stage (2BW and PACI have no flush to hide it in), so this is
+  the cut that minimises the predicted step; a device profile scales every layer's FLOPs alike (backward a fixed
+  multiple of forward), so the cut does not depend on which profile prices it. Deterministic: where the even cut
+  is as fast it is kept (small heads, byte tokens), else, among the fastest cuts, the one whose chunk costs have
+  the least sum of squares, ties to the earliest boundaries;
+- a list of blocks per chunk (P entries, 2P for DualPipeV's V), summing to the model's blocks.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Optional, Sequence
 
-def partition(n_layers_total: int, stages: int) -> list[int]:
-    """Stage boundaries over ``[Embedding, Block x n, Head]``: stage s owns ``layers[parts[s]:parts[s+1]]``.
+CUTS = ("even", "balanced")
+_TIE = 1e-9  # relative: two bottlenecks this close are equal (float sums in another order)
 
-    Blocks are spread as evenly as possible (earlier stages take the remainder); the embedding rides with
-    the first stage and the head with the last, since both are cheap next to a block.
-    """
+
+def even_blocks(n_blocks: int, chunks: int) -> list[int]:
+    """Blocks per chunk, spread as evenly as possible; earlier chunks take the remainder."""
+    if chunks < 1:
+        raise ValueError(f"stages must be >= 1, got {chunks}")
+    if n_blocks < chunks:
+        raise ValueError(f"{chunks} stages need at least {chunks} transformer blocks, the model has {n_blocks}")
+    base, extra = divmod(n_blocks, chunks)
+    return [base + (1 if c < extra else 0) for c in range(chunks)]
+
+
+def partition(n_layers_total: int, stages: int, blocks: Optional[Sequence[int]] = None) -> list[int]:
+    """Chunk boundaries over ``[Embedding, Block x n, Head]``: chunk s owns ``layers[parts[s]:parts[s+1]]``.
+
+    ``blocks``: blocks per chunk (None: `even_blocks`); the embedding rides with the first chunk, the head with
+    the last."""
     n_blocks = n_layers_total - 2
-    if stages < 1:
-        raise ValueError(f"stages must be >= 1, got {stages}")
-    if n_blocks < stages:
-        raise ValueError(f"{stages} stages need at least {stages} transformer blocks, the model has {n_blocks}")
-    base, extra = divmod(n_blocks, stages)
+    blocks = even_blocks(n_blocks, stages) if blocks is None else list(blocks)
+    problem = check_blocks(blocks, n_blocks, stages)
+    if problem:
+        raise ValueError(problem)
     parts = [0]
-    for s in range(stages):
-        blocks = base + (1 if s < extra else 0)
-        parts.append(parts[-1] + blocks + (1 if s == 0 else 0))
+    for s, b in enumerate(blocks):
+        parts.append(parts[-1] + b + (1 if s == 0 else 0))
     parts[-1] += 1  # the head
     return parts
 
 
-def stage_layers(n_layers_total: int, stages: int, rank: int, v_shape: bool = False) -> tuple[list[int], list[int]]:
+def check_blocks(blocks: Sequence[Any], n_blocks: int, chunks: int) -> str:
+    """Why ``blocks`` is not a cut of ``n_blocks`` blocks into ``chunks`` chunks ('' when it is)."""
+    if len(blocks) != chunks or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in blocks):
+        return f"pipeline.cut={list(blocks)} must list {chunks} whole numbers >= 1: blocks per stage (per chunk in a V)"
+    if sum(blocks) != n_blocks:
+        return f"pipeline.cut={list(blocks)} holds {sum(blocks)} blocks; the model has {n_blocks}"
+    return ""
+
+
+def chunk_costs(costs: Sequence[float], blocks: Sequence[int]) -> list[float]:
+    """Each chunk's cost: the sum of its layers' ``costs`` (per layer of the whole list) under the cut ``blocks``."""
+    parts = partition(len(costs), len(blocks), blocks)
+    return [sum(costs[parts[c] : parts[c + 1]]) for c in range(len(blocks))]
+
+
+def balanced_blocks(costs: Sequence[float], chunks: int) -> list[int]:
+    """The cut (blocks per chunk) of the layer list with per-layer ``costs`` that minimises the costliest chunk
+    (see the module docstring for the tie rules)."""
+    n_blocks = len(costs) - 2
+    even = even_blocks(n_blocks, chunks)
+    best = _min_bottleneck(costs, chunks)
+    if max(chunk_costs(costs, even)) <= best * (1 + _TIE):
+        return even
+    return _least_squares_under(costs, chunks, best * (1 + _TIE))
+
+
+def _prefix(costs: Sequence[float]) -> list[float]:
+    out = [0.0]
+    for c in costs:
+        out.append(out[-1] + c)
+    return out
+
+
+def _min_bottleneck(costs: Sequence[float], chunks: int) -> float:
+    """The smallest possible costliest chunk (dynamic programme over the boundaries, O(chunks x n^2))."""
+    pre, n = _prefix(costs), len(costs)
+    inf = float("inf")
+    # best[c][j]: the least costliest chunk when chunks 0..c-1 hold layers [0, j); chunk 0 starts with the embedding
+    best = [[inf] * (n + 1) for _ in range(chunks + 1)]
+    best[0][0] = 0.0
+    for c in range(1, chunks + 1):
+        for j in _ends(c, chunks, n):
+            for i in _starts(c, chunks, j):
+                if best[c - 1][i] < inf:
+                    best[c][j] = min(best[c][j], max(best[c - 1][i], pre[j] - pre[i]))
+    return best[chunks][n]
+
+
+def _ends(c: int, chunks: int, n: int) -> range:
+    """Where chunk c-1 (of ``chunks``, each >= 1 block, the embedding first, the head last) may end."""
+    if c == chunks:
+        return range(n, n + 1)
+    return range(1 + c, n - 1 - (chunks - c) + 1)
+
+
+def _starts(c: int, chunks: int, j: int) -> range:
+    """Where chunk c-1 may start if it ends at j: one block at least (the last chunk's also the head); the first
+    chunk starts at the embedding, chunk c-1 after the embedding and c-1 blocks."""
+    if c == 1:
+        return range(0, 1) if j >= 2 else range(0)
+    return range(c, j - (2 if c == chunks else 1) + 1)
+
+
+def _least_squares_under(costs: Sequence[float], chunks: int, cap: float) -> list[int]:
+    """Among the cuts whose every chunk costs at most ``cap``, the one with the least sum of squared chunk costs
+    (earliest boundaries on ties)."""
+    pre, n = _prefix(costs), len(costs)
+    inf = float("inf")
+    score = [[inf] * (n + 1) for _ in range(chunks + 1)]
+    back = [[-1] * (n + 1) for _ in range(chunks + 1)]
+    score[0][0] = 0.0
+    for c in range(1, chunks + 1):
+        for j in _ends(c, chunks, n):
+            for i in _starts(c, chunks, j):
+                cost = pre[j] - pre[i]
+                if score[c - 1][i] == inf or cost > cap:
+                    continue
+                s = score[c - 1][i] + cost * cost
+                if s < score[c][j] * (1 - _TIE):
+                    score[c][j], back[c][j] = s, i
+    bounds, j = [n], n
+    for c in range(chunks, 0, -1):
+        j = back[c][j]
+        bounds.append(j)
+    bounds.reverse()
+    layers = [bounds[c + 1] - bounds[c] for c in range(chunks)]
+    layers[0] -= 1
+    layers[-1] -= 1
+    return layers
+
+
+def stage_layers(
+    n_layers_total: int, stages: int, rank: int, v_shape: bool = False, blocks: Optional[Sequence[int]] = None
+) -> tuple[list[int], list[int]]:
     """(chunk boundaries, layer indices of ``rank``): P chunks, one per rank in order, or with ``v_shape`` 2P
-    chunks in a V (DualPipeV: rank r holds chunk r and chunk 2P-1-r, so rank 0 holds the embedding and head)."""
+    chunks in a V (DualPipeV: rank r holds chunk r and chunk 2P-1-r, so rank 0 holds the embedding and head);
+    ``blocks``: blocks per chunk (`cut_blocks`; None: even)."""
     if not v_shape:
-        parts = partition(n_layers_total, stages)
+        parts = partition(n_layers_total, stages, blocks)
         return parts, list(range(parts[rank], parts[rank + 1]))
-    parts = partition(n_layers_total, 2 * stages)
+    parts = partition(n_layers_total, 2 * stages, blocks)
     mirror = 2 * stages - 1 - rank
     return parts, list(range(parts[rank], parts[rank + 1])) + list(range(parts[mirror], parts[mirror + 1]))
+
+
+def cut_blocks(cfg: Any, chunks: Optional[int] = None) -> list[int]:
+    """Blocks per chunk of the run ``cfg`` (a composed config) under its `pipeline.cut`; ``chunks``: P x the
+    schedule's chunks per rank (None: read from the schedule `pipeline.schedule` resolves to)."""
+    from asyncpipe.shapes import layer_flops
+
+    if chunks is None:
+        from asyncpipe.schedules import resolve
+
+        chunks = cfg.pipeline.stages * resolve(cfg).chunks
+    m = cfg.model
+    cut = cfg.pipeline.get("cut", "balanced")
+    if cut == "even":
+        return even_blocks(m.n_layer, chunks)
+    if cut == "balanced":
+        vocab = int(m.vocab_size or cfg.tokenizer.vocab_size)
+        return balanced_blocks(layer_flops(m, vocab, int(cfg.train.seq_len)), chunks)
+    blocks = list(cut)
+    problem = check_blocks(blocks, m.n_layer, chunks)
+    if problem:
+        from asyncpipe.errors import ConfigError
+
+        raise ConfigError(problem)
+    return blocks
+
+
+def cut_problem(cfg: Any) -> str:
+    """Why ``cfg``'s `pipeline.cut` cannot cut its model ('' when it can): the config check, one line."""
+    cut = cfg.pipeline.get("cut", "balanced")
+    if isinstance(cut, str):
+        return "" if cut in CUTS else f"pipeline.cut={cut} is not allowed; choose one of: {', '.join(CUTS)}, or a list of blocks per stage"
+    from asyncpipe.schedules import resolve
+
+    return check_blocks(list(cut), cfg.model.n_layer, cfg.pipeline.stages * resolve(cfg).chunks)

@@ -30,55 +30,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from asyncpipe.shapes import LayerShape, layer_shapes  # their home; `plan.layer_shapes` stays importable
+
 GIB = 2**30
-
-
-@dataclass
-class LayerShape:
-    """Parameter and activation facts of one layer of the GPT's layer list."""
-
-    kind: str  # embedding, block, head
-    params: int
-    active: int  # parameters one token uses (experts: only its top-k)
-    hidden: int  # parameters Muon orthogonalises (block matrices, expert stacks)
-    # (count, shape, Muon's) of every weight tensor of 2+ dims; Muon's: a block matrix or expert stack
-    tensors: list[tuple[int, tuple[int, ...], bool]] = field(default_factory=list)
-    router: int = 0  # MoE router parameters (AdamW unless optimizer.muon_router)
 
 
 def _vocab(cfg: Any) -> int:
     return int(cfg.model.vocab_size or cfg.tokenizer.vocab_size)
-
-
-def layer_shapes(m: Any, vocab: int) -> list[LayerShape]:
-    """``[embedding, block x n_layer, head]`` of a `ModelConfig`-shaped ``m``, as `model.build_layers` makes them."""
-    d, hd = m.d_model, m.d_model // m.n_head
-    kvd = (m.n_kv_head or m.n_head) * hd
-    attn = [(2, (d, d), True), (2, (kvd, d), True)]  # q, o; k, v
-    attn_params = 2 * d * d + 2 * kvd * d + 2 * d  # + the two norms
-    moe = getattr(m, "moe", None)
-    if moe is not None and moe.experts:
-        e, k, de = moe.experts, moe.top_k, moe.d_expert or m.d_ff
-        expert = 3 * d * de
-        shared = expert if moe.shared_expert else 0
-        router = e * d
-        params = attn_params + router + e * expert + shared
-        active = attn_params + router + k * expert + shared
-        hidden = params - 2 * d - router
-        mats = attn + [(3, (e, de, d), True), (1, (e, d), False)]  # w_gate, w_up, w_down (same sizes); router
-        mats += [(3, (de, d), True)] if shared else []
-    else:
-        params = active = attn_params + 3 * d * m.d_ff
-        hidden = params - 2 * d
-        mats = attn + [(3, (m.d_ff, d), True)]  # gate, up, down
-        router = 0
-    emb = vocab * d
-    head = d + (0 if m.tie_embeddings else vocab * d)
-    return (
-        [LayerShape("embedding", emb, emb, 0, tensors=[(1, (vocab, d), False)])]
-        + [LayerShape("block", params, active, hidden, tensors=mats, router=router) for _ in range(m.n_layer)]
-        + [LayerShape("head", head, head, 0, tensors=[] if m.tie_embeddings else [(1, (vocab, d), False)])]
-    )
 
 
 def model_params(m: Any, vocab: int) -> tuple[int, int]:
@@ -190,10 +148,22 @@ def _compensation_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
     return 4.0 * spec.buffers * params + extra
 
 
+def _tied_copy(shapes: list[LayerShape], m: Any, vocab: int, apart: bool) -> list[LayerShape]:
+    """``shapes`` with the head holding its own copy of a tied embedding matrix when the head and the embedding sit
+    on different ranks (the pipeline engine keeps one copy on each and sums their gradients): its weights,
+    gradients and optimizer state count on both stages."""
+    if not (m.tie_embeddings and apart):
+        return shapes
+    head = shapes[-1]
+    matrix = vocab * m.d_model
+    copy = LayerShape("head", head.params + matrix, head.active + matrix, 0, tensors=[(1, (vocab, m.d_model), False)])
+    return [*shapes[:-1], copy]
+
+
 def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
     """The memory plan of ``cfg`` (a composed config) as `engine=pipeline` would run it on P x D devices."""
     from asyncpipe.errors import UserError
-    from asyncpipe.partition import partition
+    from asyncpipe.partition import cut_blocks, partition
     from asyncpipe.schedules import resolve
 
     m, t, p = cfg.model, cfg.train, cfg.pipeline
@@ -214,7 +184,8 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
     if n_chunks > m.n_layer:
         raise UserError(f"pipeline.schedule={spec.name} cuts the model into {n_chunks} chunks of at least one block; "
                         f"model '{m.name}' has {m.n_layer} blocks")  # fmt: skip
-    parts = partition(len(shapes), n_chunks)
+    parts = partition(len(shapes), n_chunks, cut_blocks(cfg, n_chunks))
+    shapes = _tied_copy(shapes, m, vocab, spec.chunks == 1 and P > 1)
     budget = gpu_mem_gib * GIB
     stages = []
     for s in range(P):

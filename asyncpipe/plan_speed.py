@@ -23,6 +23,8 @@ class Speed:
     step_s: float = 0.0
     tokens_per_s: float = 0.0
     bubble: float = 0.0
+    cut: tuple[int, ...] = ()  # blocks per stage (per chunk in a V), as the engine cuts (`pipeline.cut`)
+    over_even: float = 1.0  # predicted tokens/s over the same schedule at the even cut
 
 
 def schedule_overrides(name: str) -> list[str]:
@@ -53,10 +55,26 @@ def cost_model(cfg: Any, profile: str) -> Any:
     return from_profile(load_profile(profile), cfg)
 
 
+def at_cut(model: Any, blocks: list[int]) -> Any:
+    """``model`` (a `timelines.cost.CostModel`) with one layer per chunk of the cut ``blocks`` (blocks per chunk,
+    `asyncpipe.partition`), between a free embedding and head: the cost model's own even cut of it is this cut."""
+    from dataclasses import replace
+
+    from asyncpipe.partition import partition
+
+    parts = partition(len(model.forward), len(blocks), blocks)
+
+    def chunked(xs: list) -> list:
+        return [0, *(sum(xs[parts[c] : parts[c + 1]]) for c in range(len(blocks))), 0]
+
+    return replace(model, forward=chunked(model.forward), backward=chunked(model.backward), params=chunked(model.params))
+
+
 def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_PROFILE) -> tuple[list[Speed], str]:
     """Per schedule (in declaration order) its memory and predicted speed; and the cost model's label. A profile
     that cannot be read, or a calibration of another model, is one `UserError` before any row."""
     from asyncpipe.config import compose
+    from asyncpipe.partition import cut_blocks, even_blocks
     from asyncpipe.plan import GIB, plan
     from asyncpipe.schedules import schedules
     from asyncpipe.timelines.cost import predict
@@ -72,15 +90,18 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
             pl = plan(cfg, gpu_mem_gib)
             model = cost_model(cfg, profile)
             p, t = cfg.pipeline, cfg.train
-            pred = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel,
-                           ef=cfg.compensation.name == "ef", clip=p.clip if t.grad_clip > 0 else "stage")  # fmt: skip
+            how = dict(ef=cfg.compensation.name == "ef", clip=p.clip if t.grad_clip > 0 else "stage")
+            cut = cut_blocks(cfg, p.stages * spec.chunks)
+            pred = predict(at_cut(model, cut), spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
+            even_model = at_cut(model, even_blocks(cfg.model.n_layer, len(cut)))
+            even = predict(even_model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
         except (ConfigError, UserError) as err:
             out.append(Speed(spec.name, reason=str(err).split("\n")[0]))
             continue
         label = model.label
         peak = max(s.total for s in pl.stages) / GIB
         out.append(Speed(spec.name, "", peak, pl.ok, pred.step_s, pred.tokens_per_s(model.tokens_per_micro_batch),
-                         pred.bubble))  # fmt: skip
+                         pred.bubble, tuple(cut), even.step_s / pred.step_s))  # fmt: skip
     return out, label
 
 
@@ -91,13 +112,14 @@ def fastest(rows: list[Speed]) -> Optional[Speed]:
 
 def render(rows: list[Speed], gpu_mem_gib: float, label: str) -> str:
     lines = [f"schedules under the cost model ({label or 'no schedule could run'}):",
-             f"  {'schedule':10s} {'peak GiB':>9s} {'fits':>4s} {'step ms':>10s} {'tokens/s':>12s} {'bubble':>6s}"]
+             f"  {'schedule':10s} {'peak GiB':>9s} {'fits':>4s} {'step ms':>10s} {'tokens/s':>12s} {'bubble':>6s} "
+             f"{'x even':>6s}  cut (blocks per stage; a V: per chunk)"]
     for r in rows:
         if r.reason:
             lines.append(f"  {r.schedule:10s} cannot run: {r.reason}")
             continue
         lines.append(f"  {r.schedule:10s} {r.peak_gib:9.1f} {'yes' if r.fits else 'NO':>4s} {r.step_s * 1e3:10.1f} "
-                     f"{r.tokens_per_s:12,.0f} {r.bubble:6.3f}")  # fmt: skip
+                     f"{r.tokens_per_s:12,.0f} {r.bubble:6.3f} {r.over_even:6.3f}  {','.join(map(str, r.cut))}")  # fmt: skip
     best = fastest(rows)
     if best is None:
         lines.append(f"fastest within {gpu_mem_gib:g} GiB: none fits")

@@ -132,6 +132,7 @@ class PipelineConfig:
     # 1f1b, 2bw, dualpipev, pipedream, paci (asyncpipe.schedules) or pkg.module; auto: 1f1b at delay 0, 2bw above
     schedule: str = "auto"
     torch_schedule: Optional[str] = None  # run PyTorch's own schedule instead (torch.distributed.pipelining: 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev; delay 0)
+    cut: Any = "balanced"  # stage cut: balanced (slowest stage least, by FLOPs), even, or [blocks per stage] (asyncpipe.partition)
 
 
 @dataclass

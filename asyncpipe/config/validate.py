@@ -97,6 +97,9 @@ def validate(cfg: DictConfig) -> None:
             p.stages <= m.n_layer,
             f"pipeline.stages={p.stages} exceeds the {m.n_layer} transformer blocks of model '{m.name}'",
         )
+        from asyncpipe.partition import cut_problem
+
+        _need(not cut_problem(cfg), cut_problem(cfg))  # a bad pipeline.cut list: one line
     if cfg.engine == "pipeline":
         _need(
             not m.tie_embeddings,

@@ -22,7 +22,8 @@ from asyncpipe.model.compile import CompileClock, TrainingForward, compile_modul
 from asyncpipe.optim import DelayedWeights, LRSchedule, apply_update, build_optimizer, forward_weights, set_lr
 from asyncpipe.engines.staged import StagedStaleness, param_delays
 from asyncpipe.registry import describe
-from asyncpipe.schedules import resolve
+from asyncpipe.partition import cut_blocks
+from asyncpipe.schedules import resolve, staged
 from asyncpipe.runtime.device import autocast_context
 from asyncpipe.runtime.protocol import Agreement, Setup
 
@@ -88,12 +89,13 @@ class SimulatorEngine:
         self.schedule = resolve(cfg)
         P = cfg.pipeline.stages
         self.staged: Optional[StagedStaleness] = None
+        cut = cut_blocks(cfg, P) if staged(self.schedule, P, cfg.delay) else None  # the pipeline's (`pipeline.cut`)
         if self.schedule.stage_delay is None:
-            self.staged = StagedStaleness(self.model, self.schedule, P, t.micro_batches)
+            self.staged = StagedStaleness(self.model, self.schedule, P, t.micro_batches, cut)
             delays = {name: int(cfg.delay) for name, _ in named}  # what the methods see, as in engine=pipeline
             stale = {name: 0 for name, _ in named}
         else:
-            delays = stale = param_delays(self.model, self.schedule, P, cfg.delay)
+            delays = stale = param_delays(self.model, self.schedule, P, cfg.delay, cut)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, compensation=cfg.compensation, delays=delays)
         self.params = [p for _, p in named]
         self.delayed = DelayedWeights(self.params, [stale[name] for name, _ in named])

@@ -16,7 +16,7 @@ from the saved stage input before the backward.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -27,18 +27,20 @@ from asyncpipe.runtime.saved import keep_saved_tensors
 from asyncpipe.schedules import ScheduleSpec, staged
 
 
-def stage_cut(model: nn.Module, stages: int) -> list[int]:
-    """Stage boundaries over ``model.layers`` (the pipeline's)."""
-    return partition(len(model.layers), stages)  # type: ignore[arg-type]
+def stage_cut(model: nn.Module, stages: int, blocks: Optional[list[int]] = None) -> list[int]:
+    """Stage boundaries over ``model.layers`` (the pipeline's: ``blocks`` per stage, `partition.cut_blocks`)."""
+    return partition(len(model.layers), stages, blocks)  # type: ignore[arg-type]
 
 
-def param_delays(model: nn.Module, spec: ScheduleSpec, stages: int, delay: int) -> dict[str, int]:
+def param_delays(
+    model: nn.Module, spec: ScheduleSpec, stages: int, delay: int, blocks: Optional[list[int]] = None
+) -> dict[str, int]:
     """Each parameter's steps of staleness under a schedule with one version per stage and batch."""
     assert spec.stage_delay is not None
     named = [n for n, _ in model.named_parameters()]
     if not staged(spec, stages, delay):
         return {n: spec.stage_delay(stages, 0, delay) for n in named}
-    parts = stage_cut(model, stages)
+    parts = stage_cut(model, stages, blocks)
     stage_of = [s for s in range(stages) for _ in range(parts[s], parts[s + 1])]
     return {n: spec.stage_delay(stages, stage_of[layer_of_param(n)], delay) for n in named}
 
@@ -46,10 +48,12 @@ def param_delays(model: nn.Module, spec: ScheduleSpec, stages: int, delay: int) 
 class StagedStaleness:
     """Runs a batch's micro-batches through the stages of ``model`` on the versions ``spec`` declares."""
 
-    def __init__(self, model: nn.Module, spec: ScheduleSpec, stages: int, micro_batches: int) -> None:
+    def __init__(
+        self, model: nn.Module, spec: ScheduleSpec, stages: int, micro_batches: int, blocks: Optional[list[int]] = None
+    ) -> None:
         if not spec.straddle:
             raise ValueError(f"schedule {spec.name}: forward and backward versions differ only with a straddle recipe")
-        parts = stage_cut(model, stages)
+        parts = stage_cut(model, stages, blocks)
         layers = list(model.layers)  # type: ignore[arg-type]
         self.spec, self.P, self.m = spec, stages, micro_batches
         self.stages = [layers[parts[s] : parts[s + 1]] for s in range(stages)]

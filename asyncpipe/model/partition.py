@@ -3,9 +3,9 @@ The cut itself lives in `asyncpipe.partition` (torch-free); `layer_of_param` map
 
 from __future__ import annotations
 
-from asyncpipe.partition import partition, stage_layers
+from asyncpipe.partition import cut_blocks, partition, stage_layers
 
-__all__ = ["layer_of_param", "partition", "stage_layers"]
+__all__ = ["cut_blocks", "layer_of_param", "partition", "stage_layers"]
 
 
 def layer_of_param(name: str) -> int:

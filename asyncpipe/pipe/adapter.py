@@ -46,6 +46,7 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
     from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale, stage_layers
+    from asyncpipe.model.partition import cut_blocks
     from asyncpipe.optim import build_optimizer
     from asyncpipe.pipe import memory
     from asyncpipe.pipe.deepspeed_engine import ScheduledPipelineEngine
@@ -58,7 +59,8 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     topo = PipeDataParallelTopology(num_pp=p.stages, num_dp=p.data_parallel)
     coord = topo.get_coord(rank)
     v_shape = spec.chunks == 2
-    parts, mine = stage_layers(cfg.model.n_layer + 2, p.stages, coord.pipe, v_shape)
+    cut = cut_blocks(cfg, p.stages * spec.chunks)  # `pipeline.cut`, as plan and the cost model read it
+    parts, mine = stage_layers(cfg.model.n_layer + 2, p.stages, coord.pipe, v_shape, cut)
     baseline = memory.mark(device)  # the stage's peak memory is measured from here (stage_summary)
     # Only this stage's layers are built, each from (seed, layer index): the simulator's initial weights.
     layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=mine)
