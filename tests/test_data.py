@@ -368,7 +368,8 @@ def test_loader_position_and_state_round_trip(hamlet_byte):
 @pytest.mark.parametrize("group,schema", [("data", DataConfig), ("tokenizer", TokenizerConfig)])
 def test_config_yamls_fit_the_schema(group, schema):
     files = sorted((REPO / "conf" / group).glob("*.yaml"))
-    expected = {"data": {"hamlet", "shakespeare", "kjv", "docs", "mix"}, "tokenizer": {"byte", "bpe", "gpt2"}}[group]
+    expected = {"data": {"hamlet", "shakespeare", "kjv", "docs", "mix", "files", "tokens", "hf"},
+                "tokenizer": {"byte", "bpe", "gpt2", "hf", "ids"}}[group]
     assert {f.stem for f in files} == expected
     for f in files:
         node = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(f))  # unknown keys raise

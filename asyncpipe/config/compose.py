@@ -64,15 +64,24 @@ def _register() -> None:
         from asyncpipe.config.tuned import default_lr
 
         OmegaConf.register_new_resolver("tuned_lr", default_lr)
+    if not OmegaConf.has_resolver("tokenizer_vocab"):  # conf/tokenizer/hf.yaml: the vocabulary of its tokenizer.json
+        OmegaConf.register_new_resolver("tokenizer_vocab", lambda path: _data_tokenizer().tokenizer_file_vocab(path))
     if not OmegaConf.has_resolver("run_tag"):
         from asyncpipe.registry import run_tag
 
         OmegaConf.register_new_resolver("run_tag", run_tag)
 
 
+def _data_tokenizer():  # noqa: ANN202 (a module): imported when a config names tokenizer=hf only
+    from asyncpipe.data import tokenizer
+
+    return tokenizer
+
+
 def _friendly(exc: Exception, overrides: Sequence[str]) -> str:
     """Hydra / OmegaConf errors are multi-line and internal; reduce them to what the user typed wrong."""
     text = "\n".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+    text = re.sub(r"^\w+ raised while resolving interpolation: ", "", text)  # a resolver's own one-line error
     missing = re.search(r"Could not find '([\w/]+)/([^']*)'", text) or re.search(
         r"In '[^']*': Could not load '([\w/]+)/([^']*)'", text
     )

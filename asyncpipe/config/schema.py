@@ -76,8 +76,10 @@ class CompensationBase:
 
 @dataclass
 class TokenizerConfig:
-    name: str = MISSING  # byte, bpe, gpt2
-    vocab_size: int = 256  # bpe: vocabulary to train; byte/gpt2: fixed by the tokenizer
+    name: str = MISSING  # byte, bpe, gpt2, hf (a tokenizer.json), ids (data=tokens made elsewhere)
+    vocab_size: int = 256  # bpe: vocabulary to train; byte/gpt2/hf: fixed by the tokenizer; ids: declare it
+    path: str = ""  # hf: the tokenizer.json file (Hugging Face `tokenizers`)
+    eot: str = ""  # hf: the end-of-text token ("" = the first of <|endoftext|>, <|end_of_text|>, </s>, <eos> it has)
 
 
 @dataclass
@@ -87,6 +89,16 @@ class DataConfig:
     val_fraction: float = 0.1  # share of documents held out for validation
     root: str = "${oc.env:ASYNCPIPE_DATA,data_cache}"  # prepared token files live under here
     split_seed: int = 0  # seed of the document-level train/val split
+    paths: List[str] = field(default_factory=list)  # files, tokens: files or globs (asyncpipe/data/sources.py)
+    format: str = "auto"  # files: auto (by suffix), text, jsonl, parquet
+    text_field: str = "text"  # files (jsonl, parquet) and hf: the text field or column
+    separator: str = ""  # files (text): "" = one document per file, else the string between documents
+    token_dtype: str = "auto"  # tokens (.bin): uint16, uint32 or auto (uint16 when the vocabulary fits)
+    dataset: str = ""  # hf: a dataset name (cache or hub) or a directory written by save_to_disk
+    subset: str = ""  # hf: the dataset's config name
+    split: str = "train"  # hf: the dataset split read
+    workers: int = 1  # files, tokens, hf: processes preparing shards in parallel
+    shard_mb: float = 256.0  # files, tokens, hf: input megabytes per shard (the unit a killed preparation redoes)
 
 
 @dataclass

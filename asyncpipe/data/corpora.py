@@ -14,7 +14,7 @@ def load_corpus(name: str, sources: list[str], cache_dir: Path, progress: Progre
     """The documents of corpus `name`; `sources` only means something for `docs` (Debian packages) and `mix` (its
     parts)."""
     if name not in CORPORA:
-        raise UserError(f"unknown corpus data={name}; allowed: {', '.join(CORPORA)}")
+        raise UserError(f"unknown corpus data={name}; allowed: {', '.join(CORPORA)}, files, tokens, hf")
     if sources and name not in ("docs", "mix"):
         raise UserError(f"data.sources is only used by data=docs and data=mix (got {list(sources)} for data={name})")
     if name == "hamlet":

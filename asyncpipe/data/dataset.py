@@ -1,8 +1,9 @@
 """Prepare a corpus once: split documents into train/val, tokenize, write memmap-able token files.
 
-A dataset directory holds `train.bin`, `val.bin` (flat little-endian uint16/uint32 ids),
-`manifest.json` and, for BPE tokenizers, `tokenizer.json`. It is built in a temporary directory and
-renamed into place, so a directory with a manifest is always complete.
+An embedded corpus's dataset directory holds `train.bin`, `val.bin` (flat little-endian uint16/uint32 ids),
+`manifest.json` (format 1) and, for BPE tokenizers, `tokenizer.json`. It is built in a temporary directory and
+renamed into place, so a directory with a manifest is always complete. Your own corpus (data=files, tokens, hf)
+is streamed into shards instead (`asyncpipe.data.build`, manifest format 2), under the same lock.
 """
 
 from __future__ import annotations
@@ -21,23 +22,30 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from asyncpipe.data import build as streamed
 from asyncpipe.data.corpora import load_corpus
-from asyncpipe.data.tokenizer import TOKENIZER_FILE, HFTokenizer, build_tokenizer, check_tokenizer_config
+from asyncpipe.data.tokenizer import TOKENIZER_FILE, HFTokenizer, build_tokenizer, check_tokenizer, text_tokenizer
 from asyncpipe.errors import UserError
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 FORMAT = 1  # bump when the layout or the meaning of a manifest field changes
+FORMATS = (FORMAT, streamed.FORMAT)  # format 2: shards listed in the manifest (`asyncpipe.data.build`)
 _CHUNK_DOCS = 256  # documents tokenized per batch: bounds memory on large corpora
 
 Progress = Callable[[str], None]
 
 
 def dataset_dir(data_cfg, tok_cfg) -> Path:
-    """Where the prepared files of this corpus/tokenizer pair live: `{root}/{data}-{tokenizer}[-{vocab}]`."""
+    """Where the prepared files of this corpus/tokenizer pair live: `{root}/{data}-{tokenizer}[-{vocab}]`, or
+    `{root}/{data}-{tokenizer}-{digest}` for your own corpus (`build.dataset_name`)."""
     name = f"{data_cfg.name}-{tok_cfg.name}"
     if tok_cfg.name == "bpe":
         name += f"-{tok_cfg.vocab_size}"
+    if tok_cfg.name == "hf":  # another tokenizer file is another directory
+        name += "-" + streamed.requested_tokenizer(tok_cfg)["sha256"][:12]
+    if data_cfg.name in streamed.STREAMED:
+        name = streamed.dataset_name(data_cfg, tok_cfg)
     if not str(data_cfg.root).strip():  # Path("") would put token files in the working directory
         from asyncpipe.paths import data_root
 
@@ -58,6 +66,8 @@ def split_documents(n_docs: int, val_fraction: float, seed: int) -> tuple[list[i
 
 def requested_config(data_cfg, tok_cfg) -> dict:
     """What a manifest must have been built from for `ensure_prepared` to reuse it."""
+    if data_cfg.name in streamed.STREAMED:
+        return streamed.requested(data_cfg, tok_cfg)
     return {
         "data": str(data_cfg.name),
         "sources": [str(s) for s in data_cfg.sources],
@@ -107,7 +117,10 @@ def _build(data_cfg, tok_cfg, work: Path, progress: Progress) -> dict:
 
     if tok_cfg.name == "bpe":
         progress(f"training bpe (vocab {tok_cfg.vocab_size}) on the train split")
-    tokenizer = build_tokenizer(str(tok_cfg.name), int(tok_cfg.vocab_size), docs["train"])
+    if tok_cfg.name == "hf":
+        tokenizer = text_tokenizer(tok_cfg)
+    else:
+        tokenizer = build_tokenizer(str(tok_cfg.name), int(tok_cfg.vocab_size), docs["train"])
     tok_info = {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id}
     if isinstance(tokenizer, HFTokenizer):
         tokenizer.save(work / TOKENIZER_FILE)
@@ -186,24 +199,40 @@ def _quiet(_: str) -> None:
     pass
 
 
+def _check_source(data_cfg, tok_cfg) -> None:
+    """The keys of the other kind of corpus are refused, not ignored; the tokenizer is checked."""
+    check_tokenizer(tok_cfg)
+    name, tok = str(data_cfg.name), str(tok_cfg.name)
+    if name not in streamed.STREAMED and (data_cfg.get("paths") or data_cfg.get("dataset")):
+        raise UserError(f"data.paths and data.dataset are read by data=files, tokens and hf; data={name} is built in")
+    if tok == "ids" and name != "tokens":
+        raise UserError(f"tokenizer=ids declares token ids prepared elsewhere: data=tokens only (got data={name})")
+
+
 def prepare(data_cfg, tok_cfg, progress: Progress | None = None) -> Path:
-    """(Re)build the dataset directory of this corpus/tokenizer pair and return it."""
-    check_tokenizer_config(str(tok_cfg.name), int(tok_cfg.vocab_size))
+    """(Re)build the dataset directory of this corpus/tokenizer pair and return it; your own corpus (data=files,
+    tokens, hf) is reused when complete and resumed when a preparation of it was interrupted."""
+    _check_source(data_cfg, tok_cfg)
     target = dataset_dir(data_cfg, tok_cfg)
     progress = progress or _quiet
+    if data_cfg.name in streamed.STREAMED:
+        return ensure_prepared(data_cfg, tok_cfg, progress)
     with _locked(target, progress):
         return _prepare_locked(data_cfg, tok_cfg, target, progress)
 
 
 def ensure_prepared(data_cfg, tok_cfg, progress: Progress | None = None) -> Path:
     """The dataset directory, prepared first if it has no manifest; refuses one built with other settings."""
-    check_tokenizer_config(str(tok_cfg.name), int(tok_cfg.vocab_size))
+    _check_source(data_cfg, tok_cfg)
     target = dataset_dir(data_cfg, tok_cfg)
     progress = progress or _quiet
     if not (target / MANIFEST).is_file():
         with _locked(target, progress):
             if not (target / MANIFEST).is_file():  # another process may have built it while we waited
-                _prepare_locked(data_cfg, tok_cfg, target, progress)
+                if data_cfg.name in streamed.STREAMED:
+                    streamed.build(data_cfg, tok_cfg, target, progress)
+                else:
+                    _prepare_locked(data_cfg, tok_cfg, target, progress)
     manifest = load_manifest(target)
     wanted, found = requested_config(data_cfg, tok_cfg), manifest.get("config", {})
     diff = [f"{k}={found.get(k)!r} (wanted {v!r})" for k, v in wanted.items() if found.get(k) != v]
@@ -237,31 +266,42 @@ def load_manifest(path: Path | str, verify_hashes: bool = False) -> dict:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"data manifest {manifest_path} is not valid JSON ({err}); {rerun}") from None
-    if manifest.get("format") != FORMAT:
+    if manifest.get("format") not in FORMATS:
         raise UserError(
             f"data manifest {manifest_path} has format {manifest.get('format')!r}, "
-            f"this asyncpipe reads {FORMAT}; {rerun}"
+            f"this asyncpipe reads {' and '.join(map(str, FORMATS))}; {rerun}"
         )
     itemsize = np.dtype(manifest["dtype"]).itemsize
     for split in SPLITS:
-        name = f"{split}.bin"
-        expected = manifest["files"][name]["bytes"]
-        if expected != manifest["tokens"][split] * itemsize:
-            raise UserError(f"data manifest {manifest_path} is inconsistent: {name} tokens and bytes disagree")
-        file = path / name
-        if not file.is_file():
-            raise UserError(f"token file {file} is missing; {rerun}")
-        actual = file.stat().st_size
-        if actual != expected:
-            raise UserError(f"token file {file} has {actual} bytes, the manifest says {expected}; {rerun}")
-        if verify_hashes and _sha256_file(file) != manifest["files"][name]["sha256"]:
-            raise UserError(f"token file {file} does not match its sha256 in the manifest; {rerun}")
+        names = split_files(manifest, split)
+        if sum(manifest["files"][n]["bytes"] for n in names) != manifest["tokens"][split] * itemsize:
+            raise UserError(f"data manifest {manifest_path} is inconsistent: {split} tokens and bytes disagree")
+        for name in names:
+            _check_token_file(path / name, manifest["files"][name], verify_hashes, rerun)
     tok_file = manifest["tokenizer"].get("file")
     if tok_file and not (path / tok_file).is_file():
         raise UserError(f"tokenizer file {path / tok_file} is missing; {rerun}")
     if tok_file and verify_hashes and _sha256_file(path / tok_file) != manifest["tokenizer"]["sha256"]:
         raise UserError(f"tokenizer file {path / tok_file} does not match its sha256 in the manifest; {rerun}")
     return manifest
+
+
+def split_files(manifest: dict, split: str) -> list[str]:
+    """The token files of a split, in order: `{split}.bin` (format 1) or its shards (format 2)."""
+    return list(manifest["shards"][split]) if "shards" in manifest else [f"{split}.bin"]
+
+
+def _check_token_file(file: Path, info: dict, verify_hashes: bool, rerun: str) -> None:
+    """One line when a token file is missing, unreadable, truncated or (with `verify_hashes`) altered."""
+    if not file.is_file():
+        raise UserError(f"token file {file} is missing; {rerun}")
+    if not os.access(file, os.R_OK):
+        raise UserError(f"token file {file} is not readable (permissions); {rerun}")
+    actual, expected = file.stat().st_size, info["bytes"]
+    if actual != expected:
+        raise UserError(f"token file {file} has {actual} bytes, the manifest says {expected}; {rerun}")
+    if verify_hashes and _sha256_file(file) != info["sha256"]:
+        raise UserError(f"token file {file} does not match its sha256 in the manifest; {rerun}")
 
 
 def describe(path: Path | str) -> str:

@@ -1,4 +1,5 @@
-"""Random-access micro-batches over a memory-mapped token split, and a resumable cursor over them.
+"""Random-access micro-batches over a memory-mapped token split (one file, or any number of shards read as
+their concatenation), and a resumable cursor over them.
 
 Micro-batch i is a pure function of (seed, split, i): data-parallel replicas, resumed runs and an
 uninterrupted run all read the same tokens for the same i, with no loader state beyond a position.
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncpipe.data.dataset import SPLITS, load_manifest
+from asyncpipe.data.dataset import SPLITS, load_manifest, split_files
 from asyncpipe.errors import UserError
 
 
@@ -45,9 +46,26 @@ class MicroBatches:
         self.__dict__.update(state)
         self._tokens = self._open()
 
-    def _open(self) -> np.ndarray:
+    def _open(self) -> list[np.ndarray]:
+        """A memmap per token file of the split, and where each starts in their concatenation."""
         dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
-        return np.memmap(self.path / f"{self.split}.bin", dtype=dtype, mode="r")
+        maps = [np.memmap(self.path / name, dtype=dtype, mode="r") for name in split_files(self.manifest, self.split)]
+        self._starts = np.cumsum([0] + [len(m) for m in maps])
+        return maps
+
+    def window(self, offset: int, length: int) -> np.ndarray:
+        """Tokens offset..offset+length-1 of the split, across shard boundaries where the window spans them."""
+        i = int(np.searchsorted(self._starts, offset, side="right")) - 1
+        local = offset - int(self._starts[i])
+        piece = self._tokens[i][local : local + length]
+        if len(piece) == length:
+            return piece
+        parts, need = [piece], length - len(piece)
+        while need > 0:
+            i += 1
+            parts.append(self._tokens[i][:need])
+            need -= len(parts[-1])
+        return np.concatenate(parts)
 
     def offsets(self, i: int) -> np.ndarray:
         """Start offsets of the B windows of micro-batch i (uniform over every full window)."""
@@ -58,7 +76,7 @@ class MicroBatches:
 
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The i-th micro-batch: x, y LongTensors [B, T], y the next-token targets (x shifted left by one)."""
-        windows = np.stack([self._tokens[o : o + self.seq_len + 1] for o in self.offsets(i)]).astype(np.int64)
+        windows = np.stack([self.window(int(o), self.seq_len + 1) for o in self.offsets(i)]).astype(np.int64)
         buf = torch.from_numpy(windows)
         return buf[:, :-1], buf[:, 1:]
 
