@@ -125,19 +125,19 @@ class Trainer:
         run's decay start (up to there a longer wsd run with these settings is this run, bit for bit); rank 0
         starts this run's metrics with the parent's up to that step and records the branch (branch.json). A
         problem on any rank is a `UserError` on all of them, raised before anything is written."""
-        from asyncpipe.session.rundir import check_branch
+        from asyncpipe.session.rundir import branch_refusal, check_branch
         from asyncpipe.track import RunDir, atomic_write_json
         from asyncpipe.track.files import BRANCH_RECORD
 
         engine, cfg = self.engine, self.cfg
-        at = LRSchedule.of(cfg.train).decay_start
-        path, state, error = None, None, None
+        at, path, state, error, parent_steps = LRSchedule.of(cfg.train).decay_start, None, None, None, None
         try:
-            check_branch(parent, cfg)
+            # Exact only up to both decay starts: the parent's steps after its own are decayed, not this run's.
+            parent_steps = check_branch(parent, cfg)
+            at = min(at, LRSchedule.of(cfg.train).at_steps(parent_steps).decay_start)
             path = checkpoint.latest_complete(parent, world=engine.world, log=self.say, at_most=at)
             if path is None:
-                raise UserError(f"run.branch_from={parent} has no complete checkpoint at or before step {at} (this "
-                                f"run's decay start); run it first with checkpoint.branches=[{cfg.train.steps}]")
+                raise UserError(branch_refusal(parent, at, cfg.train.steps))
             state = checkpoint.load(path, checkpoint.fingerprint_of(cfg), rank=engine.rank, ignore=("steps",))
         except UserError as err:
             error = str(err)
@@ -148,12 +148,13 @@ class Trainer:
         self.say(f"branched from {path} at step {engine.step} (this run's decay starts at step {at})")
         if engine.rank == 0 and self.run_dir is not None:
             RunDir(self.run_dir).truncate_metrics(engine.step, records=RunDir(parent).read_metrics())
-            atomic_write_json(Path(self.run_dir) / BRANCH_RECORD,
-                              {"parent": str(parent), "step": engine.step, "checkpoint": str(path)})  # fmt: skip
+            atomic_write_json(Path(self.run_dir) / BRANCH_RECORD, {"parent": str(parent), "step": engine.step,
+                              "checkpoint": str(path), "parent_steps": parent_steps})  # fmt: skip
         return path
 
     def branch_summary(self) -> dict:
-        """`branch_of` (the parent run dir) and `branch_step` for a branch's summary (from its branch.json)."""
+        """`branch_of` (the parent run dir) and `branch_step` for a branch's summary, from its branch.json (none: not
+        a branch, whatever run.branch_from says)."""
         from asyncpipe.track.files import BRANCH_RECORD, read_json_object
 
         if self.cfg.run.branch_from is None or self.run_dir is None:
@@ -161,8 +162,9 @@ class Trainer:
         try:
             record = read_json_object(Path(self.run_dir) / BRANCH_RECORD)
         except (OSError, UserError):
-            return {"branch_of": str(self.cfg.run.branch_from)}
-        return {"branch_of": record.get("parent"), "branch_step": record.get("step")}
+            return {}
+        return {"branch_of": record.get("parent"), "branch_step": record.get("step"),
+                "branch_parent_steps": record.get("parent_steps")}  # fmt: skip
 
     # -- the run ----------------------------------------------------------------------------------------
     def run(self, stop: Optional[StopRequest] = None, on_step: Optional[Callable[[dict], None]] = None,

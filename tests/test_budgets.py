@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,22 @@ def test_a_branch_from_another_run_or_before_its_parent_is_refused(family: dict,
         _run(tmp_path / "b2", "train.steps=4", f"run.branch_from={family['alone8'][0]}")
     with pytest.raises(UserError, match="is not a run dir"):
         _run(tmp_path / "b3", "train.steps=6", f"run.branch_from={tmp_path / 'nothing'}")
+
+
+def test_a_branch_is_exact_or_refused_inside_its_parents_own_decay(family: dict, tmp_path: Path) -> None:
+    """A 6-step parent decays from step 4. An 8-step run (decay from 6) may branch only from a checkpoint at step 4
+    or before: the parent's step-5 checkpoint is decayed, so with only that one the branch is refused (nothing
+    written); with one at step 3 the branch is its 8-step run trained alone, bit for bit."""
+    decayed, early = tmp_path / "decayed", tmp_path / "early"
+    _run(decayed, "train.steps=6", "checkpoint.every=5")
+    assert sorted(p.name for p in (decayed / "checkpoints").iterdir()) == ["step_00000005"]
+    with pytest.raises(UserError, match=r"no complete checkpoint at or before step 4 \(the parent's decay start"):
+        _run(tmp_path / "inexact", "train.steps=8", f"run.branch_from={decayed}")
+    assert not (tmp_path / "inexact").exists()
+    _run(early, "train.steps=6", "checkpoint.every=3")
+    summary, state = _run(tmp_path / "exact", "train.steps=8", f"run.branch_from={early}")
+    assert (summary["branch_of"], summary["branch_step"]) == (str(early), 3)
+    assert _equal(state, family["alone8"][2]) and summary["final_val_loss"] == family["alone8"][1]["final_val_loss"]
 
 
 # -- the sweep grammar: `budgets:` ---------------------------------------------------------------------------
@@ -242,6 +259,31 @@ def test_a_budget_sweep_runs_branches_after_their_parent_and_extends(tmp_path: P
     assert read_summary(alone)["final_val_loss"] == read_summary(sweep / "seed=0,variant=sync,budget=1.5")["final_val_loss"]
 
 
+def test_a_sweep_trains_a_trunk_again_when_its_branch_checkpoints_are_gone(tmp_path: Path, capsys) -> None:
+    """Advice that works: a finished 2x trunk whose checkpoints were deleted, and a new 1.5x rung. The sweep retires
+    the trunk (kept in .retired/) and trains it again before the rung, instead of failing the rung with advice
+    (`--retry-failed`, `checkpoint.branches=[...]`) that would fail the same way."""
+    from asyncpipe.sweep import run_sweep
+    from asyncpipe.sweep.display import SweepDisplay
+    from asyncpipe.track import read_summary
+
+    quiet = SweepDisplay("t", stream=io.StringIO(), live=False)
+    path = _family_file(tmp_path, budgets="[1, 2]")
+    path.write_text(path.read_text().replace("  1-step: [delay=1]\n", ""))
+    assert [s.state for s in run_sweep(file=path, out=tmp_path / "out", display=quiet).states] == ["completed"] * 2
+    sweep, trunk = tmp_path / "out" / "ladder", "seed=0,variant=sync,budget=2"
+    first = read_summary(sweep / trunk)
+    shutil.rmtree(sweep / trunk / "checkpoints")
+    path.write_text(path.read_text().replace("[1, 2]", "[1, 1.5, 2]"))
+    capsys.readouterr()
+    again = run_sweep(file=path, out=tmp_path / "out", display=quiet)
+    assert {s.name: s.state for s in again.states}["seed=0,variant=sync,budget=1.5"] == "completed"
+    assert f"{trunk}: completed, but its checkpoint at step 4" in capsys.readouterr().out
+    assert read_summary(sweep / trunk)["final_val_loss"] == first["final_val_loss"]  # the same run, trained again
+    assert [p.name.split(".")[0] for p in (sweep / ".retired").iterdir()] == [trunk]
+    assert read_summary(sweep / "seed=0,variant=sync,budget=1.5")["branch_step"] == 4
+
+
 # -- enough data: data=mix, epochs in every summary, the report's warning ------------------------------------
 STUDY_TOKENS_2_5X = 2750 * 8 * 4 * 128  # the study regime's 2.5x rung: 1100 x 2.5 steps of 8 x 4 x 128 tokens
 
@@ -277,7 +319,6 @@ def test_a_bad_mix_is_one_line(sources: str, needle: str, tmp_path: Path) -> Non
 def test_every_summary_counts_epochs_and_the_report_warns_of_repeated_data(family: dict, tmp_path: Path) -> None:
     """The 8-step runs train 8 x 2 x 2 x 16 = 512 tokens; epochs = 512 / Hamlet's train split. A record claiming
     1.4 epochs makes the report warn; one under 1 does not."""
-    import shutil
 
     from asyncpipe.config import compose
     from asyncpipe.data import dataset_dir, load_manifest

@@ -74,3 +74,20 @@ def test_slurm_jobs_start_python_without_the_working_directory() -> None:
     assert forkserver.SAFE_PATH and job_python().endswith(" ".join([sys.executable, *forkserver.SAFE_PATH]))
     assert train_command(["seed=0"])[:4] == [sys.executable, *forkserver.SAFE_PATH, "-m", "asyncpipe"]
     assert os.path.isdir(os.path.join(forkserver.child_environ()["PYTHONPATH"].split(os.pathsep)[0], "asyncpipe"))
+
+
+def test_a_report_labels_a_branch_only_when_its_record_shows_it_exact() -> None:
+    """A 20-step wsd run (decay from 16) recorded as a branch of a 16-step parent (decay from 12): from step 12 it
+    is a branch; from the parent's step 15 (inside the parent's decay), or past its own decay start, it is not."""
+    from asyncpipe.config import compose
+    from asyncpipe.report.load import exact_branch
+
+    train = {k: v for k, v in compose(["train.lr_schedule=wsd", "train.warmup_steps=2", "train.steps=20",
+                                       "train.decay_frac=0.2"]).train.items()}  # fmt: skip
+    config = {"train": train}
+    branch = {"branch_of": "/runs/p", "branch_step": 12, "branch_parent_steps": 16}
+    assert exact_branch(config, branch) == ("/runs/p", "")
+    for bad in ({**branch, "branch_step": 15}, {"branch_of": "/runs/p", "branch_step": 17},
+                {**branch, "branch_step": "12"}, {**branch, "branch_parent_steps": "x"}):
+        parent, why = exact_branch(config, bad)
+        assert parent is None and "not shown as a branch" in why

@@ -11,12 +11,14 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
 from asyncpipe.config.keys import lookup
 from asyncpipe.errors import UserError
+from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.status import COMPLETED
 from asyncpipe.report import revisions
 from asyncpipe.report.groups import flat_config
@@ -120,8 +122,30 @@ def run_record(
     row["final_tokens"] = (summary or {}).get("tokens", last_tokens)
     row["summary_val_loss"] = (summary or {}).get("final_val_loss")
     row["epochs"] = (summary or {}).get("epochs")  # passes over the train split (records before issue 37: none)
-    row["branch_of"] = (summary or {}).get("branch_of")  # a budget branch's parent run dir
+    row["branch_of"], why = exact_branch(config, summary or {})  # a budget branch's parent run dir
+    if why:
+        row["note"] = "; ".join(n for n in (row["note"], why) if n)
     return row, curve
+
+
+def exact_branch(config: dict, summary: dict) -> tuple[str | None, str]:
+    """(the parent run dir, "") of a budget branch whose record shows it exact: started at or before its own decay
+    start and its parent's (`trainer.Trainer.branch`); else (None, why it is not labelled a branch, or "")."""
+    parent, step = summary.get("branch_of"), summary.get("branch_step")
+    if parent is None:
+        return None, ""
+    try:
+        train = dict(config.get("train") or {})
+        schedule = LRSchedule.of(SimpleNamespace(**train))
+        parents = summary.get("branch_parent_steps")
+        at = min(schedule.decay_start, schedule.at_steps(parents).decay_start if parents is not None else step)
+        exact = isinstance(parent, str) and type(step) is int and 0 <= step <= at
+    except (UserError, TypeError, ValueError, AttributeError):
+        exact = False
+    if exact:
+        return parent, ""
+    return None, f"recorded as a branch of {parent!s:.200} from step {step!s:.20}, not at or before a decay start: " \
+                 "not shown as a branch"
 
 
 def frames(records: list[tuple[dict, list[dict]]]) -> tuple[pd.DataFrame, pd.DataFrame]:

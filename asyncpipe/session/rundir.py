@@ -61,9 +61,10 @@ def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, An
 BRANCH_MAY_DIFFER = ("train.steps",)  # a budget branch is its parent's run at another length, nothing else
 
 
-def check_branch(parent: Path, cfg: DictConfig) -> None:
+def check_branch(parent: Path, cfg: DictConfig) -> int:
     """`run.branch_from=parent`: the parent's recorded settings must equal this run's but for `train.steps` (and the
-    keys that cannot change a result), or the branch would not be the run its settings describe."""
+    keys that cannot change a result), or the branch would not be the run its settings describe. Returns the
+    parent's `train.steps`."""
     path = Path(parent) / CONFIG_FILE
     try:
         recorded, _ = load_untrusted_yaml(read_untrusted(path), str(path))
@@ -76,6 +77,19 @@ def check_branch(parent: Path, cfg: DictConfig) -> None:
         shown = ", ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in diff[:4]) + (", ..." if len(diff) > 4 else "")
         raise UserError(f"run.branch_from={parent} ran other settings ({shown}); a branch differs from its parent "
                         "only in train.steps")
+    steps = (recorded.get("train") or {}).get("steps") if isinstance(recorded.get("train"), dict) else None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise UserError(f"{path}: train.steps is {steps!r}, not a positive integer; run.branch_from needs the parent's "
+                        "own record")
+    return steps
+
+
+def branch_refusal(parent: Path, at: int, steps: int) -> str:
+    """The one line for a branch with no checkpoint to start from exactly, and what works instead."""
+    return (f"run.branch_from={parent} has no complete checkpoint at or before step {at} (the parent's decay start "
+            f"or this run's, whichever is first: a later one holds decayed steps, not this run's); train the parent "
+            f"again with checkpoint.branches=[{steps}] (move its run dir away first; a budget sweep does this when "
+            f"re-run), or train this run alone without run.branch_from")
 
 
 MAX_SEED = 2**32 - 1  # numpy's generators take 0..2**32-1; torch's take less once the model mixes in a layer index

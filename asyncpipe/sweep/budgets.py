@@ -6,10 +6,14 @@ imports torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from asyncpipe.lr_schedule import LRSchedule
+from asyncpipe.status import COMPLETED
 from asyncpipe.sweep.expand import SweepPlan
+from asyncpipe.sweep.state import FINAL, file_state, retire
+from asyncpipe.track.lock import DirLock
 
 
 def trained_steps(cfg: Any) -> int:
@@ -73,3 +77,41 @@ def render_costs(costs: Sequence[FamilyCost]) -> str:
             f"runs ({c.branched / c.longest:.2f}x its longest rung alone, against {c.separate / c.longest:.2f}x)"
         )
     return "\n".join(lines)
+
+
+def _has_checkpoint_at_most(run_dir: Path, step: int) -> bool:
+    """A marked checkpoint (`runtime.checkpoint`'s layout, read here without torch) at ``step`` or earlier."""
+    for marker in run_dir.glob("checkpoints/step_*/COMPLETE"):
+        number = marker.parent.name.split("_", 1)[1]
+        if number.isdigit() and int(number) <= step:
+            return True
+    return False
+
+
+def retrain_lost_trunks(plan: SweepPlan, sweep_dir: Path, cfgs: dict[str, Any], retry_failed: bool) -> list[str]:
+    """Completed trunks whose checkpoint at a branch's decay start is gone (deleted to free space) while that
+    branch is still to run: each is retired (into the sweep's `.retired/`) so this sweep trains it again, with
+    its branch checkpoints, before its branches. Returns one line per trunk retired."""
+    lost: dict[str, tuple[str, int]] = {}
+    for spec in plan.runs:
+        if spec.parent is None or spec.parent in lost:
+            continue
+        state = file_state(sweep_dir / spec.name)
+        if state == COMPLETED or (state in FINAL and not retry_failed):
+            continue  # it will not run: it needs nothing of its parent
+        trunk = sweep_dir / spec.parent
+        at = LRSchedule.of(cfgs[spec.name].train).decay_start
+        if file_state(trunk) == COMPLETED and not _has_checkpoint_at_most(trunk, at):
+            lost[spec.parent] = (spec.name, at)
+    notes = []
+    for trunk, (branch, at) in lost.items():
+        lock = DirLock.sweep(sweep_dir / trunk)
+        if not lock.acquire():
+            continue  # running elsewhere: its own sweep decides
+        try:
+            old = retire(sweep_dir / trunk)
+        finally:
+            lock.release()
+        notes.append(f"{trunk}: completed, but its checkpoint at step {at} (where {branch} branches off) is gone: "
+                     f"training it again (old attempt in {old.parent.name}/{old.name})")
+    return notes

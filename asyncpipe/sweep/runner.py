@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence, TextIO
 from omegaconf import DictConfig
 
 from asyncpipe.errors import UserError
-from asyncpipe.sweep.budgets import family_costs, render_costs
+from asyncpipe.sweep.budgets import family_costs, render_costs, retrain_lost_trunks
 from asyncpipe.sweep.display import SweepDisplay, print_table
 from asyncpipe.sweep.expand import SweepPlan, expand, run_overrides
 from asyncpipe.sweep.sweepfile import SweepFile, load_sweep_file
@@ -194,6 +194,8 @@ def run_sweep(
     write_manifest(sweep_dir, plan, **({"budget_cost": cost} if cost else {}))
     if cost:
         print(cost, flush=True)
+    for note in retrain_lost_trunks(plan, sweep_dir, cfgs, retry_failed):
+        print(note, flush=True)
     if launcher.name == "slurm":
         from asyncpipe.sweep.slurm import SlurmLauncher
 
