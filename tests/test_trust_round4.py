@@ -91,3 +91,43 @@ def test_a_report_labels_a_branch_only_when_its_record_shows_it_exact() -> None:
                 {**branch, "branch_step": "12"}, {**branch, "branch_parent_steps": "x"}):
         parent, why = exact_branch(config, bad)
         assert parent is None and "not shown as a branch" in why
+
+
+def _record(root: Path, name: str, delay: int, seed: int, loss: float, revisions: dict) -> None:
+    import yaml
+
+    from asyncpipe.track import RunDir
+
+    cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": delay, "engine": "simulate",
+           "delay_profile": "uniform", "train": {"steps": 10}, "pipeline": {"schedule": revisions["schedule"]["name"]},
+           "optimizer": {"name": "adamw", "lr": 1e-3, "ef": {"enabled": False, "lam": 1.0}},
+           "compensation": {"name": "none"}}  # fmt: skip
+    run = RunDir(root / name)
+    run.write_config(yaml.safe_dump(cfg))
+    run.append_metrics({"step": 10, "tokens": 1000, "val_loss": loss})
+    run.write_summary({"status": "completed", "final_val_loss": loss, "tokens": 1000})
+    (root / name / "provenance.json").write_text(json.dumps({"started": "2026-12-06T08:00:00", "revisions": revisions}))
+
+
+def test_every_recorded_revision_is_compared_and_an_unknown_one_is_named_and_kept_apart(tmp_path: Path) -> None:
+    """adamw has never been revised here, yet a record of adamw revision 2 (a newer checkout's) is not pooled with
+    revision 1; a PACI record of revision 3 is a cell of its own, named in one warning line, never a traceback."""
+    from asyncpipe.report import build_report
+
+    today = {"optimizer": {"name": "adamw", "revision": 1}, "compensation": {"name": "none", "revision": 1},
+             "schedule": {"name": "2bw", "revision": 1}}  # fmt: skip
+    newer = {**today, "optimizer": {"name": "adamw", "revision": 2}}
+    paci3 = {**today, "schedule": {"name": "paci", "revision": 3}}
+    for seed in range(2):
+        _record(tmp_path / "sw", f"sync-{seed}", 0, seed, 3.0, today)
+        _record(tmp_path / "sw", f"async-{seed}", 1, seed, 3.1, today)
+        _record(tmp_path / "sw", f"async-new-{seed}", 1, seed + 2, 3.2, newer)
+        _record(tmp_path / "sw", f"paci-{seed}", 1, seed + 4, 3.3, paci3)
+    report = build_report(tmp_path / "sw", out_dir=tmp_path / "out", plots=False)
+    runs = report.runs.set_index("run")
+    assert {runs.loc[f"async-new-{s}", "optimizer"] for s in range(2)} == {"adamw@r2"}
+    assert {runs.loc[f"async-{s}", "optimizer"] for s in range(2)} == {"adamw"}
+    assert all(str(runs.loc[f"paci-{s}", "variant"]).endswith("@r3") for s in range(2))
+    said = [w for w in report.warnings if "which this checkout does not know" in w]
+    assert any(w.startswith("adamw@r2") for w in said) and any(w.startswith("paci@r3") for w in said)
+    assert all("\n" not in w for w in said)

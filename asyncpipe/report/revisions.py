@@ -120,7 +120,7 @@ def of_record(kind: str, name: str, prov: dict | None) -> tuple[int | None, str]
     recorded = prov.get("revisions")
     if isinstance(recorded, dict):
         entry = recorded.get(kind)
-        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get("revision"), int):
+        if isinstance(entry, dict) and entry.get("name") == name and type(entry.get("revision")) is int:
             return int(entry["revision"]), "recorded"
     return derived(kind, name, prov)
 
@@ -136,16 +136,18 @@ def today_name(kind: str, name: str, prov: dict | None) -> str:
 
 def suffix(kind: str, name: str, prov: dict | None) -> tuple[str, str]:
     """(`@rN` to add to a cell's name, the warning that says what rN is) when a run ran a rule other than today's,
-    else ("", "")."""
-    if (kind, name) not in HISTORY:
-        return "", ""
+    else ("", ""). Every rule's recorded revision is compared, revised or not; one this checkout does not know (a
+    newer checkout's record) is named and kept apart too."""
     number, how = of_record(kind, name, prov)
     now = current(kind, name)
     if number == now:
         return "", ""
     if number is None:
         return "@r?", f"{name}@r?: which revision of {name} ran is unknown ({how}); today's is r{now}"
-    rule = next(r.rule for r in HISTORY[(kind, name)] if r.number == number)
+    known = {r.number: r for r in HISTORY.get((kind, name), ())}
+    if number not in known:
+        return f"@r{number}", (f"{name}@r{number} ran {kind} {name} revision {number}, which this checkout does not "
+                               f"know (it knows r1 to r{now}; a newer checkout's record?): kept apart from r{now}")
     today = HISTORY[(kind, name)][-1]
-    return f"@r{number}", (f"{name}@r{number} ran {kind} {name} revision {number}: {rule} ({how}); today's {name} "
-                           f"is r{now} (since {today.since[:7]}): {today.rule}")
+    return f"@r{number}", (f"{name}@r{number} ran {kind} {name} revision {number}: {known[number].rule} ({how}); "
+                           f"today's {name} is r{now} (since {today.since[:7]}): {today.rule}")
