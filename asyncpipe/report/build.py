@@ -2,7 +2,8 @@
 
 Files go to DIR/NAME/report/: report.md, gaps.csv, intervals.csv, glance.png (each optimizer's gap with its 95%
 interval, and time to target), loss_curves.png, gap_vs_tokens.png and, when a delayed column can be timed to the
-sync target, wallclock.png; all written atomically.
+sync target, wallclock.png (val loss vs modelled wall-clock) and verdict.png (the speed-up table's net speed-up over
+the strongest synchronous schedule per P, m and variant); all written atomically.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from asyncpipe.report.merge import load_merged
 from asyncpipe.report.paper import PAPER
 from asyncpipe.report.render import to_markdown
 from asyncpipe.report.tables import GroupTable, compute_cells, variant_order
-from asyncpipe.report.target import Ladder, ladders
+from asyncpipe.report.target import Ladder, ladders, speedup_table
 from asyncpipe.report.throughput import load_bench
 from asyncpipe.report.tuning import Tuning
 from asyncpipe.report.tuning import best_of as best_of_runs
@@ -275,6 +276,7 @@ def build_report(
 def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
     from asyncpipe.report.glance import plot_glance  # matplotlib only when writing
     from asyncpipe.report.plots import plot_gap_vs_tokens, plot_loss_curves
+    from asyncpipe.report.verdict_figure import cells_of_table, plot_verdict
     from asyncpipe.report.wallclock import plot_wallclock
 
     writable_dir(out_dir, "the report dir", "pass --out DIR to write the report elsewhere")  # a read-only sweep dir
@@ -296,7 +298,10 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
                 files[path.name] = path
         if report.ladders:
             for path in plot_wallclock(report.runs, report.curves, report.groups, report.ladders, report.bench,
-                                       out_dir / "wallclock.png", at=report.wallclock_at):  # fmt: skip
+                                       out_dir / "wallclock.png", at=report.wallclock_at, order=order):  # fmt: skip
+                files[path.name] = path
+            speedups = cells_of_table(speedup_table(report.ladders, report.bench), report.ladders)
+            for path in plot_verdict(speedups, order, out_dir / "verdict.png"):
                 files[path.name] = path
     report.files = files
     atomic_write_text(files["report.md"], to_markdown(report))

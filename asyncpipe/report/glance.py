@@ -21,6 +21,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from asyncpipe.report.claims import Claim  # noqa: E402
 from asyncpipe.report.headline import headline_variant  # noqa: E402
+from asyncpipe.report.palette import NEUTRAL, Palette  # noqa: E402
 from asyncpipe.report.plots import DPI, figure_legend, save_figure, variant_key  # noqa: E402
 from asyncpipe.report.target import Ladder  # noqa: E402
 
@@ -67,7 +68,7 @@ def plot_glance(claims: list[Claim], ladders: list[Ladder], order: list[str], pa
         ax.annotate(text + ("" if iv.n < 2 or not c.note else "  not resolved"), (iv.hi if iv.known else iv.value, y),
                     textcoords="offset points", xytext=(6, -3), fontsize=8, color=colour)  # fmt: skip
         legend.setdefault(c.variant, Line2D([], [], color=colour, marker=marker, linestyle="none", markersize=6))
-    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.axvline(0.0, color=NEUTRAL["black"], linewidth=0.8)
     ax.set_yticks(range(len(rows)), [_label(r, tables) for r in rows])
     ax.set_ylim(len(rows) - 0.5, -0.5)
     lo = min([c.interval.lo if c.interval.known else c.interval.value for c in drawn] + [0.0])
@@ -84,30 +85,32 @@ def plot_glance(claims: list[Claim], ladders: list[Ladder], order: list[str], pa
     ax.set_title("\n".join(textwrap.wrap(title, 120 // ncols)), fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     if timed:
-        _plot_time_to_target(axes[0, 1], timed, tables)
-    legend[f"0: {reference}"] = Line2D([], [], color="black", linewidth=0.8)
+        _plot_time_to_target(axes[0, 1], timed, tables, Palette(order))
+    legend[f"0: {reference}"] = Line2D([], [], color=NEUTRAL["black"], linewidth=0.8)
     figure_legend(fig, legend)
     fig.suptitle("At a glance: error bars are the 95% intervals the report's text gives", fontsize=11)
     return save_figure(fig, path)
 
 
-def _plot_time_to_target(ax: plt.Axes, ladders: list[Ladder], tables: int) -> None:
-    """Tokens to reach sync's final val loss over sync's tokens (1 = as many), per delayed column."""
+def _plot_time_to_target(ax: plt.Axes, ladders: list[Ladder], tables: int, palette: Palette) -> None:
+    """Tokens to reach sync's final val loss over sync's tokens (1 = as many), per delayed column, in its
+    variant's colour."""
     labels = []
     for i, lad in enumerate(ladders):
+        colour, marker = palette.style(lad.columns[0])
         if lad.ratio is not None:
             iv = lad.ratio
             known = math.isfinite(iv.lo) and math.isfinite(iv.hi)
             err = [[iv.value - iv.lo], [iv.hi - iv.value]] if known else None
-            ax.errorbar([iv.value], [i], xerr=err, color="#1f77b4", marker="o", capsize=4, linestyle="none")
+            ax.errorbar([iv.value], [i], xerr=err, color=colour, marker=marker, capsize=4, linestyle="none")
             ax.annotate(lad.tokens_text(), (iv.hi if known else iv.value, i), textcoords="offset points",
                         xytext=(6, -3), fontsize=8)  # fmt: skip
         else:
-            ax.plot([lad.bound], [i], marker=">", color="#d62728", linestyle="none")
+            ax.plot([lad.bound], [i], marker=">", color=colour, linestyle="none")  # a lower bound: open to the right
             ax.annotate(f"≥ {lad.bound:.2f}x (not reached)", (lad.bound, i), textcoords="offset points",
                         xytext=(6, -3), fontsize=8)  # fmt: skip
         labels.append(f"{lad.optimizer} {lad.columns[0]}" + (f"\n{lad.table}" if tables > 1 else ""))
-    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.axvline(1.0, color=NEUTRAL["black"], linewidth=0.8)
     ax.set_yticks(range(len(labels)), labels)
     ax.set_ylim(len(labels) - 0.5, -0.5)
     xs = [v for lad in ladders for v in ((lad.ratio.lo, lad.ratio.hi, lad.ratio.value) if lad.ratio else (lad.bound,))

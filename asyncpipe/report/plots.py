@@ -6,8 +6,8 @@
 - gap_vs_tokens: each variant's val loss minus the reference column's (sync), paired by seed: mean of the per-seed
   differences with error bars of their 95% t-interval (the intervals the report's text uses); the lower row zooms
   like above and always shows 0.
-Panels of one kind (full, zoomed) share one y-range, so a gap 4x another optimizer's looks 4x as large. One colour
-per variant, in the table's column order; the legend sits below the panels, never over data. Token axes in k/M.
+Panels of one kind (full, zoomed) share one y-range, so a gap 4x another optimizer's looks 4x as large. One
+colour per variant family in every figure (asyncpipe.report.palette); the legend sits below the panels, never over data. Token axes in k/M.
 Figures are 6 inches wide per column (at least 12) and 8 high, at 100 dpi, so a 2-column figure is exactly
 1200x800 px; more than MAX_COLUMNS columns wrap onto further rows of panel pairs.
 The at-a-glance figure (asyncpipe.report.glance) is drawn from the report's claims.
@@ -29,6 +29,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from asyncpipe.report.load import COMPLETED  # noqa: E402
+from asyncpipe.report.palette import NEUTRAL, Palette, family, is_rung  # noqa: E402
 from asyncpipe.report.stats import t_quantile  # noqa: E402
 from asyncpipe.report.tables import GroupTable  # noqa: E402
 from asyncpipe.track.files import atomic_write_bytes  # noqa: E402
@@ -36,9 +37,7 @@ from asyncpipe.track.files import atomic_write_bytes  # noqa: E402
 DPI = 100
 ZOOM_FRAC = 0.3  # the zoomed row shows the last 30% of the tokens
 SMOOTH_FRAC = 0.05  # train loss: EMA over ~5% of the steps
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
-           "#bcbd22", "#393b79", "#ad494a", "#637939", "#7b4173", "#3182bd", "#e6550d"]  # 16 distinct colours
-MARKERS = "osD^vP*Xh<>pd8H1"
+RUNG_MARKERS = "v^<>PX*hpd"  # a budget rung: its family's colour, its own marker
 FORMATS = ("png", "pdf")
 TITLE_CHARS = 80  # a 6-inch panel holds about 80 characters at font size 9
 MAX_COLUMNS = 4  # panel columns per row; more (a study with many tables or optimizers) wrap onto new rows
@@ -122,7 +121,7 @@ def _zoom_limits(ax: plt.Axes, lo_x: float, hi_x: float, ys: list[np.ndarray], i
 def _decorate(ax: plt.Axes, title: str, ylabel: str, zoom: bool, matched: int | None) -> None:
     """Axes and titles; the legend is the figure's, below the panels (`figure_legend`)."""
     if matched is not None:
-        ax.axvline(matched, color="grey", linewidth=0.8, linestyle="-.")
+        ax.axvline(matched, color=NEUTRAL["grey"], linewidth=0.8, linestyle="-.")
     ax.xaxis.set_major_formatter(TOKENS)
     ax.set_xlabel("tokens")
     ax.set_ylabel(ylabel)
@@ -153,9 +152,13 @@ def figure_legend(fig: plt.Figure, entries: dict[str, Line2D]) -> None:
 
 
 def variant_key(order: list[str], variant: str) -> tuple[str, str]:
-    """A variant's colour and marker: by its place in the column order, the same in every panel."""
-    j = order.index(variant) if variant in order else len(order)
-    return COLOURS[j % len(COLOURS)], MARKERS[j % len(MARKERS)]
+    """A variant's colour and marker, the same in every panel and every figure (asyncpipe.report.palette); a budget
+    rung has its family's colour and a marker of its own (by its place among the family's rungs in `order`)."""
+    colour, marker = Palette(order).style(variant)
+    if is_rung(variant):
+        rungs = [v for v in order if is_rung(v) and family(v) == family(variant)]
+        marker = RUNG_MARKERS[(rungs.index(variant) if variant in rungs else 0) % len(RUNG_MARKERS)]
+    return colour, marker
 
 
 def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[GroupTable], order: list[str],
@@ -195,11 +198,11 @@ def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Grou
         _decorate(bottom, title, "loss", True, group.matched_tokens)
     share_y(axes[0])
     share_y(axes[1])
-    grey = "#555555"
+    grey = NEUTRAL["dark"]
     legend["val: mean over seeds, markers at evaluations (band: min–max)"] = Line2D(
         [], [], color=grey, marker="o", markersize=4, linewidth=1.5)
     legend["train: mean over seeds, EMA (light)"] = Line2D([], [], color=grey, alpha=0.35, linewidth=1)
-    legend["compared here"] = Line2D([], [], color="grey", linewidth=0.8, linestyle="-.")
+    legend["compared here"] = Line2D([], [], color=NEUTRAL["grey"], linewidth=0.8, linestyle="-.")
     figure_legend(fig, legend)
     fig.suptitle("Loss vs tokens, one colour per column; each row of panels shares one y-range", fontsize=10)
     return save_figure(fig, path)
@@ -269,17 +272,18 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
             bottom.annotate(f"{last['mean']:+.4f}", (gap.index[-1], last["mean"]), textcoords="offset points",
                             xytext=(-4, 6), ha="right", fontsize=8, color=colour)  # fmt: skip
         for ax in (top, bottom):
-            ax.axhline(0.0, color="black", linewidth=0.8)
+            ax.axhline(0.0, color=NEUTRAL["black"], linewidth=0.8)
         _zoom_limits(bottom, lo_x, end, zoom_ys, include=(0.0,))  # every bar and 0 stay in view
         title = f"{optimizer} | {group.title}" + seed_note(seeds)
         _decorate(top, title, f"val loss − {group.reference} val loss", False, group.matched_tokens)
         _decorate(bottom, title, f"val loss − {group.reference}", True, group.matched_tokens)
     share_y(axes[0])
     share_y(axes[1])
-    legend[f"0: the reference ({', '.join(sorted(references))}), same seed"] = Line2D([], [], color="black", linewidth=0.8)
+    zero = Line2D([], [], color=NEUTRAL["black"], linewidth=0.8)
+    legend[f"0: the reference ({', '.join(sorted(references))}), same seed"] = zero
     if single:
-        legend["one seed: dotted, no error bar"] = Line2D([], [], color="#555555", linewidth=1.0, linestyle=":")
-    legend["compared here"] = Line2D([], [], color="grey", linewidth=0.8, linestyle="-.")
+        legend["one seed: dotted, no error bar"] = Line2D([], [], color=NEUTRAL["dark"], linewidth=1.0, linestyle=":")
+    legend["compared here"] = Line2D([], [], color=NEUTRAL["grey"], linewidth=0.8, linestyle="-.")
     figure_legend(fig, legend)
     fig.suptitle(GAP_CAPTION, fontsize=10)
     return save_figure(fig, path)

@@ -141,6 +141,8 @@ def to_markdown(report: Any) -> str:
                   "Net wall-clock speed-up over synchronous training = throughput ratio ÷ token ratio (the throughput "
                   "ratio taken as exact; the interval is the token ratio's):\n",
                   md_table(speedup_table(report.ladders, report.bench)) + "\n"]  # fmt: skip
+        if "verdict.png" in report.files:
+            parts.append(VERDICT_CAPTION + "\n\n![net speed-up over the strongest synchronous schedule](verdict.png)\n")
         if "wallclock.png" in report.files:
             parts.append("![val loss vs modelled wall-clock](wallclock.png)\n")
     parts.append("## Plots\n")
@@ -174,6 +176,10 @@ def to_markdown(report: Any) -> str:
 GLANCE_CAPTION = ("Each optimizer's final gap to the reference (the point: the mean over seeds; the error bar: the same "
                   "95% interval as the text) and, with several budgets, the tokens each column needs to reach sync's "
                   "final val loss.")
+
+VERDICT_CAPTION = ("The verdict figure: the table's net speed-up of each variant over the strongest synchronous "
+                   "schedule at each P and m (its `vs` column, else `vs 1F1B`), with its interval; filled markers are "
+                   "resolved (the interval excludes 1x), hollow ones are not.")
 
 TARGET_RULE = (
     "Target: each seed's sync run's final val loss. A variant run at several token budgets (same settings but "
