@@ -230,18 +230,6 @@ def of_config(cfg: Any) -> tuple[OptimizerSpec, MethodSpec]:
     return optimizer_spec(cfg.optimizer.name, target_of(cfg.optimizer)), method_spec(comp.name, target_of(comp))
 
 
-def revisions(cfg: Any) -> dict[str, dict[str, Any]]:
-    """What a run records of its code's rules (provenance.json "revisions"): the optimizer's, the effective
-    compensation method's and the pipeline schedule's name and declared revision."""
-    from asyncpipe.schedules import resolve
-
-    opt, method = of_config(cfg)
-    schedule = resolve(cfg)
-    return {"optimizer": {"name": opt.name, "revision": opt.revision},
-            "compensation": {"name": method.name, "revision": method.revision},
-            "schedule": {"name": schedule.name, "revision": schedule.revision}}
-
-
 def describe(cfg: Any) -> str:
     """What a run optimises with, for its log line, plan and run dir: ``muon + EF(lam=1.0)``, ``adamw + dc``."""
     o, c = cfg.optimizer, cfg.compensation

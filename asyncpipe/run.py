@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from asyncpipe import registry
+from asyncpipe import schedules
 from asyncpipe.config.tuned import regime_warning
 from asyncpipe.dist import destroy_process_group, rank_env
 from asyncpipe.errors import UserError, WriteFailed
@@ -50,7 +50,7 @@ def compose_run(overrides: Sequence[str]) -> DictConfig:
 def _claimed(cfg: DictConfig, overrides: Sequence[str], rank: int) -> Iterator[Optional[RunRecord]]:
     """Rank 0 claims the run dir (`RunRecord`, provenance.json, train.log) for the run's life and releases it
     after; a user mistake removes what a refused run created. Other ranks get None."""
-    revisions = registry.revisions(cfg) if rank == 0 else None  # the rules' revisions it runs, for provenance.json
+    revisions = schedules.revisions(cfg) if rank == 0 else None  # the rules' revisions it runs, for provenance.json
     with recorded(cfg, overrides, rank=rank, revisions=revisions):  # provenance.json, train.log: after config.yaml
         try:
             record = RunRecord.open(cfg) if rank == 0 else None

@@ -1,7 +1,7 @@
 """PyTorch's own pipeline schedules (`torch.distributed.pipelining`) as `pipeline.torch_schedule` values: which
 class each name runs, how many model chunks a rank holds and where they sit, and what in a config one cannot run.
-Torch-free (`config` validates with it); the orders, ideal bubbles and layer cut are `asyncpipe.timelines.torch_orders`,
-the engine `asyncpipe.pipe.torch_engine`.
+Torch-free (`config` validates with it), with the layer cut (`chunk_layers`); the orders and ideal bubbles are
+`asyncpipe.timelines.torch_orders`, the engine `asyncpipe.pipe.torch_engine`.
 """
 
 from __future__ import annotations
@@ -66,3 +66,12 @@ def config_problem(cfg: Any) -> Optional[str]:
     if t.compile in (True, "true") and s.split_backward:
         return f"PyTorch's {s.cls} splits input and weight gradients, which it refuses under torch.compile"
     return None
+
+
+def chunk_layers(s: TorchSchedule, n_layers_total: int, stages: int) -> list[list[int]]:
+    """Layer indices of each chunk: ``[Embedding, Block x n, Head]`` cut into P x chunks pieces where
+    `asyncpipe.model.partition` cuts them (one chunk per rank: exactly DeepSpeed's stages)."""
+    from asyncpipe.partition import partition
+
+    parts = partition(n_layers_total, stages * s.chunks)
+    return [list(range(parts[c], parts[c + 1])) for c in range(stages * s.chunks)]

@@ -101,7 +101,8 @@ def build(optimizer, cfg, delays):
 
 FILL_DRAIN = '''
 """Fill-drain (GPipe): every forward of a batch, then every backward, then the step."""
-from asyncpipe.pipe.schedule import COMM, CommitP2P, gpipe_stream
+from asyncpipe.schedules.gpipe import gpipe_stream
+from asyncpipe.schedules.instructions import COMM, CommitP2P
 from asyncpipe.schedules import ScheduleSpec, declare_schedule, uniform
 
 

@@ -125,3 +125,61 @@ def test_layering() -> None:
     for light in ("asyncpipe.config", "asyncpipe.report", "asyncpipe.compensation"):
         for heavy in ("asyncpipe.runtime", "asyncpipe.model", "asyncpipe.optim", "asyncpipe.pipe", "asyncpipe.engines"):
             assert reaches(light, heavy) == []
+
+
+# The package's layers, bottom first: a module may import its own layer and those below, never one above. A module
+# belongs to the layer of its longest matching prefix (``asyncpipe`` alone is the package's own __init__).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # stdlib-only foundations: errors, statuses, streams, the lr rule, run-dir file names and the lock, path checks
+    ("asyncpipe", "asyncpipe.errors", "asyncpipe.status", "asyncpipe.terminal", "asyncpipe.lr_schedule",
+     "asyncpipe.track.files", "asyncpipe.track.lock", "asyncpipe.paths", "asyncpipe.dist"),
+    ("asyncpipe.data",),  # corpora, tokenizers, micro-batches
+    ("asyncpipe.registry",),  # the extension points (optimizers, compensation methods)
+    # torch-free declarations: schedules (instructions, orders, one module each), the built-in methods
+    ("asyncpipe.schedules", "asyncpipe.compensation"),
+    # the layer list's sizes, the stage cut (reads the schedule), PyTorch's schedules (their chunks' layers)
+    ("asyncpipe.shapes", "asyncpipe.partition", "asyncpipe.torch_schedules"),
+    ("asyncpipe.config",),  # schema, compose, validate: reads the declarations
+    ("asyncpipe.track",),  # tracker, W&B mirror, provenance: read a composed config
+    ("asyncpipe.plan",),  # memory on paper
+    ("asyncpipe.timelines",),  # one replay of any order: ideal, traced, modelled timelines, the cost model, drawings
+    ("asyncpipe.model",),
+    ("asyncpipe.optim", "asyncpipe.optimizers"),
+    ("asyncpipe.runtime",),  # device, checkpoints, signals, set-up, the engine protocol
+    ("asyncpipe.engines", "asyncpipe.pipe"),  # the runtimes that execute a schedule
+    ("asyncpipe.session",),  # the run record and progress
+    ("asyncpipe.forkserver", "asyncpipe.spawn"),  # the launcher
+    ("asyncpipe.trainer",),  # the one owner of a run
+    ("asyncpipe.run", "asyncpipe.rank", "asyncpipe.bench", "asyncpipe.sweep", "asyncpipe.report"),
+    ("asyncpipe.plan_speed",),
+    ("asyncpipe.cli_perf", "asyncpipe.cli_sweep", "asyncpipe.cli", "asyncpipe.__main__"),
+)
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int:
+    """The index of ``module``'s layer: its longest matching prefix's (``asyncpipe`` matches only itself)."""
+    best, index = "", -1
+    for i, prefixes in enumerate(layers):
+        for prefix in prefixes:
+            matches = module == prefix or (prefix != "asyncpipe" and module.startswith(prefix + "."))
+            if matches and len(prefix) > len(best):
+                best, index = prefix, i
+    if index < 0:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_imports.py")
+    return index
+
+
+def upward(edges: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[tuple[str, str]]:
+    """The imports from a module to one in a higher layer, sorted."""
+    return sorted((m, t) for m, ts in edges.items() for t in ts if layer_of(t, layers) > layer_of(m, layers))
+
+
+def test_the_layer_reader_sees_an_import_that_climbs() -> None:
+    layers = (("pkg.low",), ("pkg.high",))
+    edges = {"pkg.low.a": {"pkg.low.b"}, "pkg.low.b": {"pkg.high.c"}, "pkg.high.c": {"pkg.low.a"}}
+    assert upward(edges, layers) == [("pkg.low.b", "pkg.high.c")]
+
+
+def test_no_import_climbs_a_layer() -> None:
+    edges, _ = import_graph()
+    assert upward(edges) == []

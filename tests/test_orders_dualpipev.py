@@ -1,4 +1,4 @@
-"""DualPipeV's one-batch order written out (`asyncpipe.timelines.orders.dualpipev`, torch-free) is DeepSpeed's own
+"""DualPipeV's one-batch order written out (`asyncpipe.schedules.dualpipev.dualpipev`, torch-free) is DeepSpeed's own
 `DualPipeVSchedule` order, op for op on every rank, and its instruction count per rank is DeepSpeed's too."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncpipe.errors import UserError
-from asyncpipe.timelines.orders import dualpipev, dualpipev_from_deepspeed, dualpipev_instructions
+from asyncpipe.schedules.dualpipev import dualpipev, dualpipev_from_deepspeed, dualpipev_instructions
 
 REPO = Path(__file__).resolve().parents[1]
 

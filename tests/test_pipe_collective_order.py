@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncpipe.pipe import schedule as sched
+from asyncpipe.schedules import twobw as sched
 
 P2P = {"SendActivation": (1, "act", "send"), "RecvActivation": (-1, "act", "recv"),
        "SendGrad": (-1, "grad", "send"), "RecvGrad": (1, "grad", "recv")}  # fmt: skip

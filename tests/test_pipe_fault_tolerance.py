@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from asyncpipe.pipe import schedule as sched
+from asyncpipe.schedules import twobw as sched
 from asyncpipe.pipe.stash import WeightStash
 from asyncpipe.timelines.timeline import simulate
 from helpers import asyncpipe, cli_env, losses, read_metrics, read_summary, wait_for_step

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from asyncpipe import cli_perf
 from asyncpipe.errors import UserError
-from asyncpipe.timelines.orders import SYNC_SCHEDULES, Op, Plan, bubble, deps, plan, replay
+from asyncpipe.schedules.orders import Op, Plan, deps, plan, sync_schedules
+from asyncpipe.timelines.orders import bubble, replay
 from asyncpipe.timelines.timeline import ScheduleError
 
 CASES = [(P, m) for P in (2, 3, 4) for m in (P, 2 * P, 2 * P + 1, 4 * P)]
@@ -21,7 +22,7 @@ def _runnable(name: str, P: int, m: int) -> bool:
     return not ((name == "dualpipev" and m < 2 * P) or (name == "interleaved-1f1b" and m % P))
 
 
-@pytest.mark.parametrize("name", SYNC_SCHEDULES)
+@pytest.mark.parametrize("name", sync_schedules())
 @pytest.mark.parametrize("P,m", CASES)
 def test_every_op_once_on_its_rank_after_its_inputs(name: str, P: int, m: int) -> None:
     if not _runnable(name, P, m):

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from asyncpipe.config import compose
 from asyncpipe.errors import ConfigError
-from asyncpipe.pipe.schedule import BackwardPass, ForwardPass, OptimizerStep, flatten
+from asyncpipe.schedules.instructions import BackwardPass, ForwardPass, OptimizerStep, flatten
 from asyncpipe.schedules import get
 
 PACI = get("paci")

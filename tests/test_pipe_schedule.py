@@ -6,14 +6,16 @@ import itertools
 
 import pytest
 
-from asyncpipe.pipe import schedule as sched
+from asyncpipe.schedules import instructions as sched
+from asyncpipe.schedules.onef1b import flushed_1f1b_stream, train_schedule_stream
+from asyncpipe.schedules.twobw import TwoBWSchedule, two_bw_stream
 from asyncpipe.timelines.timeline import ScheduleError, simulate, simulate_schedule
 
 CASES = [(P, m, N) for P in (2, 3, 4) for m in (P, P + 1, 2 * P) for N in (1, 2, 5)]
 
 
 def streams(P: int, m: int, N: int, defer: bool) -> list[list[sched.Instruction]]:
-    return [sched.two_bw_stream(m, P, s, N, defer_step=defer) for s in range(P)]
+    return [two_bw_stream(m, P, s, N, defer_step=defer) for s in range(P)]
 
 
 def of(stream, kind):
@@ -100,7 +102,7 @@ def test_versions_pinned_to_w_b_minus_1_and_two_alive(P, m, N, defer):
 def test_deferred_step_lands_before_its_weights_are_read(P, m, N):
     for s, stream in enumerate(streams(P, m, N, defer=True)):
         index = {id(c): i for i, c in enumerate(stream)}
-        aligned = sched.TwoBWSchedule(m, P, s, N, defer_step=True).aligned  # P >= 3 and m >= 1.5 P
+        aligned = TwoBWSchedule(m, P, s, N, defer_step=True).aligned  # P >= 3 and m >= 1.5 P
         assert aligned == (P >= 3 and 2 * m >= 3 * P)
         for step in of(stream, sched.OptimizerStep):
             first_use = [c for c in of(stream, sched.ForwardPass) if c.version == step.dst_version]
@@ -126,7 +128,7 @@ def test_deferred_step_lands_before_its_weights_are_read(P, m, N):
 @pytest.mark.parametrize("P,m,N", CASES)
 def test_buffers_never_reused_while_live(P, m, N):
     for s in range(P):
-        schedule = sched.TwoBWSchedule(m, P, s, N)
+        schedule = TwoBWSchedule(m, P, s, N)
         owner: dict[int, int] = {}
         for cmd in sched.flatten(schedule.steps()):
             if not hasattr(cmd, "buffer_id"):
@@ -165,7 +167,7 @@ def test_batch_boundaries_are_consistent_cuts(P, m, N, defer):
 def test_fewer_micro_batches_than_stages_refused():
     # A user's config is refused by config.validate (test_config); the schedule guards direct use.
     with pytest.raises(ValueError, match="micro_batches >= stages"):
-        sched.TwoBWSchedule(micro_batches=3, stages=4, stage_id=0, batches=2)
+        TwoBWSchedule(micro_batches=3, stages=4, stage_id=0, batches=2)
 
 
 def test_simulator_catches_deadlock_and_mismatch():
@@ -215,17 +217,17 @@ def test_deferral_costs_nothing_with_unequal_stages_and_a_priced_step(P, m):
     free = simulate_schedule("2bw-deferred", m, P, N, **costs).makespan
     deferred = simulate_schedule("2bw-deferred", m, P, N, collective_steps=True, **costs).makespan
     assert deferred == pytest.approx(free)
-    if sched.TwoBWSchedule(m, P, 0, N, defer_step=True).aligned:
+    if TwoBWSchedule(m, P, 0, N, defer_step=True).aligned:
         # aligned steps (P >= 3, m >= 1.5 P) against the rule below: faster
         unaligned = []
         for s in range(P):
-            t = sched.TwoBWSchedule(m, P, s, N, defer_step=True)
+            t = TwoBWSchedule(m, P, s, N, defer_step=True)
             t.aligned, t.defer_step = False, s > 0
             unaligned.append(sched.flatten(t.steps()))
         assert simulate(unaligned, collective_steps=True, **costs).makespan > deferred
         return
-    all_deferred = [sched.flatten(sched.TwoBWSchedule(m, P, s, N, defer_step=True).steps()) for s in range(P)]
-    first = sched.TwoBWSchedule(m, P, 0, N, defer_step=True)
+    all_deferred = [sched.flatten(TwoBWSchedule(m, P, s, N, defer_step=True).steps()) for s in range(P)]
+    first = TwoBWSchedule(m, P, 0, N, defer_step=True)
     first.defer_step = True  # the old rule: the first stage deferred too
     all_deferred[0] = sched.flatten(first.steps())
     assert simulate(all_deferred, collective_steps=True, **costs).makespan > deferred
@@ -243,14 +245,14 @@ def test_our_flushed_1f1b_is_deepspeeds_train_schedule_instruction_for_instructi
     for P in range(1, 9):
         for m in range(1, 13):
             for s in range(P):
-                ours = [key(c) for c in sched.flushed_1f1b_stream(m, P, s, 2)]
-                assert ours == [key(c) for c in sched.train_schedule_stream(m, P, s, 2)], (P, m, s)
+                ours = [key(c) for c in flushed_1f1b_stream(m, P, s, 2)]
+                assert ours == [key(c) for c in train_schedule_stream(m, P, s, 2)], (P, m, s)
 
 
 def test_deepspeed_translation_keeps_micro_batch_order():
     pytest.importorskip("deepspeed")
     for P, m, s in itertools.product((2, 4), (4, 5), (0, 1)):
-        stream = sched.train_schedule_stream(m, P, s, batches=2)
+        stream = train_schedule_stream(m, P, s, batches=2)
         assert [c.micro_batch for c in of(stream, sched.ForwardPass)] == list(range(2 * m))
         assert [c.batch for c in of(stream, sched.OptimizerStep)] == [0, 1]
 

@@ -14,6 +14,7 @@ import yaml
 from asyncpipe import registry
 from asyncpipe.config import compose
 from asyncpipe.report import build_report, revisions
+from asyncpipe.schedules import revisions as run_revisions
 from asyncpipe.schedules import schedules
 from asyncpipe.track import RunDir
 
@@ -35,13 +36,13 @@ def test_each_rules_declared_revision_is_the_last_in_the_history_table():
 
 def test_a_run_records_the_revisions_of_the_rules_it_runs():
     cfg = compose(["model=tiny", "delay=1", "delay_profile=pipedream", "pipeline.stages=4", "compensation=stage_lr"])
-    assert registry.revisions(cfg) == {"optimizer": {"name": "adamw", "revision": 1},
+    assert run_revisions(cfg) == {"optimizer": {"name": "adamw", "revision": 1},
                                        "compensation": {"name": "stage_lr", "revision": 2},
                                        "schedule": {"name": "pipedream", "revision": 1}}  # fmt: skip
     paci = compose(["model=tiny", "delay=1", "pipeline.schedule=paci", "pipeline.clip=stage", "train.micro_batches=2"])
-    assert registry.revisions(paci)["schedule"] == {"name": "paci", "revision": 2}  # in place since r2
+    assert run_revisions(paci)["schedule"] == {"name": "paci", "revision": 2}  # in place since r2
     ef = compose(["model=tiny", "delay=1", "optimizer=muon_ef"])
-    assert registry.revisions(ef)["compensation"] == {"name": "ef", "revision": 1}  # EF is the method `ef`
+    assert run_revisions(ef)["compensation"] == {"name": "ef", "revision": 1}  # EF is the method `ef`
 
 
 def write(root: Path, variant: str, seed: int, loss: float, prov: dict | None) -> None:

@@ -145,7 +145,7 @@ def stage_cost_model(summaries: list[dict], P: int, m: int, steps: int, batches:
     """1F1B's and 2BW's step times replayed from the engine's own instruction streams at the measured per-stage
     costs (forward, backward per micro-batch; optimizer step and gradient reduction per batch, blocked time
     excluded) of one job: the ratio these unequal stages allow, to hold the measured ratio against."""
-    from asyncpipe.pipe.schedule import stream
+    from asyncpipe.schedules.streams import stream
     from asyncpipe.timelines.timeline import simulate
 
     by_stage = {x["stage"]: x for x in summaries if x.get("replica", 0) == 0}

@@ -24,7 +24,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from asyncpipe.optim import apply_update, grad_sq_norm
 from asyncpipe.pipe import memory
-from asyncpipe.pipe import schedule as sched
+from asyncpipe.schedules import instructions as sched
 from asyncpipe.pipe.actmem import ActivationMeter
 from asyncpipe.pipe.clock import StageClock
 from asyncpipe.pipe.metrics import StepReporter

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as tdist
 
-from asyncpipe.pipe import schedule as sched
+from asyncpipe.schedules import instructions as sched
 
 
 class BatchedP2P:

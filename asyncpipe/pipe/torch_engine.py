@@ -28,8 +28,7 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from asyncpipe.data import MicroBatches
 from asyncpipe.dist import Comm
-from asyncpipe.timelines.torch_orders import chunk_layers
-from asyncpipe.torch_schedules import rank_chunks, spec
+from asyncpipe.torch_schedules import chunk_layers, rank_chunks, spec
 from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale
 from asyncpipe.model.compile import compile_modules, wanted
 from asyncpipe.lr_schedule import LRSchedule

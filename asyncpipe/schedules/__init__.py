@@ -3,7 +3,7 @@
 itself in `asyncpipe.registry`.
 
 A declaration says everything the rest of the package needs and nothing else keeps a list of schedules:
-its instruction stream (pure Python, `asyncpipe.pipe.schedule`'s DeepSpeed vocabulary), the weight versions and
+its instruction stream (pure Python: `asyncpipe.schedules.instructions`, DeepSpeed's vocabulary), the weight versions and
 in-flight micro-batches per stage (the memory model `plan` and `bench` read), its constraints (P, m, delay,
 clipping, engines, compensation methods: `config.validate` runs them), and its staleness pattern: which weight
 version each micro-batch's forward and backward read on each stage (the simulator reproduces it; the pipeline
@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from asyncpipe.errors import ConfigError, UserError
 
-Ticks = Iterable[list]  # lists of `asyncpipe.pipe.schedule.Instruction`, one per tick
+Ticks = Iterable[list]  # lists of `schedules.instructions.Instruction`, one per tick
 # (micro_batches, stages, stage, batches, start, defer_step) -> the stage's ticks for the whole run
 Stream = Callable[[int, int, int, int, int, bool], Ticks]
 Check = Callable[[Any], None]  # (the whole config) -> raise ConfigError
@@ -42,7 +42,8 @@ class ScheduleSpec:
     in_flight: Callable[[int, int, int], list[int]]  # (P, m, stage) -> peak micro-batches held, per model chunk
     stream: Optional[Stream] = None  # the engine's instruction stream; None: its engine class's own (DeepSpeed's)
     ideal: Optional[Stream] = None  # the stream its ideal timeline replays, when not ``stream`` (DeepSpeed's, translated)
-    orders: Optional[str] = None  # or its one-batch op order in `asyncpipe.timelines.orders` (drawn by data dependencies)
+    # or its one-batch op order, (P, m) -> `asyncpipe.schedules.orders.Plan` (replayed by data dependencies)
+    order: Optional[Callable[[int, int], Any]] = None
     delay: Optional[int] = None  # the uniform delay it implies (checked against `delay`); None: any the check allows
     chunks: int = 1  # model chunks per rank (2: a V, DualPipeV)
     engines: tuple[str, ...] = ("simulate", "pipeline")
@@ -66,6 +67,11 @@ class ScheduleSpec:
     # steps stale; None: per micro-batch (the simulator runs the stages apart, see `versions`).
     stage_delay: Optional[Callable[[int, int, int], int]] = None
     module: str = ""
+
+    @property
+    def orders(self) -> Optional[str]:
+        """The name of its one-batch order in `asyncpipe.schedules.orders.plans` (None: it has none of its own)."""
+        return self.name if self.order is not None else None
 
     @property
     def straddle(self) -> str:
@@ -144,6 +150,18 @@ def resolve(cfg: Any) -> ScheduleSpec:
     return get(name)
 
 
+def revisions(cfg: Any) -> dict[str, dict[str, Any]]:
+    """What a run records of its code's rules (provenance.json "revisions"): the optimizer's, the effective
+    compensation method's and the pipeline schedule's name and declared revision."""
+    from asyncpipe.registry import of_config
+
+    opt, method = of_config(cfg)
+    schedule = resolve(cfg)
+    return {"optimizer": {"name": opt.name, "revision": opt.revision},
+            "compensation": {"name": method.name, "revision": method.revision},
+            "schedule": {"name": schedule.name, "revision": schedule.revision}}  # fmt: skip
+
+
 def check(cfg: Any) -> None:
     """What every schedule's declaration implies for a config, then its own check (`config.validate` calls it)."""
     s = resolve(cfg)
@@ -190,3 +208,4 @@ def uniform(delay: int) -> Callable[[int, int, int, int], tuple[int, int]]:
         return v, v
 
     return versions
+

@@ -38,8 +38,9 @@ from __future__ import annotations
 from typing import Any
 
 from asyncpipe.errors import ConfigError
-from asyncpipe.pipe.schedule import BackwardPass, ForwardPass, Instruction, TwoBWSchedule
 from asyncpipe.schedules import ScheduleSpec, declare_schedule, one_f_one_b_in_flight
+from asyncpipe.schedules.instructions import BackwardPass, ForwardPass, Instruction
+from asyncpipe.schedules.twobw import TwoBWSchedule
 
 
 def versions(P: int, m: int, stage: int, k: int) -> tuple[int, int]:

@@ -13,7 +13,7 @@ How the work becomes a step time (`predict`):
   `timelines.timeline.simulate` with those costs, ``overhead_s`` per instruction, ``p2p_s`` per exchange, and, under
   global clipping, every stage's step waiting for the norm all-reduce (``allreduce_latency_s``). The step time is
   the steady state: the makespan ``batches + 1`` batches add over ``batches``.
-- DualPipeV (no stream of ours: DeepSpeed's order over two chunks per rank, written out in `timelines.orders`) is replayed by data dependencies
+- DualPipeV (no stream of ours: DeepSpeed's order over two chunks per rank, written out in `schedules.dualpipev`) is replayed by data dependencies
   (`timelines.orders.replay`, each chunk at its own cost, the overhead of its instructions spread over its ops);
   a flush per batch, so a step is that batch, then the all-reduce and the slowest stage's optimizer step.
 Bubble: the idle share of the least busy stage over a steady step. Memory is `asyncpipe.plan`'s.
@@ -97,8 +97,8 @@ def stage_costs(model: CostModel, stages: int, chunks: int = 1, data_parallel: i
 
 
 def _streams(name: str, m: int, P: int, batches: int, defer: bool) -> list[list]:
-    from asyncpipe.pipe.schedule import flatten
     from asyncpipe.schedules import get
+    from asyncpipe.schedules.instructions import flatten
 
     spec = get(name)
     make = spec.ideal or spec.stream  # torch-free: 1F1B's is DeepSpeed's TrainSchedule order written out
@@ -148,8 +148,8 @@ def _predict_orders(model: CostModel, spec: Any, P: int, m: int, D: int, ef: boo
     """A two-chunk schedule's batch replayed by data dependencies (`timelines.orders`), then the step."""
     from asyncpipe.timelines import orders
 
-    plan = orders.plan(spec.orders or spec.name, P, m)
-    per_op = model.overhead_s * _instructions_per_op(spec.orders or spec.name, P, m)
+    plan = orders.plan(spec.name, P, m)
+    per_op = model.overhead_s * _instructions_per_op(spec.name, P, m)
     tl = orders.replay(plan, chunk_costs={"F": fwd, "B": bwd}, latency=model.p2p_s, op_overhead=per_op)
     step = tl.makespan + (model.allreduce_latency_s if collective else 0.0) + max(upd)
     busy = [x + u for x, u in zip(tl.busy, upd)]
@@ -160,11 +160,11 @@ def _predict_orders(model: CostModel, spec: Any, P: int, m: int, D: int, ef: boo
 
 def _instructions_per_op(name: str, P: int, m: int) -> float:
     """Engine instructions per forward or backward of a two-chunk schedule: DualPipeV's as DeepSpeed's ticks give
-    them (loads, sends, receives, commits and passes; `orders.dualpipev_instructions`, torch-free), the most on
+    them (loads, sends, receives, commits and passes; `schedules.dualpipev.dualpipev_instructions`, torch-free), the most on
     any rank."""
     if name != "dualpipev":
         return 3.0  # receive, pass, send
-    from asyncpipe.timelines.orders import dualpipev_instructions
+    from asyncpipe.schedules.dualpipev import dualpipev_instructions
 
     return max(dualpipev_instructions(P, m, r) for r in range(P)) / (4 * m)
 

@@ -265,13 +265,13 @@ def draw_schedule(schedule: str, stages: int, micro_batches: int, batches: int, 
     """`asyncpipe schedule`: the timeline of ``schedule`` (the engine's streams, or a synchronous schedule drawn
     next to 1F1B and 2BW with its bubble table), or of a ``trace``d run, written to ``out`` as a PNG and a text
     file. Returns what to print (the text, then the steady-state idle per stage) and the files written."""
-    from asyncpipe.timelines.orders import SYNC_SCHEDULES, bubble_table, format_bubbles, ideal_timeline, sync_timeline
+    from asyncpipe.schedules.streams import streamed
+    from asyncpipe.schedules.orders import sync_schedules
+    from asyncpipe.timelines.orders import bubble_table, format_bubbles, ideal_timeline, sync_timeline
     from asyncpipe.timelines.timeline import steady_gaps
     from asyncpipe.timelines.trace_load import trace_timeline
 
-    from asyncpipe.pipe.schedule import streamed
-
-    sync = schedule in SYNC_SCHEDULES and schedule not in streamed()  # a stream: the engine's, several batches
+    sync = schedule in sync_schedules() and schedule not in streamed()  # a stream: the engine's, several batches
     if trace is not None:
         tl = trace_timeline(trace)
         stem = f"trace-{Path(trace).resolve().name}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
-from asyncpipe.pipe.schedule import (
+from asyncpipe.schedules.instructions import (
     COMM,
     BackwardPass,
     CommitP2P,
@@ -223,7 +223,7 @@ def simulate(
 
 def simulate_schedule(kind: str, micro_batches: int, stages: int, batches: int, **kw: Cost) -> Timeline:
     """`simulate` on every stage's stream of a named schedule (``2bw``, ``1f1b``, ``gpipe``, a declared one)."""
-    from asyncpipe.pipe.schedule import stream
+    from asyncpipe.schedules.streams import stream
 
     streams = [stream(kind, micro_batches, stages, s, batches) for s in range(stages)]
     return simulate(streams, recompute=_recomputes(kind), **kw)  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
 """The layer cut, action orders and ideal bubbles of PyTorch's own pipeline schedules (`asyncpipe.torch_schedules`):
-the layers of each rank's chunks (the same `asyncpipe.model.partition` cut as DeepSpeed's engine), why torch refuses
+the layers of each rank (`asyncpipe.torch_schedules.chunk_layers`), why torch refuses
 a P and m (its own message, from building the schedule's `pipeline_order` on stub stages), and the ideal bubble of
 that order replayed by data dependencies (`asyncpipe.timelines.orders.replay`). Imports torch only when called.
 """
@@ -8,16 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from asyncpipe.torch_schedules import TorchSchedule, rank_chunks
-
-
-def chunk_layers(s: TorchSchedule, n_layers_total: int, stages: int) -> list[list[int]]:
-    """Layer indices of each chunk: ``[Embedding, Block x n, Head]`` cut into P x chunks pieces where
-    `asyncpipe.model.partition` cuts them (one chunk per rank: exactly DeepSpeed's stages)."""
-    from asyncpipe.partition import partition
-
-    parts = partition(n_layers_total, stages * s.chunks)
-    return [list(range(parts[c], parts[c + 1])) for c in range(stages * s.chunks)]
+from asyncpipe.torch_schedules import TorchSchedule, chunk_layers, rank_chunks
 
 
 def rank_layers(s: TorchSchedule, n_layers_total: int, stages: int, rank: int) -> list[int]:
@@ -58,7 +49,7 @@ def ideal_plan(s: TorchSchedule, stages: int, micro_batches: int) -> Any:
     """The schedule's order as an `asyncpipe.timelines.orders.Plan` (B split into input gradient B and weight
     gradient W; a full backward is B then W at once; an overlapped F;B pair runs one after the other, as one
     CPU core does), for `asyncpipe.timelines.orders.replay`."""
-    from asyncpipe.timelines.orders import Op, Plan, one_f_one_b
+    from asyncpipe.schedules.orders import Op, Plan, one_f_one_b
 
     order = build_order(s, stages, micro_batches)
     if order is None:

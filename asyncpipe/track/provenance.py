@@ -75,7 +75,7 @@ def cpu_model() -> Optional[str]:
 
 
 def provenance(overrides: Sequence[str], revisions: Optional[dict] = None) -> dict[str, Any]:
-    """The record of where a run came from; `revisions`: `asyncpipe.registry.revisions(cfg)`, the declared revision
+    """The record of where a run came from; `revisions`: `asyncpipe.schedules.revisions(cfg)`, the declared revision
     of the optimizer's and the compensation method's rule (a report never pools runs of different revisions)."""
     argv = getattr(sys, "orig_argv", sys.argv)
     return {

@@ -1,0 +1,151 @@
+"""One-batch compute orders per pipeline rank, for the synchronous schedules that are drawn and replayed by data
+dependencies (`asyncpipe.timelines.orders.replay`). Pure Python: no torch.
+
+A plan is, per pipeline rank, the order in which it runs forwards (F), backwards (B) and, for zero-bubble
+schedules, deferred weight-gradient passes (W) of one batch, on model chunks (virtual stages).
+
+- ``1f1b``: read off 1F1B's instruction stream (`asyncpipe.schedules.onef1b`), so its order is written once.
+- ``zb-h1``: 1F1B with the backward split into B (input gradient, on the critical path) and W (weight
+  gradient); rank r holds back its W's by r backwards and runs them after the last B (Qi et al. 2023).
+- ``interleaved-1f1b``: v chunks per rank, chunk c on rank c mod P; forwards go round the chunks in groups of
+  P micro-batches, depth first (Narayanan et al. 2021).
+- a declared schedule's own ``order`` (DualPipeV's, in `asyncpipe.schedules.dualpipev`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from asyncpipe.errors import UserError
+from asyncpipe.schedules.instructions import BackwardPass, ForwardPass
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # "F", "B" (whole backward, or input gradient when the plan splits it), "W" (weight gradient)
+    chunk: int  # virtual stage: 0 holds the embedding, n_chunks - 1 the loss
+    micro_batch: int
+
+
+@dataclass
+class Plan:
+    """One batch of a synchronous schedule: each rank's op order and which rank holds each chunk."""
+
+    name: str
+    stages: int  # pipeline ranks P
+    micro_batches: int
+    chunk_rank: list[int]  # chunk -> rank
+    ranks: list[list[Op]]
+    split_backward: bool = False  # B is the input gradient only and a W op follows
+
+    @property
+    def chunks_per_rank(self) -> int:
+        return len(self.chunk_rank) // self.stages
+
+
+def one_f_one_b(stages: int, micro_batches: int) -> Plan:
+    """1F1B's one-batch order: each rank's forwards and backwards in its flushed stream's order."""
+    from asyncpipe.schedules.onef1b import flushed_1f1b_stream
+
+    ranks = []
+    for r in range(stages):
+        stream = flushed_1f1b_stream(micro_batches, stages, r)
+        passes = [cmd for cmd in stream if isinstance(cmd, (ForwardPass, BackwardPass))]
+        ranks.append([Op("F" if isinstance(cmd, ForwardPass) else "B", r, cmd.micro_batch) for cmd in passes])
+    return Plan("1f1b", stages, micro_batches, list(range(stages)), ranks)
+
+def zb_h1(stages: int, micro_batches: int) -> Plan:
+    """1F1B order of F and B (input gradient); each W follows a later B so that rank r lags r W's behind,
+    and the lagging W's run after the rank's last B, where 1F1B would wait for the drain."""
+    ranks = []
+    for r in range(stages):
+        warm = min(stages - 1 - r, micro_batches)
+        ops, done_b, done_w = [Op("F", r, k) for k in range(warm)], 0, 0
+
+        def backward(k: int) -> list[Op]:
+            nonlocal done_b, done_w
+            out = [Op("B", r, k)]
+            done_b += 1
+            if done_b > r:  # W of the oldest backward whose W is still pending
+                out.append(Op("W", r, done_w))
+                done_w += 1
+            return out
+
+        for i in range(micro_batches - warm):
+            ops += [Op("F", r, warm + i)] + backward(i)
+        for k in range(micro_batches - warm, micro_batches):
+            ops += backward(k)
+        ops += [Op("W", r, k) for k in range(done_w, micro_batches)]
+        ranks.append(ops)
+    return Plan("zb-h1", stages, micro_batches, list(range(stages)), ranks, split_backward=True)
+
+
+def interleaved_1f1b(stages: int, micro_batches: int, chunks: int = 2) -> Plan:
+    """Megatron's interleaved 1F1B with ``chunks`` model chunks per rank; needs m a multiple of P."""
+    P, m, v = stages, micro_batches, chunks
+    if m % P:
+        raise UserError(f"interleaved-1f1b needs micro-batches divisible by stages (got m={m}, P={P})")
+    total = m * v
+
+    def unit(i: int, backward: bool) -> tuple[int, int]:
+        """The i-th forward (or backward) unit of a rank: (local chunk, micro-batch), P micro-batches per group."""
+        group, j = divmod(i, P * v)
+        local = j // P
+        return (v - 1 - local if backward else local), group * P + j % P
+
+    ranks = []
+    for r in range(P):
+        warm = min((P - 1 - r) * 2 + (v - 1) * P, total)
+        ops = []
+        for i in range(warm):
+            c, k = unit(i, False)
+            ops.append(Op("F", c * P + r, k))
+        for i in range(total - warm):
+            c, k = unit(warm + i, False)
+            cb, kb = unit(i, True)
+            ops += [Op("F", c * P + r, k), Op("B", cb * P + r, kb)]
+        for i in range(total - warm, total):
+            cb, kb = unit(i, True)
+            ops.append(Op("B", cb * P + r, kb))
+        ranks.append(ops)
+    chunk_rank = [c % P for c in range(P * v)]
+    return Plan("interleaved-1f1b", P, m, chunk_rank, ranks)
+
+
+def plans() -> dict[str, Callable[[int, int], Plan]]:
+    """The one-batch orders by name: 1F1B's, the drawn-only zero-bubble and interleaved ones, and every declared
+    schedule's own ``order``."""
+    from asyncpipe.schedules import schedules
+
+    out: dict[str, Callable[[int, int], Plan]] = {
+        "1f1b": one_f_one_b,
+        "zb-h1": zb_h1,
+        "interleaved-1f1b": interleaved_1f1b,
+    }
+    out.update({s.name: s.order for s in schedules() if s.order is not None})
+    return out
+
+
+def sync_schedules() -> tuple[str, ...]:
+    """The names of the one-batch orders drawn by data dependencies."""
+    return tuple(plans())
+
+
+def plan(name: str, stages: int, micro_batches: int) -> Plan:
+    table = plans()
+    if name not in table:
+        raise UserError(f"unknown synchronous schedule {name!r}; choose one of: {', '.join(table)}")
+    if stages < 1 or micro_batches < 1:
+        raise UserError("stages and micro-batches must be >= 1")
+    return table[name](stages, micro_batches)
+
+
+def deps(op: Op, n_chunks: int, split_backward: bool) -> list[Op]:
+    """The ops whose results ``op`` reads."""
+    if op.kind == "F":
+        return [Op("F", op.chunk - 1, op.micro_batch)] if op.chunk > 0 else []
+    if op.kind == "B":
+        own = [Op("F", op.chunk, op.micro_batch)]
+        return own + ([Op("B", op.chunk + 1, op.micro_batch)] if op.chunk < n_chunks - 1 else [])
+    return [Op("B", op.chunk, op.micro_batch)]
