@@ -173,8 +173,10 @@ def test_each_kind_prepares_every_document_whole_in_one_split(prepared, kind, to
 
     tok = Tokenizer.from_file(str(tok_file))
     assert m["tokens"]["train"] + m["tokens"]["val"] == sum(len(e.ids) + 1 for e in tok.encode_batch(docs))
-    assert m["sources"] and all(s["documents"] > 0 for s in m["sources"])
-    if kind != "hf":  # every source file is hashed as read
+    assert m["sources"] and all(s.get("documents", 1) > 0 and len(s["sha256"]) == 64 for s in m["sources"])
+    if kind == "hf":  # the dataset's Arrow files
+        assert [s["name"] for s in m["sources"]] == [p.name for p in sorted(Path(m["config"]["dataset"]).glob("*.arrow"))]
+    else:  # every source file is hashed as read
         import hashlib
 
         for src in m["sources"]:

@@ -272,7 +272,7 @@ def _manifest(data_cfg, described: dict, records: list, tok, work: Path) -> dict
         "asyncpipe_version": __version__,
         "corpus": str(data_cfg.name),
         "config": want,
-        "sources": [entry for r in records for entry in r["sources"]],
+        "sources": _hf_sources(data_cfg) if data_cfg.name == "hf" else [e for r in records for e in r["sources"]],
         "documents": documents,
         "tokens": {s: sum(files[f]["tokens"] for f in shards[s]) for s in SPLITS},
         "dtype": described["dtype"],
@@ -280,6 +280,12 @@ def _manifest(data_cfg, described: dict, records: list, tok, work: Path) -> dict
         "shards": shards,
         "files": files,
     }
+
+
+def _hf_sources(data_cfg) -> list[dict]:
+    """A dataset's Arrow files, hashed: what its rows were read from."""
+    ds = open_dataset(str(data_cfg.dataset), str(data_cfg.subset), str(data_cfg.split), str(data_cfg.text_field))
+    return [{"name": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in dataset_files(ds)]
 
 
 def _publish(work: Path, target: Path, manifest: dict, n_shards: int) -> Path:

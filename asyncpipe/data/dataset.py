@@ -227,6 +227,8 @@ def ensure_prepared(data_cfg, tok_cfg, progress: Progress | None = None) -> Path
     target = dataset_dir(data_cfg, tok_cfg)
     progress = progress or _quiet
     if not (target / MANIFEST).is_file():
+        if data_cfg.name in ("files", "tokens"):  # a glob that matches nothing is refused before the lock file
+            streamed.expand_paths([str(p) for p in data_cfg.paths])
         with _locked(target, progress):
             if not (target / MANIFEST).is_file():  # another process may have built it while we waited
                 if data_cfg.name in streamed.STREAMED:
