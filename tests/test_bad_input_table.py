@@ -191,6 +191,39 @@ CASES: dict[str, Case] = {
     "unknown flag": Case(["train", "--nope"], "No such option: --nope"),
     "unknown report flag": Case(["report", "--nope"], "No such option: --nope"),
     "flag with a bad number": Case(["schedule", "--stages", "abc"], "Invalid value for '--stages'"),
+    # -- a --bench file's numbers (issue 56): one line naming the file and key, before any report file is written
+    **{f"report --bench {why}": Case(["report", "{tmp}", "--bench", "{tmp}/b.json", "--out", "{tmp}/o"],
+                                     f"--bench {{tmp}}/b.json: {said}",
+                                     lambda tmp, body=body: (tmp / "b.json").write_text(
+                                         '{"stages": %s, "micro_batches": 4, "variants": {"1f1b": {"ratio_to_1f1b": '
+                                         '1.0, "seconds_by_op_per_stage": [{"ForwardPass": %s}]}, "2bw": %s}}' % body))
+       for why, body, said in [
+           ("ratio 'fast'", ("2", "0.5", '{"ratio_to_1f1b": "fast"}'),
+            "variants.2bw.ratio_to_1f1b = 'fast' is not a finite positive number"),
+           ("ratio 0", ("2", "0.5", '{"ratio_to_1f1b": 0}'), "variants.2bw.ratio_to_1f1b = 0 is not a finite positive"),
+           ("ratio -1", ("2", "0.5", '{"ratio_to_1f1b": -1}'), "variants.2bw.ratio_to_1f1b = -1 is not a finite"),
+           ("ratio true", ("2", "0.5", '{"ratio_to_1f1b": true}'), "variants.2bw.ratio_to_1f1b = True is not"),
+           ("round NaN", ("2", "0.5", '{"ratio_to_1f1b": 1.2, "ratio_to_1f1b_per_round": [1.2, NaN]}'),
+            "variants.2bw.ratio_to_1f1b_per_round[1] = nan is not a finite positive number"),
+           ("rounds not a list", ("2", "0.5", '{"ratio_to_1f1b": 1.2, "tokens_per_s_per_round": 3}'),
+            "variants.2bw.tokens_per_s_per_round = 3 is not a list"),
+           ("step time 0", ("2", "0.5", '{"ratio_to_1f1b": 1.2, "step_time_s": 0}'),
+            "variants.2bw.step_time_s = 0 is not a finite positive number"),
+           ("forward time -1", ("2", "-1", '{"ratio_to_1f1b": 1.2}'),
+            "variants.1f1b.seconds_by_op_per_stage[0].ForwardPass = -1 is not a finite positive time"),
+           ("stages 0", ("0", "0.5", '{"ratio_to_1f1b": 1.2}'), "stages = 0 is not a whole number >= 1"),
+       ]},  # fmt: skip
+    # -- bench pipeline's numeric flags (issue 56): type and range, one line before torch is imported
+    "bench pipeline --warmup-steps -1": Case(["bench", "pipeline", "--warmup-steps", "-1"],
+                                             "--warmup-steps -1 must be >= 1"),
+    "bench pipeline --warmup-steps 0": Case(["bench", "pipeline", "--warmup-steps", "0"], "--warmup-steps 0 must be >= 1"),
+    "bench pipeline --steps -5": Case(["bench", "pipeline", "--steps", "-5"], "--steps -5 leaves no timed step"),
+    "bench pipeline --rounds -1": Case(["bench", "pipeline", "--rounds", "-1"], "--rounds -1 must be >= 1"),
+    "bench pipeline --rounds abc": Case(["bench", "pipeline", "--rounds", "abc"], "Invalid value for '--rounds'"),
+    "bench pipeline --warmup-steps 1.5": Case(["bench", "pipeline", "--warmup-steps", "1.5"],
+                                              "Invalid value for '--warmup-steps'"),
+    "bench pipeline --compile fast": Case(["bench", "pipeline", "--compile", "fast"],
+                                          "--compile fast: give eager, compiled or both"),
 }
 
 

@@ -129,16 +129,27 @@ def test_throughput_measured_nearest_or_ideal(tmp_path):
         load_bench([bad])
 
 
+def log_t_interval(per_round: list[float]) -> tuple[float, float]:
+    """95% t-interval of the per-round ratios' geometric mean, by hand: exp(mean log ± t sd / sqrt(n))."""
+    logs = [math.log(x) for x in per_round]
+    n, mean = len(logs), sum(logs) / len(logs)
+    half = T_975[n - 1] * math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1)) / math.sqrt(n)
+    return math.exp(mean - half), math.exp(mean + half)
+
+
 def test_the_strongest_sync_schedule_includes_pytorchs_named(tmp_path):
     """A bench file with PyTorch's schedules (``synchronous`` flags): the fastest of every synchronous variant is the
-    one 2BW is held against, named as the file names it; 2BW itself and compiled rows never count as sync."""
-    sync = lambda r, label: {"ratio_to_1f1b": r, "synchronous": True, "schedule": label}  # noqa: E731
+    one 2BW is held against, named as the file names it; 2BW itself and compiled rows never count as sync. Against
+    it, the throughput's interval is the t-interval of the per-round 2BW / pt_zbv ratios (paired in each round)."""
+    sync = lambda r, label, rounds=None: {"ratio_to_1f1b": r, "synchronous": True, "schedule": label,  # noqa: E731
+                                          **({"ratio_to_1f1b_per_round": rounds} if rounds else {})}
     path = tmp_path / "pipeline-torch-P2-m4.json"
     path.write_text(json.dumps({"stages": 2, "micro_batches": 4, "variants": {
         "1f1b": sync(1.0, "asyncpipe/DeepSpeed 1f1b"), "dualpipev": sync(1.04, "asyncpipe/DeepSpeed dualpipev"),
-        "pt_1f1b": sync(1.02, "PyTorch Schedule1F1B"), "pt_zbv": sync(1.11, "PyTorch ScheduleZBVZeroBubble"),
+        "pt_1f1b": sync(1.02, "PyTorch Schedule1F1B"),
+        "pt_zbv": sync(1.11, "PyTorch ScheduleZBVZeroBubble", [1.10, 1.11, 1.12]),
         "pt_zbv+compiled": sync(1.5, "PyTorch ScheduleZBVZeroBubble"),
-        "2bw": {"ratio_to_1f1b": 1.24, "synchronous": False}}}))  # fmt: skip
+        "2bw": {"ratio_to_1f1b": 1.24, "synchronous": False, "ratio_to_1f1b_per_round": [1.20, 1.24, 1.28]}}}))  # fmt: skip
     thr = throughput(2, 4, load_bench([path]))
     assert (thr.best_sync, thr.best_sync_label) == ("pt_zbv", "PyTorch ScheduleZBVZeroBubble")
     assert thr.vs_best_sync == pytest.approx(1.24 / 1.11)
@@ -148,8 +159,10 @@ def test_the_strongest_sync_schedule_includes_pytorchs_named(tmp_path):
     lad = Ladder("t", "adamw", ["2bw"], [1.0], False, 2, 4, ratio=Interval(1.1, 1.0, 1.2, 3, "fieller"))
     text = phrase(lad, load_bench([path]))
     b = 1.24 / 1.11
+    lo, hi = log_t_interval([1.20 / 1.10, 1.24 / 1.11, 1.28 / 1.12])
     assert (f"against the strongest synchronous schedule measured, pt_zbv (PyTorch ScheduleZBVZeroBubble): "
-            f"{b / 1.1:.2f}x [{b / 1.2:.2f}, {b / 1.0:.2f}]") in text and text.startswith("at P=2, m=4 (1.24x")
+            f"{b / 1.1:.2f}x [{lo / 1.2:.2f}, {hi / 1.0:.2f}] (not resolved)") in text
+    assert text.startswith("at P=2, m=4 (1.24x throughput, measured, 3 rounds)")
 
 
 def test_an_unbounded_ratio_is_never_called_resolved():

@@ -87,8 +87,9 @@ def test_takeaway_tables_and_wallclock_plot_state_one_throughput_per_ladder(tmp_
         write(main, "1-step+EF", "adamw", seed, line(L + 0.2))
         write(longer, "1-step+EF(x2)", "adamw", seed, line(L - 0.2 + 0.01 * seed, 10000), steps=200)
     bench = tmp_path / "b.json"
-    bench.write_text(json.dumps({"stages": 2, "micro_batches": 4, "variants": {
-        "1f1b": {"ratio_to_1f1b": 1.0}, "2bw": {"ratio_to_1f1b": 1.25}, "2bw_ef": {"ratio_to_1f1b": 1.2}}}))
+    bench.write_text(json.dumps({"stages": 2, "micro_batches": 4, "optimizer": "adamw", "variants": {
+        "1f1b": {"ratio_to_1f1b": 1.0}, "2bw": {"ratio_to_1f1b": 1.25, "ratio_to_1f1b_per_round": [1.24, 1.25, 1.26]},
+        "2bw_ef": {"ratio_to_1f1b": 1.2, "ratio_to_1f1b_per_round": [1.19, 1.2, 1.21]}}}))  # fmt: skip
     drawn = []
     monkeypatch.setattr("asyncpipe.report.wallclock.save_figure", lambda fig, path: drawn.append(fig) or [])
     report = build_report(longer, out_dir=tmp_path / "o", baseline=main, bench=[bench])
@@ -96,11 +97,11 @@ def test_takeaway_tables_and_wallclock_plot_state_one_throughput_per_ladder(tmp_
     net = lad.net(lad.throughput(report.bench))
     assert lad.throughput(report.bench).vs_1f1b == 1.2 and net.startswith(f"{1.2 / lad.ratio.value:.2f}x [")
     said = next(t for t in report.takeaways if t.startswith("adamw"))
-    assert "(1.20x throughput, measured)" in said and f"net speed-up {net}" in said
+    assert "(1.20x throughput, measured, 3 rounds)" in said and f"net speed-up {net}" in said
     row = tokens_table(report.ladders, report.bench).iloc[0]
-    assert row["net speed-up at its P, m"] == f"{net} (P=2, m=4: 1.200x throughput, measured)"
+    assert row["net speed-up at its P, m"] == f"{net} (P=2, m=4: 1.200x throughput, measured, 3 rounds)"
     own = speedup_table(report.ladders, report.bench).loc[(2, 4)]
-    assert own["adamw main:1-step+EF vs 1F1B"] == f"{net} (1.200, measured)"
+    assert own["adamw main:1-step+EF vs 1F1B"] == f"{net} (1.200, measured, 3 rounds)"
     ideal = speedup_table(report.ladders, report.bench).loc[(4, 4)]
     assert ideal["adamw main:1-step+EF vs 1F1B"].endswith("(1.750, ideal (m+P-1)/m)")
     legend = [t.get_text() for ax in drawn[0].axes for t in ax.get_legend().get_texts()]

@@ -9,7 +9,9 @@ that seed's sync run's final val loss, and the tokens to reach it are read thus:
 - when the smallest budget already reaches it: along that run's val curve (linear between evaluations);
 - when no budget reaches it: not reached within the largest budget's tokens (a lower bound).
 Token ratio = mean tokens needed / mean sync tokens (ratio of means; Fieller's interval over seeds; a lower
-bound when any seed did not reach the target). Net wall-clock speed-up = throughput ratio / token ratio.
+bound when any seed did not reach the target). Net wall-clock speed-up = throughput ratio / token ratio, its
+interval carrying the throughput's own error too (`asyncpipe.report.spread`; the long table:
+`asyncpipe.report.speedups`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import pandas as pd
 
 from asyncpipe.report.groups import Grouping
 from asyncpipe.report.load import COMPLETED
+from asyncpipe.report.speedups import ladder_speedup, net, points
+from asyncpipe.report.spread import Spread, combine, exact
 from asyncpipe.report.stats import Interval, fieller_ratio
-from asyncpipe.report.throughput import GRID, Throughput, throughput
+from asyncpipe.report.throughput import Throughput, throughput
 
 STEPS = "train.steps"
 
@@ -54,24 +58,10 @@ def seed_tokens(target: float, budgets: Sequence[tuple[float, float]],
     return float(budgets[-1][0]), False
 
 
-def speedup_bounds(ratio: Interval, thr: float) -> tuple[float, float]:
-    """The net speed-up's interval, throughput / the token ratio's: a token ratio's lower bound at or below 0 (a
-    Fieller interval of two seeds can reach there; no run needs fewer than 0 tokens) leaves it unbounded above."""
-    lo = thr / ratio.hi if math.isfinite(ratio.hi) and ratio.hi > 0 else 0.0
-    hi = thr / ratio.lo if ratio.lo > 0 else math.inf
-    return lo, hi
-
-
-def net_speedup(ratio: Interval | None, bound: float | None, thr: float) -> str:
-    """Throughput ratio / token ratio, with the token ratio's interval (or `≤` when the tokens are a lower bound)."""
-    if bound is not None:
-        return f"≤ {thr / bound:.2f}x"
-    if ratio is None or not math.isfinite(ratio.value):
-        return "—"
-    if not ratio.known:
-        return f"{thr / ratio.value:.2f}x (n={ratio.n})"
-    lo, hi = speedup_bounds(ratio, thr)
-    return f"{thr / ratio.value:.2f}x [{lo:.2f}, " + ("∞)" if math.isinf(hi) else f"{hi:.2f}]")
+def net_speedup(ratio: Interval | None, bound: float | None, thr: float, spread: Spread | None = None) -> str:
+    """Throughput ratio / token ratio, with the interval combining the token ratio's and the throughput's
+    (`spread`; None: the throughput taken as exact), or `≤` when the tokens are a lower bound."""
+    return net(combine(ratio, bound, thr, spread or exact(thr, "")), ratio)
 
 
 @dataclass
@@ -105,12 +95,13 @@ class Ladder:
         return self.ratio.fmt(".2f", 1, "x") if self.ratio is not None else "—"
 
     def net(self, thr: Throughput) -> str:
-        return net_speedup(self.ratio, self.bound, thr.vs_1f1b)
+        return net_speedup(self.ratio, self.bound, thr.vs_1f1b, thr.error())
 
     def throughput(self, bench: list[dict]) -> Throughput:
-        """2BW's (2BW + EF's for an EF column) throughput over 1F1B at the ladder's own P and m: the one number the
-        takeaway, both time-to-target tables and the wall-clock plot use for this ladder."""
-        return throughput(self.stages, self.micro_batches, bench, self.ef, self.schedule)
+        """2BW's (2BW + EF's for an EF column) throughput over 1F1B at the ladder's own P and m, from the bench
+        files of its own optimizer: the one number the takeaway, both time-to-target tables and the wall-clock plot
+        use for this ladder."""
+        return throughput(self.stages, self.micro_batches, bench, self.ef, self.schedule, self.optimizer)
 
 
 def _final(curves: pd.DataFrame, run: str) -> tuple[float, float, list[tuple[float, float]]] | None:
@@ -178,27 +169,38 @@ def _async_schedule(run: Any) -> str:
 
 
 def speedup_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
-    """Rows: P, m (the grid and each run's own); per ladder its net wall-clock speed-up over 1F1B (and over the
-    strongest measured sync schedule where a bench file measured one), each labelled with its throughput's source."""
+    """Rows: P, m (the grid and each run's own); 2BW's throughput (per optimizer whose step the bench files timed,
+    when they timed several) and the strongest sync schedule; per ladder its net wall-clock speed-up over 1F1B (and
+    over the strongest sync schedule where that is another), the combined interval, then the throughput and its
+    source (`measured, N rounds`, `modelled, ±x%`, ideal). The same numbers, in columns: `speedups.speedup_cells`."""
     rows = []
-    points = list(dict.fromkeys(GRID + [(lad.stages, lad.micro_batches) for lad in ladders_]))
-    for P, m in sorted(points):
+    timed = sorted({str(b.get("optimizer")) for b in bench if b.get("optimizer")})
+    for P, m in points(ladders_):
         row: dict[str, Any] = {"P": P, "m": m}
-        plain = throughput(P, m, bench)
-        row["2BW / 1F1B throughput"] = f"{plain.vs_1f1b:.3f} ({plain.source})"
-        if plain.vs_best_sync is not None:  # the fastest synchronous schedule the bench file measured, named
-            row["strongest sync schedule (x1F1B)"] = (f"{plain.best_sync} = {plain.best_sync_label}, "
-                                                      f"{plain.vs_1f1b / plain.vs_best_sync:.3f}")  # fmt: skip
+        for opt in timed if len(timed) > 1 else [None]:
+            plain = throughput(P, m, bench, optimizer=opt)
+            step = f" ({opt}'s step)" if opt else ""
+            row[f"2BW / 1F1B throughput{step}"] = f"{_with_spread(plain.vs_1f1b, plain.error())} ({plain.source})"
+            if plain.vs_best_sync is not None:  # the fastest synchronous schedule the bench file measured, named
+                row[f"strongest sync schedule (x1F1B){step}"] = (f"{plain.best_sync} = {plain.best_sync_label}, "
+                                                                 f"{plain.vs_1f1b / plain.vs_best_sync:.3f}")  # fmt: skip
         for lad in ladders_:
-            own = (P, m) == (lad.stages, lad.micro_batches)
-            thr = lad.throughput(bench) if own else throughput(P, m, bench, lad.ef, lad.schedule)
+            thr = throughput(P, m, bench, lad.ef, lad.schedule, lad.optimizer)
             label = f"{lad.optimizer} {lad.columns[0]}"
-            row[f"{label} vs 1F1B"] = f"{lad.net(thr)} ({thr.vs_1f1b:.3f}, {thr.kind})"
+            sp, spread = ladder_speedup(lad, thr)
+            row[f"{label} vs 1F1B"] = f"{net(sp, lad.ratio)} ({thr.vs_1f1b:.3f}, {spread.how})"
             if thr.vs_best_sync is not None and thr.best_sync != "1f1b":
-                modelled = " (modelled)" if thr.kind == "modelled" else ""  # the model's own DualPipeV, not a file's
-                row[f"{label} vs {thr.best_sync}"] = net_speedup(lad.ratio, lad.bound, thr.vs_best_sync) + modelled
+                sp, spread = ladder_speedup(lad, thr, best=True)
+                row[f"{label} vs {thr.best_sync}"] = f"{net(sp, lad.ratio)} ({thr.vs_best_sync:.3f}, {spread.how})"
         rows.append(row)
     return pd.DataFrame(rows).fillna("—").set_index(["P", "m"])
+
+
+def _with_spread(value: float, spread: Spread) -> str:
+    """`1.433 [1.107, 1.735]`, or the value alone where it has no interval (the ideal; one round)."""
+    if not spread.known or spread.lo == spread.hi:
+        return f"{value:.3f}"
+    return f"{value:.3f} [{spread.lo:.3f}, {spread.hi:.3f}]"
 
 
 def tokens_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
@@ -212,29 +214,31 @@ def tokens_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
             "seeds reached": f"{lad.reached}/{len(lad.per_seed)}",
             "tokens to sync's final val loss, / sync's": lad.tokens_text(),
             "net speed-up at its P, m": f"{lad.net(thr)} (P={lad.stages}, m={lad.micro_batches}: "
-                                        f"{thr.vs_1f1b:.3f}x throughput, {thr.kind})",
+                                        f"{thr.vs_1f1b:.3f}x throughput, {thr.error().how})",
         })  # fmt: skip
     return pd.DataFrame(rows).set_index("table") if rows else pd.DataFrame()
 
 
 def phrase(lad: Ladder, bench: list[dict]) -> str:
-    """The takeaway's time-to-target clause, from the net speed-up's interval at the run's own P and m."""
+    """The takeaway's time-to-target clause, from the net speed-up's combined interval (token ratio and throughput)
+    at the run's own P and m."""
     thr = lad.throughput(bench)
-    where = f"at P={lad.stages}, m={lad.micro_batches} ({thr.vs_1f1b:.2f}x throughput, {thr.kind})"
+    sp, spread = ladder_speedup(lad, thr)
+    where = f"at P={lad.stages}, m={lad.micro_batches} ({thr.vs_1f1b:.2f}x throughput, {spread.how})"
     if lad.bound is not None:
+        top = f" ({sp.hi:.2f}x at the throughput's high end)" if math.isfinite(sp.hi) and sp.hi > sp.value else ""
         return (f"{lad.columns[0]} does not reach sync's loss within {max(lad.multiples):.2f}x its tokens "
                 f"({len(lad.per_seed) - lad.reached} of {len(lad.per_seed)} seeds), so {where} it is at most "
-                f"{thr.vs_1f1b / lad.bound:.2f}x sync's speed" + _versus_strongest(thr, lad))  # fmt: skip
+                f"{sp.value:.2f}x sync's speed{top}" + _versus_strongest(thr, lad))  # fmt: skip
     iv = lad.ratio
     if iv is None or not iv.known:
         return ""
-    net = lad.net(thr)
-    lo, hi = speedup_bounds(iv, thr.vs_1f1b)
-    if lo > 1:
-        return f"{where} {lad.name} reaches sync's loss {net} sooner in wall-clock" + _versus_strongest(thr, lad)
-    if hi < 1:
-        return f"{where} {lad.name} reaches sync's loss later (net speed-up {net})" + _versus_strongest(thr, lad)
-    return f"{where} {lad.name}'s net speed-up {net} is not resolved" + _versus_strongest(thr, lad)
+    said = net(sp, iv)
+    if sp.direction == "faster":
+        return f"{where} {lad.name} reaches sync's loss {said} sooner in wall-clock" + _versus_strongest(thr, lad)
+    if sp.direction == "slower":
+        return f"{where} {lad.name} reaches sync's loss later (net speed-up {said})" + _versus_strongest(thr, lad)
+    return f"{where} {lad.name}'s net speed-up {said} is not resolved" + _versus_strongest(thr, lad)
 
 
 def _versus_strongest(thr: Throughput, lad: Ladder) -> str:
@@ -246,4 +250,5 @@ def _versus_strongest(thr: Throughput, lad: Ladder) -> str:
     who = f"the strongest synchronous schedule measured, {thr.best_sync} ({thr.best_sync_label})"
     if thr.kind == "modelled":
         who = f"the cost model's strongest synchronous schedule, {thr.best_sync_label}"
-    return f"; against {who}: {net_speedup(lad.ratio, lad.bound, thr.vs_best_sync)}"
+    sp, _ = ladder_speedup(lad, thr, best=True)
+    return f"; against {who}: {net(sp, lad.ratio)}" + ("" if sp.bounded or sp.resolved else " (not resolved)")

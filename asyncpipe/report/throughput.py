@@ -10,6 +10,11 @@ DualPipeV (where it can run: m >= 2P and 2P blocks; named "DualPipeV (modelled)"
 strongest sync schedule is the fastest of the measured synchronous variants in that file: DeepSpeed's
 1F1B and DualPipeV, and PyTorch's own schedules (``pt_*``, `torch.distributed.pipelining`) where the file has them
 (a variant's ``synchronous`` flag says so; files written before it carry none: then 1F1B and DualPipeV).
+
+Optimizer: a bench file times one optimizer's step (its ``optimizer``). A column's throughput comes from the files
+that timed its own optimizer (measured, or the model calibrated on them); only where no file did, from the others,
+and its source says so ("muon: no bench file timed it, adamw's step"). Each figure carries its error
+(`asyncpipe.report.spread`): the paired rounds' spread where measured, the model's validated band where modelled.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from pathlib import Path
 from typing import Sequence
 
 from asyncpipe.errors import UserError
+from asyncpipe.report.bench_file import check, per_round
+from asyncpipe.report.spread import Spread, exact, modelled_spread, paired_over, rounds_spread
 
 GRID = [(P, k * P) for P in (2, 4, 8) for k in (1, 2, 4)]  # P = 2, 4, 8 and m = P, 2P, 4P
 
@@ -46,6 +53,15 @@ class Throughput:
     source: str  # "measured, 2bw (FILE)", "measured at m=M, 2bw_ef (FILE)", "modelled, 2bw (...)", "ideal (m+P-1)/m"
     best_sync_label: str = ""  # what it runs, as the bench file names it ("PyTorch ScheduleZBVZeroBubble"), or
     # "DualPipeV (modelled)" / "1F1B (modelled)"
+    spread: Spread | None = None  # vs_1f1b's interval (None: exact)
+    best_spread: Spread | None = None  # vs_best_sync's interval
+    note: str = ""  # the bench files used timed another optimizer's step than the column's: said so
+
+    def error(self, best: bool = False) -> Spread:
+        """The interval of vs_1f1b (of vs_best_sync when `best`), an exact one for the analytic ideal."""
+        own = self.best_spread if best else self.spread
+        value = self.vs_best_sync if best and self.vs_best_sync is not None else self.vs_1f1b
+        return own if own is not None else exact(value, self.kind)
 
     @property
     def kind(self) -> str:
@@ -69,20 +85,39 @@ def load_bench(paths: Sequence[Path]) -> list[dict]:
         ):
             raise UserError(f"--bench {path}: not a `bench pipeline` result (needs stages, micro_batches and a "
                             "measured 2bw variant)")  # fmt: skip
+        check(data, str(path))
         measured = {k: v for k, v in variants.items() if isinstance(v, dict) and "ratio_to_1f1b" in v}
         flagged = any("synchronous" in v for v in measured.values())
         sync = [k for k, v in measured.items() if "+" not in k  # eager rows: the 2BW ratios read are eager too
                 and (v.get("synchronous") is True if flagged else k in sync_schedules())]  # fmt: skip
         out.append({"path": str(path), "P": data["stages"], "m": data["micro_batches"], "sync": sync, "record": data,
+                    "optimizer": data.get("optimizer"), "rounds": per_round(variants, measured),
                     "labels": {k: str(v.get("schedule", k)) for k, v in measured.items()},
                     "ratios": {k: float(v["ratio_to_1f1b"]) for k, v in measured.items()}})
     return out
 
 
+def for_optimizer(bench: list[dict], optimizer: str | None) -> tuple[list[dict], str]:
+    """The bench files that timed `optimizer`'s step (a record's `adamw@r1` is adamw), and a note when none did and
+    the others stand in; every file when `optimizer` is None."""
+    if optimizer is None or not bench:
+        return bench, ""
+    name = str(optimizer).split("@")[0]
+    own = [b for b in bench if b.get("optimizer") == name]
+    if own:
+        return own, ""
+    timed = sorted({str(b["optimizer"]) for b in bench if b.get("optimizer")})
+    if not timed:
+        return bench, f"{name}: the bench files do not record which optimizer's step they timed"
+    return bench, f"{name}: no bench file timed it, {' / '.join(timed)}'s step"
+
+
 def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = False,
-               schedule: str = "2bw") -> Throughput:  # fmt: skip
-    """The asynchronous ``schedule``'s (2BW's, or PACI's; + EF's when `ef` and measured) throughput ratio at (P, m);
-    see the module docstring. A bench file without that schedule does not count as measuring it."""
+               schedule: str = "2bw", optimizer: str | None = None) -> Throughput:  # fmt: skip
+    """The asynchronous ``schedule``'s (2BW's, or PACI's; + EF's when `ef` and measured) throughput ratio at (P, m),
+    from the bench files of `optimizer` (`for_optimizer`); see the module docstring. A bench file without that
+    schedule does not count as measuring it."""
+    bench, note = for_optimizer(bench, optimizer)
     same_p = [b for b in bench if b["P"] == stages and schedule in b["ratios"]]
     if same_p:
         b = min(same_p, key=lambda b: (abs(b["m"] - micro_batches), -b["m"]))
@@ -91,14 +126,20 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         syncs = {k: b["ratios"][k] for k in b.get("sync", sync_schedules()) if k in b["ratios"]}
         best = max(syncs, key=syncs.get) if syncs else "1f1b"
         at = "" if b["m"] == micro_batches else f" at m={b['m']}"
-        where = f"measured{at}, {name} ({Path(b['path']).name})"
-        return Throughput(stages, micro_batches, ratio, ratio / syncs[best] if syncs else None, best, where,
-                          b.get("labels", {}).get(best, best))
+        where = f"measured{at}, {name} ({Path(b['path']).name})" + (f"; {note}" if note else "")
+        rounds = b.get("rounds", {})
+        over_best = ratio / syncs[best] if syncs else None
+        best_rounds = paired_over(rounds.get(name), rounds.get(best)) if best != "1f1b" else rounds.get(name)
+        return Throughput(stages, micro_batches, ratio, over_best, best, where, b.get("labels", {}).get(best, best),
+                          rounds_spread(rounds.get(name), ratio, f"measured{at}"),
+                          rounds_spread(best_rounds, over_best, f"measured{at}") if over_best else None, note)  # fmt: skip
     modelled = modelled_ratio(stages, micro_batches, bench, ef, schedule)
     if modelled is not None:
         value, where, sync = modelled
         best, over_1f1b = sync if sync is not None and sync[1] > 1.0 else ("1f1b", 1.0)
-        return Throughput(stages, micro_batches, value, value / over_1f1b, best, where, MODELLED_LABELS[best])
+        where += f"; {note}" if note else ""
+        return Throughput(stages, micro_batches, value, value / over_1f1b, best, where, MODELLED_LABELS[best],
+                          modelled_spread(value, "1f1b"), modelled_spread(value / over_1f1b, best), note)  # fmt: skip
     return Throughput(stages, micro_batches, ideal_ratio(stages, micro_batches), None, "1f1b", "ideal (m+P-1)/m")
 
 
