@@ -162,3 +162,17 @@ def test_each_column_is_timed_by_its_own_optimizers_bench_file(tmp_path):
     nadam = throughput(2, 4, load_bench([adamw, muon]), optimizer="nadam")
     assert nadam.note == "nadam: no bench file timed it, adamw / muon's step" and nadam.note in nadam.source
     assert throughput(2, 4, load_bench([adamw, muon]), optimizer="muon@r1").vs_1f1b == 1.10  # a revision is muon's
+
+
+def test_the_report_writes_the_speed_ups_in_columns(tmp_path):
+    """speedups.csv beside report.md holds the long table, the figure's and the write-up's source."""
+    import pandas as pd
+
+    root = family(tmp_path / "s")
+    bench = bench_file(tmp_path / "b.json", [1.5, 1.8, 2.4])
+    report = build_report(root, out_dir=tmp_path / "o", plots=False, bench=[bench])
+    written = pd.read_csv(tmp_path / "o" / "speedups.csv")
+    expected = speedup_cells(report.ladders, report.bench)
+    assert list(written.columns) == list(expected.columns) and len(written) == len(expected)
+    assert {"speedup", "lo", "hi", "resolved", "throughput_source"} <= set(written.columns)
+    assert written["resolved"].tolist() == expected["resolved"].tolist()

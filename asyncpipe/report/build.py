@@ -2,8 +2,9 @@
 
 Files go to DIR/NAME/report/: report.md, gaps.csv, intervals.csv, glance.png (each optimizer's gap with its 95%
 interval, and time to target), loss_curves.png, gap_vs_tokens.png and, when a delayed column can be timed to the
-sync target, wallclock.png (val loss vs modelled wall-clock) and verdict.png (the speed-up table's net speed-up over
-the strongest synchronous schedule per P, m and variant); all written atomically.
+sync target, speedups.csv (every net speed-up with its interval, token ratio's and throughput's error combined),
+wallclock.png (val loss vs modelled wall-clock) and verdict.png (the speed-up table's net speed-up over the strongest
+synchronous schedule per P, m and variant); all written atomically.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from asyncpipe.report.load import concat_runs, load_sweep, named_variants, read_
 from asyncpipe.report.merge import load_merged
 from asyncpipe.report.paper import PAPER
 from asyncpipe.report.render import to_markdown
+from asyncpipe.report.speedups import speedup_cells
 from asyncpipe.report.tables import GroupTable, compute_cells, variant_order
 from asyncpipe.report.target import Ladder, ladders, speedup_table
 from asyncpipe.report.throughput import load_bench
@@ -284,6 +286,9 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
     files = {name: out_dir / name for name in ("report.md", "gaps.csv", "intervals.csv")}
     atomic_write_text(files["gaps.csv"], report.cells.to_csv(index=False))
     atomic_write_text(files["intervals.csv"], pd.DataFrame([c.row() for c in report.claims]).to_csv(index=False))
+    if report.ladders:  # every net speed-up with its combined interval, in columns (asyncpipe.report.speedups)
+        files["speedups.csv"] = out_dir / "speedups.csv"
+        atomic_write_text(files["speedups.csv"], speedup_cells(report.ladders, report.bench).to_csv(index=False))
     order = list(dict.fromkeys(report.cells["variant"])) if len(report.cells) else []
     # Colours and markers go by place in this order: budget rungs (a ladder's longer columns) after every family's
     # own column, so two families never share a colour in the glance panel.
