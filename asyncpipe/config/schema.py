@@ -98,7 +98,7 @@ class DataConfig:
     subset: str = ""  # hf: the dataset's config name
     split: str = "train"  # hf: the dataset split read
     workers: int = 1  # files, tokens, hf: processes preparing shards in parallel
-    shard_mb: float = 256.0  # files, tokens, hf: input megabytes per shard (the unit a killed preparation redoes)
+    shard_mb: float = 64.0  # files, tokens, hf: input megabytes per shard (files are never split: the unit of work and of resuming)
 
 
 @dataclass
