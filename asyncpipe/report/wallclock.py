@@ -28,7 +28,7 @@ def _families(group, own: list[Ladder], bench: list[dict], at: tuple[int, int] |
     """(colour key, columns smallest budget first, throughput ratio to 1F1B, legend label) per family."""
     families = [(group.reference, [group.reference], 1.0, "sync (1F1B)")]
     for lad in own:
-        thr = lad.throughput(bench) if at is None else throughput(*at, bench, lad.ef, lad.schedule)
+        thr = lad.throughput(bench) if at is None else throughput(*at, bench, lad.ef, lad.schedule, lad.optimizer)
         P, m = at or (lad.stages, lad.micro_batches)
         rungs = f", {len(lad.columns)} budgets {lad.multiples[0]:.2f}x-{lad.multiples[-1]:.2f}x" if len(
             lad.columns) > 1 else ""  # fmt: skip
