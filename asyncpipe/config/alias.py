@@ -1,4 +1,7 @@
-"""Aliases resolved once, at composition: after this nothing reads the aliased keys.
+"""Aliases and implied settings resolved once, at composition: after this nothing reads the aliased keys.
+
+A named schedule implies what it declares (`apply_schedule_defaults`): ``pipeline.schedule=paci`` runs at PACI's
+delay and clipping unless the user typed another value, which `config.validate` then refuses in one line.
 
 ``optimizer.ef.enabled=true`` (the ``adamw_ef`` / ``muon_ef`` presets, and that override in sweep files and old
 run records) is ``compensation=ef`` with ``compensation.ef.lam = optimizer.ef.lam`` and a constant schedule; the
@@ -8,7 +11,10 @@ switch is then reset to its default, so a composed config names EF one way. Torc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from asyncpipe.errors import ConfigError
 
@@ -53,3 +59,19 @@ def resolve_ef_alias(cfg: Any, strict: bool = True) -> Any:
     ef["enabled"] = False
     ef["lam"] = 1.0
     return cfg
+
+
+def typed_keys(overrides: Sequence[str]) -> set[str]:
+    """The dotted keys a list of Hydra overrides sets (``+key=v``, ``++key=v`` and ``~key`` included)."""
+    return {item.partition("=")[0].lstrip("+~") for item in overrides}
+
+
+def apply_schedule_defaults(cfg: Any, overrides: Sequence[str]) -> None:
+    """Set, in place, what the named schedule declares (`asyncpipe.schedules.implied`: its delay, its clipping)
+    where ``cfg`` contradicts it and the user did not type the key among ``overrides``."""
+    from asyncpipe.schedules import implied
+
+    typed = typed_keys(overrides)
+    for key, value in implied(cfg).items():
+        if key not in typed:
+            OmegaConf.update(cfg, key, value, merge=True)

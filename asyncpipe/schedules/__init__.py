@@ -150,6 +150,22 @@ def resolve(cfg: Any) -> ScheduleSpec:
     return get(name)
 
 
+def implied(cfg: Any) -> dict[str, Any]:
+    """The settings a named schedule declares that ``cfg`` contradicts, as {dotted key: the declared value}: its
+    delay, and the first clipping mode it allows when ``pipeline.clip`` is one it cannot honour (with clipping on).
+    Composition sets them unless the user typed the key (`asyncpipe.config.alias.apply_schedule_defaults`), so
+    only an explicit contradiction reaches `check`'s one-line refusal. ``auto`` implies nothing."""
+    if str(cfg.pipeline.schedule) == "auto":
+        return {}
+    s = resolve(cfg)
+    out: dict[str, Any] = {}
+    if s.delay is not None and int(cfg.delay) != s.delay:
+        out["delay"] = s.delay
+    if cfg.train.grad_clip > 0 and cfg.pipeline.clip not in s.clip_modes:
+        out["pipeline.clip"] = s.clip_modes[0]
+    return out
+
+
 def revisions(cfg: Any) -> dict[str, dict[str, Any]]:
     """What a run records of its code's rules (provenance.json "revisions"): the optimizer's, the effective
     compensation method's and the pipeline schedule's name and declared revision."""
