@@ -101,7 +101,9 @@ def plan_cmd(
 
         rows, label = plan_speed.speeds(overrides or [], gpu_mem, profile)
         speeds = plan_speed.render(rows, gpu_mem, label) + "\n"
-    typer.echo(table + "\n" + speeds + verdict)
+    from asyncpipe.data.dataset import run_data_line
+
+    typer.echo(table + "\n" + speeds + run_data_line(cfg) + "\n" + verdict)  # the run's tokens and epochs
     raise typer.Exit(0 if result.ok else 1)
 
 

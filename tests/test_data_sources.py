@@ -233,3 +233,17 @@ def test_train_a_few_steps_on_each_kind(prepared, kind, docs, tok_file, tmp_path
     assert summary["status"] == "completed" and summary["tokens"] == 3 * 4 * 8 * 64
     assert summary["epochs"] == pytest.approx(summary["tokens"] / m["tokens"]["train"])
     assert (path / "manifest.json").stat().st_mtime_ns == stamp  # prepared once, reused
+
+
+def test_plan_reports_the_runs_tokens_and_epochs(prepared, tok_file, monkeypatch, capsys):
+    path, _ = prepared["parquet"]
+    m = load_manifest(path)
+    args = ["plan", "model=tiny", "data=files", f"data.paths=[{m['config']['paths'][0]}]", f"data.root={path.parent}",
+            "tokenizer=hf", f"tokenizer.path={tok_file}", "train.steps=50", "--no-speed"]
+    with pytest.raises(SystemExit):
+        main(args)
+    lines = capsys.readouterr().out.strip().splitlines()
+    epochs = 50 * 4 * 8 * 64 / m["tokens"]["train"]
+    assert lines[-2] == (f"data: 50 steps x 2,048 tokens = 102,400 tokens = {epochs:.3g} epochs of {path.name}'s "
+                         f"{m['tokens']['train']:,} train tokens" + (" (data repeated)" if epochs > 1 else ""))
+    assert lines[-1].startswith("verdict:")

@@ -316,3 +316,20 @@ def describe(path: Path | str) -> str:
         f"{tokens['train']:,} train + {tokens['val']:,} val tokens, "
         f"{m['dtype']}, vocab {m['tokenizer']['vocab_size']}"
     )
+
+
+def run_data_line(cfg) -> str:
+    """One line for `asyncpipe plan`: the run's tokens and the passes over its prepared train split they make
+    (epochs > 1: data repeated), or that the dataset is not prepared yet."""
+    from asyncpipe.config.tuned import run_regime
+
+    regime = run_regime(cfg)
+    steps, per_step = regime["steps"], regime["tokens_per_step"]
+    reads = f"{steps} steps x {per_step:,} tokens = {steps * per_step:,} tokens"
+    path = dataset_dir(cfg.data, cfg.tokenizer)
+    if not (path / MANIFEST).is_file():
+        return f"data: {reads}; {path} is not prepared yet (`asyncpipe data prepare` with the same data= and tokenizer=)"
+    train = int(load_manifest(path)["tokens"]["train"])
+    epochs = steps * per_step / train
+    return f"data: {reads} = {epochs:.3g} epochs of {path.name}'s {train:,} train tokens" + (
+        " (data repeated)" if epochs > 1 else "")
