@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-FILE_MB = 64  # corpus files of this size, like a web corpus's shards
+FILE_MB = 16  # corpus files of this size (a shard each: data.shard_mb=16, so two workers share the work evenly)
 
 
 def pieces() -> list[str]:
@@ -45,7 +45,7 @@ def pieces() -> list[str]:
 
 
 def synthesise(folder: Path, size_mb: int) -> None:
-    """`size_mb` MB of JSON Lines in 64 MB files: documents drawn at random, each with a serial number and one
+    """`size_mb` MB of JSON Lines in `FILE_MB` files: documents drawn at random, each with a serial number and one
     word replaced by a random one (no two documents alike)."""
     if (folder / "done").is_file():
         return
@@ -105,13 +105,15 @@ def encode_batch_rate(folder: Path, tok_path: Path, sample_mb: float) -> float:
 
 
 def prepare_run(folder: Path, tok_path: Path, root: Path, workers: int) -> tuple[float, float, float]:
-    """(seconds, MB/s of input, peak MiB of the whole process tree) of one `asyncpipe data prepare`."""
+    """(seconds, MB/s of input, peak MiB of the whole process tree) of one `asyncpipe data prepare`, from its
+    start (interpreter, imports and workers' start included) to its end."""
     import psutil
 
     shutil.rmtree(root, ignore_errors=True)
     size = sum(f.stat().st_size for f in folder.glob("*.jsonl"))
     argv = [sys.executable, "-m", "asyncpipe", "data", "prepare", "data=files", f"data.paths=[{folder}/*.jsonl]",
-            "tokenizer=hf", f"tokenizer.path={tok_path}", f"data.workers={workers}", f"data.root={root}"]
+            "tokenizer=hf", f"tokenizer.path={tok_path}", f"data.workers={workers}", f"data.root={root}",
+            f"data.shard_mb={FILE_MB}"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     parent, peak = psutil.Process(proc.pid), 0
