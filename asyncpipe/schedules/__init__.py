@@ -3,8 +3,8 @@
 itself in `asyncpipe.registry`.
 
 A declaration says everything the rest of the package needs and nothing else keeps a list of schedules:
-its instruction stream (pure Python: `asyncpipe.schedules.instructions`, DeepSpeed's vocabulary), the weight versions and
-in-flight micro-batches per stage (the memory model `plan` and `bench` read), its constraints (P, m, delay,
+its instruction stream (pure Python, DeepSpeed's vocabulary: `asyncpipe.schedules.instructions`), the weight
+versions and in-flight micro-batches per stage (the memory model `plan` and `bench` read), its constraints (P, m, delay,
 clipping, engines, compensation methods: `config.validate` runs them), and its staleness pattern: which weight
 version each micro-batch's forward and backward read on each stage (the simulator reproduces it; the pipeline
 engine pins it; `schedule` draws it). ``pipeline.schedule`` picks one by name, or names a module by import path
@@ -173,9 +173,11 @@ def revisions(cfg: Any) -> dict[str, dict[str, Any]]:
 
     opt, method = of_config(cfg)
     schedule = resolve(cfg)
-    return {"optimizer": {"name": opt.name, "revision": opt.revision},
-            "compensation": {"name": method.name, "revision": method.revision},
-            "schedule": {"name": schedule.name, "revision": schedule.revision}}  # fmt: skip
+    return {
+        "optimizer": {"name": opt.name, "revision": opt.revision},
+        "compensation": {"name": method.name, "revision": method.revision},
+        "schedule": {"name": schedule.name, "revision": schedule.revision},
+    }
 
 
 def check(cfg: Any) -> None:
@@ -200,6 +202,62 @@ def check(cfg: Any) -> None:
                               f"{' or compensation='.join(s.compensations)}")  # fmt: skip
     if s.check is not None:
         s.check(cfg)
+    check_staleness(s, cfg)
+
+
+def check_staleness(s: ScheduleSpec, cfg: Any) -> None:
+    """A schedule's staleness is declared once, by ``versions``: what else it declares about staleness must agree
+    with it at the run's P and m, or the config is refused in one line (the simulator and the engine would
+    otherwise disagree, or fail mid-run). ``stage_delay`` (one version per stage and batch) must be what
+    ``versions`` says; without it the simulator (engine=simulate) runs the stages apart (`asyncpipe.engines.staged`),
+    which needs a straddle recipe, every backward on the batch's own version and a forward at most one step older;
+    the engine's stream (engine=pipeline) must pin the versions ``versions`` gives. ``versions`` describe the
+    pipeline run (delay 0 or 1): a uniform schedule's k-step generalisation in the simulator is checked at delay 1."""
+    P, m = int(cfg.pipeline.stages), int(cfg.train.micro_batches)
+    delay = s.delay if s.delay is not None else min(int(cfg.delay), 1)
+    named = f"pipeline.schedule={s.name}"
+    apart = s.stage_delay is None and cfg.engine == "simulate"
+    if apart and not s.straddle:
+        raise ConfigError(
+            f"{named} declares no stage_delay, so the simulator runs its stages apart, which needs a straddle "
+            "recipe (recompute or inplace); declare stage_delay or one of them"
+        )
+    for stage in range(P):
+        for k in range((P + 3) * m):
+            b, (fwd, bwd) = k // m, s.versions(P, m, stage, k)
+            where = f"micro-batch {k} (batch {b}) on stage {stage} reads W({fwd}) forward, W({bwd}) backward"
+            if s.stage_delay is not None:
+                v = max(b - s.stage_delay(P, stage, delay), 0)
+                if (fwd, bwd) != (v, v):
+                    raise ConfigError(
+                        f"{named} declares stage_delay {b - v} on stage {stage} but its versions disagree: "
+                        f"{where}, not W({v}); declare its staleness once"
+                    )
+            elif apart and (bwd != b or fwd not in (b, max(b - 1, 0))):
+                raise ConfigError(
+                    f"{named}: {where}; the simulator runs its stages apart (no stage_delay), which needs every "
+                    "backward on the batch's version W(b), every forward on W(b) or W(b-1)"
+                )
+    if s.stream is not None and cfg.engine == "pipeline":
+        check_stream_versions(s, P, m)
+
+
+def check_stream_versions(s: ScheduleSpec, P: int, m: int, batches: int = 3) -> None:
+    """The versions the engine's stream pins on each forward and backward are those ``versions`` declares."""
+    assert s.stream is not None
+    for stage in range(P):
+        for tick in s.stream(m, P, stage, batches, 0, False):
+            for cmd in tick:
+                kind = type(cmd).__name__
+                if kind not in ("ForwardPass", "BackwardPass"):
+                    continue
+                declared = s.versions(P, m, stage, cmd.micro_batch)[kind == "BackwardPass"]
+                if cmd.version != declared:
+                    raise ConfigError(
+                        f"pipeline.schedule={s.name}: its stream runs the {kind} of micro-batch {cmd.micro_batch} "
+                        f"on stage {stage} on W({cmd.version}), its versions say W({declared}); declare its "
+                        "staleness once (versions)"
+                    )
 
 
 def staged(spec: ScheduleSpec, P: int, delay: int) -> bool:
