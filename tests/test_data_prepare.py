@@ -194,3 +194,21 @@ def test_damaged_prepared_shard_is_one_line(tmp_path):
     with pytest.raises(UserError, match=f"token file {shard} is missing"):
         load_manifest(path)
     assert dataset_dir(d, t) == path
+
+
+def test_hf_dataset_refusals(tmp_path):
+    """A split or column the dataset lacks, and (offline, in a fresh interpreter) a name not in the cache: one line."""
+    import datasets
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["a", "b"]})}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(UserError, match=r"data.dataset=.*dd has no split 'validation' \(it has train\)"):
+        prepare(*cfgs(tmp_path / "root", data="hf", dataset=str(tmp_path / "dd"), split="validation"))
+    with pytest.raises(UserError, match=r"no column 'text' \(it has body\); set data.text_field"):
+        prepare(*cfgs(tmp_path / "root", data="hf", dataset=str(tmp_path / "dd")))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run([sys.executable, "-m", "asyncpipe", "data", "prepare", "data=hf", "data.dataset=nobody/none",
+                          f"data.root={tmp_path}/root"], env=env, capture_output=True, text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: data.dataset=nobody/none: cannot be loaded (") and "Offline" in lines[0]
+    assert [p.name for p in (tmp_path / "root").iterdir() if not p.name.endswith(".lock")] == []

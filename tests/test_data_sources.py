@@ -247,3 +247,18 @@ def test_plan_reports_the_runs_tokens_and_epochs(prepared, tok_file, monkeypatch
     assert lines[-2] == (f"data: 50 steps x 2,048 tokens = 102,400 tokens = {epochs:.3g} epochs of {path.name}'s "
                          f"{m['tokens']['train']:,} train tokens" + (" (data repeated)" if epochs > 1 else ""))
     assert lines[-1].startswith("verdict:")
+
+
+def test_loader_keeps_a_bounded_number_of_shards_open(tmp_path, docs, tok_file, monkeypatch):
+    import asyncpipe.data.loader as loader
+
+    paths, kw = write_text_files(tmp_path, docs)
+    path = prepare(*cfgs(tmp_path / "root", tok_file, paths=paths, shard_mb=0.002, **kw))
+    m = load_manifest(path)
+    flat = np.concatenate([np.fromfile(path / f, dtype=m["dtype"]) for f in split_files(m, "train")])
+    monkeypatch.setattr(loader, "OPEN_SHARDS", 3)
+    mb = MicroBatches(path, "train", 100, 16, seed=1)
+    for i in range(10):
+        x, _ = mb.get(i)
+        assert [row.tolist() for row in x] == [flat[o : o + 100].tolist() for o in mb.offsets(i)]
+        assert len(mb._tokens) <= 3

@@ -7,6 +7,7 @@ uninterrupted run all read the same tokens for the same i, with no loader state 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,9 @@ import torch
 
 from asyncpipe.data.dataset import SPLITS, load_manifest, split_files
 from asyncpipe.errors import UserError
+
+
+OPEN_SHARDS = 256  # memmaps kept open at once
 
 
 class MicroBatches:
@@ -46,24 +50,37 @@ class MicroBatches:
         self.__dict__.update(state)
         self._tokens = self._open()
 
-    def _open(self) -> list[np.ndarray]:
-        """A memmap per token file of the split, and where each starts in their concatenation."""
+    def _open(self) -> "OrderedDict[int, np.ndarray]":
+        """The split's token files and where each starts in their concatenation (sizes from the manifest, which
+        `load_manifest` checked against the files); memmaps are opened on first use, at most `OPEN_SHARDS` at once
+        (each holds a file descriptor: a corpus of 10,000 shards would pass the usual limit of 1,024)."""
+        self._files = split_files(self.manifest, self.split)
+        itemsize = np.dtype(self.manifest["dtype"]).itemsize
+        self._starts = np.cumsum([0] + [self.manifest["files"][f]["bytes"] // itemsize for f in self._files])
+        return OrderedDict()
+
+    def _shard(self, k: int) -> np.ndarray:
+        maps = self._tokens
+        if k in maps:
+            maps.move_to_end(k)
+            return maps[k]
+        if len(maps) >= OPEN_SHARDS:
+            maps.popitem(last=False)
         dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
-        maps = [np.memmap(self.path / name, dtype=dtype, mode="r") for name in split_files(self.manifest, self.split)]
-        self._starts = np.cumsum([0] + [len(m) for m in maps])
-        return maps
+        maps[k] = np.memmap(self.path / self._files[k], dtype=dtype, mode="r")
+        return maps[k]
 
     def window(self, offset: int, length: int) -> np.ndarray:
         """Tokens offset..offset+length-1 of the split, across shard boundaries where the window spans them."""
-        i = int(np.searchsorted(self._starts, offset, side="right")) - 1
-        local = offset - int(self._starts[i])
-        piece = self._tokens[i][local : local + length]
+        k = int(np.searchsorted(self._starts, offset, side="right")) - 1
+        local = offset - int(self._starts[k])
+        piece = self._shard(k)[local : local + length]
         if len(piece) == length:
             return piece
-        parts, need = [piece], length - len(piece)
+        parts, need = [np.array(piece)], length - len(piece)
         while need > 0:
-            i += 1
-            parts.append(self._tokens[i][:need])
+            k += 1
+            parts.append(np.array(self._shard(k)[:need]))
             need -= len(parts[-1])
         return np.concatenate(parts)
 
