@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -91,23 +91,45 @@ def bench_pipeline(
     PyTorch's own schedules (pt_*) on the same model, stages and micro-batches, alternating in one launch: tokens/s,
     ratio to 1F1B against the schedule model's ideal, idle fraction, and weight + optimizer + activation memory per
     stage."""
+    from asyncpipe.runtime.signals import StopRequest
+
+    check_bench_flags(rounds, steps, warmup_steps, compile_)
+    with StopRequest() as stop:  # from here a stop signal is one line and exit 4 (`errors.Stopped`), at any moment
+        _bench_pipeline(overrides or [], rounds, steps, warmup_steps, variants, simulator, out, compile_, standin, stop)
+
+
+def _bench_pipeline(overrides: list[str], rounds: int, steps: int, warmup_steps: int, variants: str,
+                    simulator: bool, out: Optional[Path], compile_: str, standin: Optional[str], stop: Any) -> None:  # fmt: skip
     from asyncpipe.bench.pipeline import bench_pipeline as run_bench
     from asyncpipe.bench.pipeline import format_result
+    from asyncpipe.bench.standin import parse_standin
+    from asyncpipe.errors import Stopped
     from asyncpipe.paths import writable_file
     from asyncpipe.track import atomic_write_json
-
-    from asyncpipe.bench.standin import parse_standin
 
     if out is not None:
         writable_file(out, "--out")  # before minutes of measuring, not after
     fb = parse_standin(standin) if standin is not None else None
-
-    res = run_bench(overrides or [], rounds=rounds, steps=steps, warmup_steps=warmup_steps, simulator=simulator,
+    res = run_bench(overrides, rounds=rounds, steps=steps, warmup_steps=warmup_steps, simulator=simulator,
                     log=lambda msg: typer.echo(msg, err=True),
-                    variants=[v.strip() for v in variants.split(",") if v.strip()],
+                    variants=[v.strip() for v in variants.split(",") if v.strip()], stop=stop,
                     modes=("eager", "compiled") if compile_ == "both" else (compile_,), standin=fb)  # fmt: skip
+    if stop.requested:  # after the ranks' last step: the result is whole, but the user asked to stop
+        raise Stopped(f"bench pipeline stopped by {stop.signal_name} after its last job; nothing written")
     typer.echo(format_result(res))
     path = out or Path("runs/bench") / f"pipeline-{res['model']}-P{res['stages']}-m{res['micro_batches']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, res)
     typer.echo(f"wrote {path}")
+
+
+def check_bench_flags(rounds: int, steps: int, warmup_steps: int, compile_: str) -> None:
+    """`bench pipeline`'s numbers and modes, refused in one line before torch is imported."""
+    if rounds < 1:
+        raise UserError(f"--rounds {rounds} must be >= 1 (alternating rounds of every schedule)")
+    if steps < 3:
+        raise UserError(f"--steps {steps} leaves no timed step after dropping 1 at each end; use >= 3")
+    if warmup_steps < 1:
+        raise UserError(f"--warmup-steps {warmup_steps} must be >= 1 (the untimed warm-up job trains that many steps)")
+    if compile_ not in ("eager", "compiled", "both"):
+        raise UserError(f"--compile {compile_}: give eager, compiled or both")

@@ -31,6 +31,7 @@ from asyncpipe import forkserver
 from asyncpipe.dist import free_port
 from asyncpipe.errors import UserError
 from asyncpipe.runtime.signals import SIGNALS
+from asyncpipe.status import INTERRUPTED, exit_code
 
 
 @dataclass
@@ -65,15 +66,21 @@ class _Forward:
     waiting for them to checkpoint and finish."""
 
     def __init__(self, procs: list) -> None:
-        self.procs, self.previous = procs, {}
+        self.procs, self.previous, self.seen = procs, {}, None
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self.previous[sig] = signal.signal(sig, self._relay)
 
     def _relay(self, signum: int, frame: Any) -> None:
+        self.seen = signum
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signum)
+
+    def again(self) -> None:
+        """Relay a signal that came while the ranks were starting to every rank (the later ones missed it)."""
+        if self.seen is not None:
+            self._relay(self.seen, None)
 
     def close(self) -> None:
         for sig, handler in self.previous.items():
@@ -111,14 +118,20 @@ def launch(
         (out / "events.jsonl").touch()
         threads = max(j.cfg.pipeline.threads for j in jobs)
         port = free_port()
-        procs = []
-        for r in range(world):
-            env = dict(os.environ, **rank_environ(r, world, port), OMP_NUM_THREADS=str(threads))
-            argv = forkserver.python_module("asyncpipe.rank", str(out / "spec.json"))
-            procs.append(forkserver.start(argv, env=env, parent_death_signal=signal.SIGKILL))
-        forwarding = _Forward(procs)
+        procs: list = []
+        forwarding = _Forward(procs)  # before the first rank starts: no moment when a stop signal kills the launcher
         try:
-            _supervise(out, procs, len(jobs), on_step, timeout_s)
+            for r in range(world):
+                env = dict(os.environ, **rank_environ(r, world, port), OMP_NUM_THREADS=str(threads))
+                argv = forkserver.python_module("asyncpipe.rank", str(out / "spec.json"))
+                procs.append(forkserver.start(argv, env=env, parent_death_signal=signal.SIGKILL))
+            forwarding.again()
+            try:
+                _supervise(out, procs, len(jobs), on_step, timeout_s)
+            except RankFailed:
+                if forwarding.seen is None and stopped is None:
+                    raise
+                # A stop signal reached a rank still starting, before it could take it: the launch was stopped.
         finally:
             forwarding.close()
             for proc in procs:  # only our own children, by handle
@@ -130,7 +143,9 @@ def launch(
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        return [json.loads(p.read_text()) if p.exists() else {} for p in (out / f"result-{i}-0.json" for i in range(len(jobs)))]
+        unfinished = {"status": INTERRUPTED, "steps": 0, "exit_code": exit_code(INTERRUPTED)}
+        return [json.loads(p.read_text()) if p.exists() else dict(unfinished)
+                for p in (out / f"result-{i}-0.json" for i in range(len(jobs)))]  # fmt: skip
 
 
 def _supervise(out: Path, procs: list, n_jobs: int, on_step: Optional[Callable[[int, dict], None]],

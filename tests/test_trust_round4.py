@@ -131,3 +131,23 @@ def test_every_recorded_revision_is_compared_and_an_unknown_one_is_named_and_kep
     said = [w for w in report.warnings if "which this checkout does not know" in w]
     assert any(w.startswith("adamw@r2") for w in said) and any(w.startswith("paci@r3") for w in said)
     assert all("\n" not in w for w in said)
+
+
+def test_best_of_a_key_that_defines_the_columns_is_one_line_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    """`report --best-of delay`: delay names the columns (sync, 1-step), so no column has two values to choose
+    between; before, nothing was tuned, seed 0 was spent, and the report still said "tuned against tuned"."""
+    from asyncpipe.cli import main
+
+    today = {"optimizer": {"name": "adamw", "revision": 1}, "compensation": {"name": "none", "revision": 1},
+             "schedule": {"name": "2bw", "revision": 1}}  # fmt: skip
+    for seed in range(4):
+        _record(tmp_path / "sw", f"sync-{seed}", 0, seed, 3.0, today)
+        _record(tmp_path / "sw", f"async-{seed}", 1, seed, 3.1, today)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(tmp_path / "sw"), "--best-of", "delay", "--out", str(tmp_path / "out"), "--no-plots"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert "--best-of delay: no column has runs at two values of it (it defines the columns" in err[0]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

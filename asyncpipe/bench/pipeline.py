@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from asyncpipe.bench import torch_pipelining as pt
 from asyncpipe.bench.pipeline_format import MIN_ROUNDS, format_result, spread_note  # noqa: F401 (re-exported)
-from asyncpipe.errors import UserError
+from asyncpipe.errors import Stopped, UserError
 
 EF_VARIANT = {"2bw_ef": ["pipeline.schedule=2bw", "delay=1", "compensation=ef"]}  # a schedule + a method
 
@@ -206,8 +206,10 @@ def bench_pipeline(
     variants: Sequence[str] = ("all",),
     modes: Sequence[str] = ("eager",),
     standin: Optional[tuple[float, float]] = None,
+    stop: Optional[Any] = None,
 ) -> dict:
     """Run warm-up, then ``rounds`` x ``variants`` jobs of ``steps`` steps each in one launch; medians.
+    ``stop``: the caller's entered `StopRequest` (a signal before the launch: `Stopped`, nothing started).
     A variant that cannot run this configuration (DualPipeV with m < 2P) is reported with the reason.
     ``standin`` (F, B): stand-in compute (`asyncpipe.bench.standin`), its records under ``standin``."""
     from asyncpipe.config import compose as default_compose
@@ -272,7 +274,9 @@ def bench_pipeline(
 
     load_before = list(os.getloadavg())
     jobs = [Job(c, None, show_progress=False) for c in [warm, *[cfgs[n] for n in order]]]
-    results = launch(jobs, on_step=progress)[1:]
+    if stop is not None and stop.requested:
+        raise Stopped(f"bench pipeline stopped by {stop.signal_name} before its first job; nothing written")
+    results = launch(jobs, on_step=progress, stopped=None if stop is None else stop.signal_name)[1:]
     load_after = list(os.getloadavg())
     check_jobs("bench pipeline", [f"job {i} ({name})" for i, name in enumerate(order, start=1)], results, steps)
     per_job = [(name, job_stats(r, tokens_per_step, skip)) for name, r in zip(order, results)]

@@ -86,15 +86,20 @@ def best_of(runs: pd.DataFrame, curves: pd.DataFrame, key: str,
         raise UserError(f"--best-of {key}: no run records that setting (give a dotted config key, e.g. optimizer.lr)")
     if len({repr(v) for v in values}) < 2:
         raise UserError(f"--best-of {key}: every run has {fmt_value(values[0])}; there is nothing to choose between")
-    sel, meas = split_seeds(list(runs["seed"]), select)
-    tuning = Tuning(key, sel, meas)
-    finals = _final_losses(curves)
     settings = [comparable(flat) for flat in runs["config"]]
     fill_unrecorded(settings)  # a run recorded before a key existed is in the same column as one that records it
     runs = runs.assign(_value=values, _column=[
         repr(sorted((k, repr(v)) for k, v in flat.items() if k != key)) for flat in settings])
+    columns = runs.groupby(["optimizer", "variant", "_column"], sort=False, dropna=False)
+    if all(cell["_value"].map(repr).nunique() < 2 for _, cell in columns):
+        raise UserError(f"--best-of {key}: no column has runs at two values of it (it defines the columns, or "
+                        "varies only between them), so nothing would be tuned; give a setting swept within each "
+                        "column, e.g. optimizer.lr")  # fmt: skip
+    sel, meas = split_seeds(list(runs["seed"]), select)
+    tuning = Tuning(key, sel, meas)
+    finals = _final_losses(curves)
     keep, rows = [], []
-    for (opt, variant, _), cell in runs.groupby(["optimizer", "variant", "_column"], sort=False, dropna=False):
+    for (opt, variant, _), cell in columns:
         by_repr = {repr(v): v for v in cell["_value"]}
         scores = {}
         for shown, value in sorted(by_repr.items(), key=lambda kv: natural(kv[1])):
