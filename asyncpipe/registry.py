@@ -95,7 +95,10 @@ def resolve(builder: Builder) -> Any:
 def _add(table: dict, spec: Any, kind: str) -> None:
     old = table.get(spec.name)
     if old is not None and old.module != spec.module:
-        raise ValueError(f"{kind} {spec.name!r} is declared twice ({old.module} and {spec.module})")
+        raise UserError(
+            f"{kind} {spec.name!r} is already declared by {old.module}; {spec.module} must declare its {kind} "
+            "under another name"
+        )
     table[spec.name] = spec
 
 
@@ -166,11 +169,23 @@ def load_builtins() -> None:
 
 def load_target(target: str, what: str) -> None:
     """Import the module a ``_target_`` names (``pkg.module`` or ``pkg.module:builder``); one line if it fails."""
-    module = target.split(":", 1)[0]
+    import_named(target.split(":", 1)[0], f"{what}._target_={target}")
+
+
+def import_named(module: str, what: str) -> None:
+    """Import a user's ``module`` (named by ``what``, e.g. ``pipeline.schedule=pkg.mod``); whatever fails in it is
+    one line naming the module and the error (its own `UserError`s pass through as they are)."""
     try:
         importlib.import_module(module)
+    except UserError:
+        raise
     except ImportError as exc:
-        raise UserError(f"{what}._target_={target}: cannot import {module} ({exc}); is it on PYTHONPATH?") from None
+        raise UserError(f"{what}: cannot import {module} ({exc}); is it on PYTHONPATH?") from None
+    except BaseException as exc:  # SyntaxError, a RuntimeError or a SystemExit at import: all the module's own
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise UserError(f"{what}: importing {module} failed ({error})") from None
 
 
 def _declared_in(table: dict, target: str) -> list:

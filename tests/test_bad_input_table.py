@@ -169,6 +169,17 @@ CASES: dict[str, Case] = {
     "schedule --batches 0": Case([*SCHED, "--batches", "0", "--schedule", "zb-h1"], "--batches 0 must be >= 1"),
     "schedule too big": Case([*SCHED, "--stages", "64", "--micro-batches", "512"], "64x512x3 = 98304 exceeds 1024"),
     "schedule unknown": Case([*SCHED, "--schedule", "nope"], "--schedule 'nope' is unknown"),
+    # -- a module named by import path that goes wrong when imported (issue 56; tests/user_lab)
+    "schedule module raising": Case(train("pipeline.schedule=user_lab.raises_at_import"),
+                                    "pipeline.schedule=user_lab.raises_at_import: importing user_lab.raises_at_import "
+                                    "failed (RuntimeError: the lab's cluster is not reachable)"),
+    "optimizer module raising": Case(train("optimizer._target_=user_lab.raises_at_import"),
+                                     "importing user_lab.raises_at_import failed (RuntimeError"),
+    "schedule under a built-in's name": Case(train("pipeline.schedule=user_lab.declares_paci"),
+                                             "schedule 'paci' is already declared by asyncpipe.schedules.paci; "
+                                             "user_lab.declares_paci must declare its schedule under another name"),
+    "optimizer under a built-in's name": Case(train("optimizer._target_=user_lab.declares_adamw"),
+                                              "optimizer 'adamw' is already declared by asyncpipe.optimizers.adamw"),
     "report without a source": Case(["report"], "give a sweep directory"),
     "report --wandb without --group": Case(["report", "--wandb", "me/proj"], "--wandb needs --group"),
     "report on a dir without runs": Case(["report", "{tmp}"], "no runs found"),

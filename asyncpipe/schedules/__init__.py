@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from asyncpipe.errors import ConfigError, UserError
+from asyncpipe.registry import import_named
 
 Ticks = Iterable[list]  # lists of `schedules.instructions.Instruction`, one per tick
 # (micro_batches, stages, stage, batches, start, defer_step) -> the stage's ticks for the whole run
@@ -96,7 +97,10 @@ def declare_schedule(spec: ScheduleSpec) -> ScheduleSpec:
     spec = ScheduleSpec(**{**spec.__dict__, "module": spec.module or caller})
     old = _SCHEDULES.get(spec.name)
     if old is not None and old.module != spec.module:
-        raise ValueError(f"schedule {spec.name!r} is declared twice ({old.module} and {spec.module})")
+        raise UserError(
+            f"schedule {spec.name!r} is already declared by {old.module}; {spec.module} must declare its schedule "
+            "under another name"
+        )
     _SCHEDULES[spec.name] = spec
     return spec
 
@@ -126,10 +130,7 @@ def get(name: str) -> ScheduleSpec:
     if name in _SCHEDULES:
         return _SCHEDULES[name]
     if "." in name:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise UserError(f"pipeline.schedule={name}: cannot import {name} ({exc}); is it on PYTHONPATH?") from None
+        import_named(name, f"pipeline.schedule={name}")
         found = [s for s in _SCHEDULES.values() if s.module == name]
         if len(found) != 1:
             raise UserError(f"pipeline.schedule={name} declares {len(found)} schedules with "
