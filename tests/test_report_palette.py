@@ -29,7 +29,8 @@ def _literal_colours(path: Path) -> list[str]:
             found.append(f"{path.name}:{node.lineno} {node.value}")
         if isinstance(node, ast.keyword) and node.arg in ("color", "colour", "c", "facecolor", "edgecolor", "mfc",
                                                           "mec", "markerfacecolor", "markeredgecolor", "ecolor"):
-            keys = {id(k) for sub in ast.walk(node.value) if isinstance(sub, ast.Subscript) for k in ast.walk(sub.slice)}
+            keys = {id(k) for sub in ast.walk(node.value) if isinstance(sub, ast.Subscript)
+                    for k in ast.walk(sub.slice)}  # fmt: skip
             for sub in ast.walk(node.value):  # NEUTRAL["black"]'s key is a name, not a colour picked here
                 if id(sub) not in keys and isinstance(sub, ast.Constant) and isinstance(sub.value, str) and (
                         sub.value in COLOUR_WORDS or HEX.match(sub.value)):  # fmt: skip

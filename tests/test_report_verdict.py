@@ -185,3 +185,41 @@ def test_a_one_seed_sweep_still_says_its_point_values(tmp_path):
     ratio = claims[("gap ratio", "adamw/muon")]
     assert first.startswith("1-step − sync, final val loss (95% intervals, 1 seed): adamw +0.4")
     assert f"adamw/muon gap ratio {ratio:.2f}x one seed: no interval" in first and ratio > 2
+
+
+def test_takeaway_lines_are_short_and_a_too_wide_closure_is_not_a_finding(tmp_path):
+    """Issue 55, on a real generated report (budgets, --target paper): every takeaway line, in report.md and on the
+    console, is at most 200 characters; Muon's EF closure, 81% [46%, 604%] (clear of 0, but wider than the whole
+    0-100% range), is printed as "not resolved", never as "recovers 81%"; AdamW's, 50% with a tight interval, is
+    a finding; the comparison with the paper says which runs it used."""
+    from asyncpipe.report.verdict import MAX_LINE
+
+    main = sweep(tmp_path / "main", "main", ["sync", "1-step", "1-step+EF"])
+    longer = sweep(tmp_path / "longer", "longer", ["1-step(x2)", "1-step+EF(x2)"])
+    muon_gap, muon_ef = [0.03, 0.04, 0.06], [0.034, 0.035, 0.036]  # per seed: 1-step − sync, 1-step − 1-step+EF
+    for seed in range(3):
+        L = 3.0 + 0.01 * seed
+        for opt, gap, closed in (("adamw", 0.4 + 0.01 * seed, 0.2 + 0.004 * seed), ("muon", muon_gap[seed],
+                                                                                 muon_ef[seed])):  # fmt: skip
+            write(main, "sync", opt, seed, line(L))
+            write(main, "1-step", opt, seed, line(L + gap))
+            write(main, "1-step+EF", opt, seed, line(L + gap - closed))
+            write(longer, "1-step(x2)", opt, seed, line(L - 0.05 + 0.01 * seed, 10000), steps=200)
+            write(longer, "1-step+EF(x2)", opt, seed, line(L - 0.1, 10000), steps=200)
+    res = CliRunner().invoke(app, ["report", str(main), str(longer), "--merge", "--target", "paper", "--no-plots",
+                                   "--no-wandb-log", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "o" / "report.md").read_text()
+    section = md[md.index("## Takeaways"):md.index("\n## ", md.index("## Takeaways") + 1)].splitlines()[2:]
+    assert len(section) >= 8 and max(map(len, section)) <= MAX_LINE, max(section, key=len)
+    printed = res.output[:res.output.index("Found ")].splitlines()
+    assert len(printed) >= 8 and max(map(len, printed[1:])) <= MAX_LINE  # the headline (first line) aside
+    text = "\n".join(section)
+    muon = text[text.index("- muon:"):]
+    assert "recovers" not in muon and "1-step+EF closes of 1-step's gap: not resolved ([46%, 604%]" in muon
+    assert "1-step+EF − 1-step -0.0350 [-0.0375, -0.0325] is resolved" in muon
+    assert "1-step+EF recovers 50% [" in text[:text.index("- muon:")]  # AdamW's, tight: a finding
+    assert "81%" not in md  # no point value of the too-wide closure anywhere: tables print it "not resolved"
+    assert "| not resolved [46%, 604%] |" in md
+    assert "- Against the paper: this report's runs (model=tiny, data=hamlet; seeds 0, 1, 2; final val loss at " in md
+    assert "  - other seeds give other intervals" in md

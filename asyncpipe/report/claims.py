@@ -5,7 +5,8 @@
 - vs EF: a mitigation other than lambda-1 EF minus the lambda-1 EF column (lambda 2 - lambda 1, method - EF);
 - closed: % of the plain column's gap the mitigation closes, (gap_plain - gap_method) / gap_plain as a ratio of
   means with Fieller's interval, optionally judged against a goal: a stated fraction, or with `--target paper` the
-  paper's own closure for that optimizer (asyncpipe.report.paper);
+  paper's own closure for that optimizer (asyncpipe.report.paper); a closure whose interval is wider than the whole
+  [0%, 100%] range says nothing of how much closes: it is shown and judged "not resolved", never as a percentage;
 - gap ratio: one optimizer's gap over another's for the same column (seeds paired by number); with `--target
   paper`, also set against the paper's ratio of the same two optimizers by its interval.
 
@@ -41,12 +42,23 @@ class Claim:
     clears_zero: bool | None = None  # a closure: whether it is resolved above/below 0 (its note may be the target's)
     goal: str = ""  # what `target` is: "the 85% target", "the paper's 90% (adamw, 360M: ...)"
     versus: str = ""  # a gap ratio set against the paper's: "below the paper's 23.17x (...)"
+    seeds: tuple = ()  # the seeds the interval is over (a gap ratio, a closure): which runs a comparison used
 
     @property
     def percent(self) -> bool:
         return self.kind in ("closed",)
 
+    @property
+    def uninformative(self) -> bool:
+        """A closure whose interval is wider than [0%, 100%] (or unbounded): it cannot say how much closes."""
+        iv = self.interval
+        if self.kind != "closed" or iv.n < 2 or math.isnan(iv.lo) or math.isnan(iv.hi):
+            return False
+        return math.isinf(iv.lo) or math.isinf(iv.hi) or iv.hi - iv.lo > 1.0
+
     def shown(self) -> str:
+        if self.uninformative:  # the interval alone, no point value to be read as a finding
+            return "not resolved " + self.interval.fmt(".0f", 100, "%").split(" ", 1)[1]
         if self.percent:
             return self.interval.fmt(".0f", 100, "%")
         if self.kind == "gap ratio":
@@ -132,14 +144,18 @@ def closure_claim(table: str, opt: str, variant: str, plain: str, by_seed: dict[
     den = _diffs(base, ref, seeds)  # gap_plain
     iv = fieller_ratio(num, den)
     notes, needed = [], None
+    wide = Claim(table, opt, "closed", "", variant, iv).uninformative
+    if wide:
+        notes.append("not resolved: its interval is wider than [0%, 100%]")
     for goal_ in [0.0] + ([target.value] if target is not None else []):
         if not ratio_resolved(num, den, goal_):
             needed = ratio_seeds_needed(num, den, goal_)
             note = verdict(iv, goal_, needed, 100, "%", resolved=False)
             notes.append(note.replace("not resolved (", "not resolved vs 0% (") if goal_ == 0.0 else note)
     return Claim(table, opt, "closed", f"{variant} closes of {plain}'s gap", variant, iv,
-                 target.value if target is not None else 0.0, needed, "; ".join(notes), ratio_resolved(num, den, 0.0),
-                 target.name() if target is not None else "")  # fmt: skip
+                 target.value if target is not None else 0.0, needed, "; ".join(notes),
+                 ratio_resolved(num, den, 0.0), target.name() if target is not None else "",
+                 seeds=tuple(seeds))  # fmt: skip
 
 
 def group_claims(table: str, stats: dict[str, dict[str, dict]], meta: dict[str, dict[str, dict]], reference: str,
@@ -214,7 +230,8 @@ def gap_ratio_claims(table: str, stats: dict[str, dict[str, dict]], reference: s
                 ok = ratio_resolved(num, den, 1.0)
                 needed = None if ok else ratio_seeds_needed(num, den, 1.0)
                 claim = Claim(table, f"{names[0]}/{names[1]}", "gap ratio", f"{v}: {names[0]}'s gap / {names[1]}'s",
-                              v, iv, 1.0, needed, verdict(iv, 1.0, needed, 1, "x", ok))  # fmt: skip
+                              v, iv, 1.0, needed, verdict(iv, 1.0, needed, 1, "x", ok),
+                              seeds=tuple(seeds))  # fmt: skip
                 if paper:
                     claim.versus = versus_paper(num, den, iv, str(names[0]), str(names[1]), model)
                 out.append(claim)

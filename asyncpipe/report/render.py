@@ -15,6 +15,7 @@ from asyncpipe.report.load import COMPLETED, accounting
 from asyncpipe.report.paper import PAPER, SOURCE, table_lines
 from asyncpipe.report.tables import GroupTable, matched_values
 from asyncpipe.report.target import speedup_table, tokens_table
+from asyncpipe.report.verdict import paper_basis, takeaway_lines
 
 NOISE = ("Every ± and interval covers seed-to-seed variation only: a seed fixes the initialisation and the data "
          "order. It does not cover numerical differences between machines (another CPU model or thread count "
@@ -95,6 +96,13 @@ def claims_table(report: Any) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("table") if rows else pd.DataFrame()
 
 
+def printed_takeaways(report: Any) -> list[str]:
+    """The takeaways as printed: one short line per clause (asyncpipe.report.verdict.takeaway_lines), then which
+    runs any comparison with the paper used."""
+    basis = paper_basis(report.claims, {g.title: g.matched_tokens for g in report.groups})
+    return [line for t in report.takeaways + basis for line in takeaway_lines(t)]
+
+
 def dirty_note(report: Any) -> str:
     codes = report.runs["code"].astype(object).fillna("unrecorded")
     dirty = int(codes.str.contains("(dirty)", regex=False).sum())
@@ -115,7 +123,8 @@ def to_markdown(report: Any) -> str:
         if "glance.png" in report.files:
             parts.append(GLANCE_CAPTION + "\n\n![each optimizer's gap at a glance](glance.png)\n")
     if report.takeaways:
-        parts.append("## Takeaways\n\n" + "\n".join(f"- {t}" for t in report.takeaways) + "\n")
+        parts.append("## Takeaways\n\n" + "\n".join(
+            line if line.startswith(" ") else f"- {line}" for line in printed_takeaways(report)) + "\n")
     for group in report.groups:
         parts += [f"## {group.title}\n", md_table(group.table) + "\n", matched_note(group) + "\n"]
     parts.append("## What was compared\n\n" + "\n".join(f"- {line}" for line in report.grouping.describe()) + "\n")
@@ -228,7 +237,7 @@ def render_terminal(report: Any) -> Any:
     from rich.text import Text
 
     items: list[Any] = [Text(line, style="bold cyan") for line in headline(report.claims)]
-    items += [Text(t, style="bold") for t in report.takeaways]
+    items += [Text(line, style="bold" if not line.startswith(" ") else "") for line in printed_takeaways(report)]
     note = runs_note(report)
     items.append(Text(note, style="yellow" if "skipped" in note else ""))
     for group in report.groups:

@@ -17,10 +17,15 @@ def _gap_clause(c: Claim) -> str:
 
 
 def _closure_clause(closed: Claim | None, effect: Claim | None) -> str:
-    if closed is None or not closed.clears_zero:
-        if effect is None:
-            return ""
-        return f"{effect.label} {effect.shown()} is {effect.note or 'resolved'}"
+    """What a mitigation recovers: a closure only where its interval clears 0 and is no wider than [0%, 100%];
+    otherwise its own effect (mitigated − plain), and, for too wide a closure, that it is not resolved."""
+    if closed is None or not closed.clears_zero or closed.uninformative:
+        said = f"{effect.label} {effect.shown()} is {effect.note or 'resolved'}" if effect is not None else ""
+        if closed is not None and closed.clears_zero and closed.uninformative:  # clear of 0, but says nothing more
+            wide = closed.shown().removeprefix("not resolved ")
+            said += (f"{'; ' if said else ''}{closed.label}: not resolved ({wide}, wider than [0%, 100%], "
+                     f"{closed.interval.n} seeds)")  # fmt: skip
+        return said
     clause = f"{closed.variant} recovers {closed.shown()} of the gap"
     if closed.goal:
         if not closed.note:
@@ -78,4 +83,47 @@ def takeaways(claims: list[Claim], ladders: list[Ladder], bench: list[dict], sev
             if not c.note:
                 said = f"{c.label} ({c.table}): {c.shown()}" if several_tables else f"{c.label}: {c.shown()}"
                 out.append(said + (f", {c.versus}." if c.versus else "."))
+    return out
+
+
+MAX_LINE = 200  # no printed takeaway line is longer (issue 55)
+
+
+def _top_level(text: str) -> list[str]:
+    """`text` split at each "; " outside brackets and parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += 1 if ch in "([" else -1 if ch in ")]" else 0
+        if depth == 0 and text.startswith("; ", i):
+            parts.append(text[start:i])
+            start = i + 2
+    return parts + [text[start:]]
+
+
+def takeaway_lines(sentence: str) -> list[str]:
+    """A takeaway as printed: its first clause on the bullet's line, every further clause a sub-bullet (`  - `), each
+    line at most MAX_LINE characters (a longer clause wraps onto indented continuation lines)."""
+    import textwrap
+
+    first, *rest = _top_level(sentence.rstrip("."))
+    # "against the strongest synchronous schedule ...: X" qualifies the clause before it: one level deeper
+    lines = [first] + [("    - " if clause.startswith("against ") else "  - ") + clause for clause in rest]
+    out = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        out += textwrap.wrap(line, MAX_LINE - 2, subsequent_indent=indent, break_on_hyphens=False) or [line]
+    return out
+
+
+def paper_basis(claims: list[Claim], matched: dict[str, int | None]) -> list[str]:
+    """One line per table whose claims are set against the paper: which of this report's runs the comparison uses
+    (seeds, token count), so two reports' verdicts against the same paper figure can be told apart."""
+    out = []
+    judged = [c for c in claims if c.versus or (c.kind == "closed" and c.goal.startswith("the paper's"))]
+    for table in dict.fromkeys(c.table for c in judged):
+        seeds = sorted({s for c in judged if c.table == table for s in c.seeds}, key=str)
+        tokens = matched.get(table)
+        at = f"; final val loss at {tokens:,} tokens" if tokens else ""
+        out.append(f"Against the paper: this report's runs ({table}; seeds {', '.join(map(str, seeds))}{at}); "
+                   "the paper's table (360M; MoE-10B for MoE runs); other seeds give other intervals.")
     return out
