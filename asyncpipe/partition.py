@@ -183,7 +183,28 @@ def cut_problem(cfg: Any) -> str:
     """Why ``cfg``'s `pipeline.cut` cannot cut its model ('' when it can): the config check, one line."""
     cut = cfg.pipeline.get("cut", "balanced")
     if isinstance(cut, str):
-        return "" if cut in CUTS else f"pipeline.cut={cut} is not allowed; choose one of: {', '.join(CUTS)}, or a list of blocks per stage"
+        allowed = f"choose one of: {', '.join(CUTS)}, or a list of blocks per stage"
+        return "" if cut in CUTS else f"pipeline.cut={cut} is not allowed; {allowed}"
     from asyncpipe.schedules import resolve
 
     return check_blocks(list(cut), cfg.model.n_layer, cfg.pipeline.stages * resolve(cfg).chunks)
+
+
+def tied_problem(cfg: Any) -> str:
+    """Why ``cfg``'s tied embeddings cannot run on `engine=pipeline` ('' when they can): split over stage 0 and
+    stage P-1 (one chunk per rank), the two copies are summed and stepped alike (`pipe.tied`) under 1F1B and 2BW
+    (+ EF), where both stages read one weight version per step, with one global clipping norm."""
+    from asyncpipe.schedules import resolve
+
+    p, name = cfg.pipeline, resolve(cfg).name
+    untie = f"add model.tie_embeddings=false (model '{cfg.model.name}' ties them)"
+    if p.get("torch_schedule") is not None:
+        return f"pipeline.torch_schedule runs untied embeddings only; {untie}"
+    if p.stages == 1 or resolve(cfg).chunks > 1:
+        return ""  # the embedding and the head in one process: tied there
+    if name not in ("1f1b", "2bw"):
+        return (f"engine=pipeline ties embeddings across stages under 1f1b and 2bw only (pipeline.schedule={name}: "
+                f"its stages read different weight versions at one step); {untie}")
+    if p.clip == "stage" and cfg.train.grad_clip > 0:
+        return f"tied embeddings across stages need pipeline.clip=global (one norm for the shared matrix); {untie}"
+    return ""

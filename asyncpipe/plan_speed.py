@@ -5,6 +5,7 @@ calibration measured on this machine (a `bench pipeline` JSON of the same model)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -12,6 +13,15 @@ from typing import Any, Optional, Sequence
 from asyncpipe.errors import ConfigError, UserError
 
 DEFAULT_PROFILE = "h100_assumed"
+# A device profile's numbers: (smallest, whether the smallest itself is allowed, largest); finite, never bool
+PROFILE_RANGES = {
+    "matmul_flops": (0.0, False, math.inf), "efficiency": (0.0, False, 1.0),
+    "backward_over_forward": (0.0, False, math.inf),
+    "memory_bytes_per_s": (0.0, False, math.inf), "step_bytes_per_param": (0.0, True, math.inf),
+    "ef_bytes_per_param": (0.0, True, math.inf), "p2p_bytes_per_s": (0.0, False, math.inf),
+    "p2p_latency_s": (0.0, True, math.inf), "allreduce_bytes_per_s": (0.0, False, math.inf),
+    "allreduce_latency_s": (0.0, True, math.inf), "overhead_s": (0.0, True, math.inf),
+}
 
 
 @dataclass
@@ -41,7 +51,7 @@ def cost_model(cfg: Any, profile: str) -> Any:
     """The cost model of ``cfg``'s model: a device profile by name / YAML path, or a bench JSON measured here."""
     import json
 
-    from asyncpipe.timelines.cost_source import from_bench, from_profile, load_profile
+    from asyncpipe.timelines.cost_source import from_bench, from_profile
 
     if profile.endswith(".json"):
         try:
@@ -52,12 +62,39 @@ def cost_model(cfg: Any, profile: str) -> Any:
             raise UserError(f"--profile {profile}: calibrated on model {rec.get('model') if isinstance(rec, dict) else '?'}"
                             f", not model={cfg.model.name}; a measured calibration holds for its own model only")  # fmt: skip
         return from_bench(rec, profile)
-    return from_profile(load_profile(profile), cfg)
+    return from_profile(checked_profile(profile), cfg)
 
 
-def at_cut(model: Any, blocks: list[int]) -> Any:
+def checked_profile(name_or_path: str) -> dict:
+    """`cost_source.load_profile`'s profile with every value's type and range checked: a YAML that does not parse,
+    a number that is not one, not finite or out of range (efficiency in (0, 1], rates > 0, the rest >= 0) is one
+    `UserError` naming the file and the key, never a traceback or a prediction from nonsense."""
+    from asyncpipe.timelines.cost_source import PROFILE_DIR, load_profile
+
+    path = Path(name_or_path) if Path(name_or_path).suffix else PROFILE_DIR / f"{name_or_path}.yaml"
+    try:
+        data = load_profile(name_or_path)
+    except UserError:
+        raise
+    except Exception as exc:  # the YAML parser's many error types: the file is not a YAML mapping
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"--profile {path}: not a readable YAML device profile ({first})") from None
+    for key, (low, low_ok, high) in PROFILE_RANGES.items():
+        v = data[key]
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not number or v < low or (v == low and not low_ok) or v > high:
+            bound = f"{'>=' if low_ok else '>'} {low:g}" + (f" and <= {high:g}" if math.isfinite(high) else "")
+            raise UserError(f"--profile {path}: {key} = {v!r} must be a finite number {bound}")
+    for key, kind in (("name", str), ("note", str), ("measured", bool)):
+        if not isinstance(data[key], kind):
+            raise UserError(f"--profile {path}: {key} = {data[key]!r} must be a {kind.__name__}")
+    return data
+
+
+def at_cut(model: Any, blocks: list[int], copy: int = 0) -> Any:
     """``model`` (a `timelines.cost.CostModel`) with one layer per chunk of the cut ``blocks`` (blocks per chunk,
-    `asyncpipe.partition`), between a free embedding and head: the cost model's own even cut of it is this cut."""
+    `asyncpipe.partition`), between a free embedding and head: the cost model's own even cut of it is this cut.
+    ``copy``: parameters of a tied embedding's copy on the last chunk (`pipe.tied`), stepped there too."""
     from dataclasses import replace
 
     from asyncpipe.partition import partition
@@ -67,7 +104,9 @@ def at_cut(model: Any, blocks: list[int]) -> Any:
     def chunked(xs: list) -> list:
         return [0, *(sum(xs[parts[c] : parts[c + 1]]) for c in range(len(blocks))), 0]
 
-    return replace(model, forward=chunked(model.forward), backward=chunked(model.backward), params=chunked(model.params))
+    f, b, n = chunked(model.forward), chunked(model.backward), chunked(model.params)
+    n[-2] += copy
+    return replace(model, forward=f, backward=b, params=n)
 
 
 def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_PROFILE) -> tuple[list[Speed], str]:
@@ -92,8 +131,11 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
             p, t = cfg.pipeline, cfg.train
             how = dict(ef=cfg.compensation.name == "ef", clip=p.clip if t.grad_clip > 0 else "stage")
             cut = cut_blocks(cfg, p.stages * spec.chunks)
-            pred = predict(at_cut(model, cut), spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
-            even_model = at_cut(model, even_blocks(cfg.model.n_layer, len(cut)))
+            m = cfg.model  # a tied matrix split over stage 0 and P-1: the last stage steps a copy
+            split = m.tie_embeddings and len(cut) == p.stages > 1
+            copy = m.d_model * int(m.vocab_size or cfg.tokenizer.vocab_size) if split else 0
+            pred = predict(at_cut(model, cut, copy), spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
+            even_model = at_cut(model, even_blocks(m.n_layer, len(cut)), copy)
             even = predict(even_model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
         except (ConfigError, UserError) as err:
             out.append(Speed(spec.name, reason=str(err).split("\n")[0]))

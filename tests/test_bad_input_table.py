@@ -49,6 +49,15 @@ def bad_sweep_file(tmp: Path) -> None:
     (tmp / "bad.yaml").write_text("name: bad\ngrid: {seed: '0,1'}\nvariants: {a: [delay=1], b: ['delay=0,1']}\n")
 
 
+def bad_profile(tmp: Path, line: str) -> None:
+    """The shipped device profile with one line replaced (``key: value``)."""
+    from asyncpipe.timelines.cost_source import PROFILE_DIR
+
+    key = line.split(":")[0]
+    text = (PROFILE_DIR / "h100_assumed.yaml").read_text().splitlines()
+    (tmp / "p.yaml").write_text("\n".join(line if t.startswith(f"{key}:") else t for t in text) + "\n")
+
+
 def train(*overrides: str) -> list[str]:
     """`asyncpipe train` with these overrides, in the scratch dir unless they set run.dir."""
     run_dir = [] if any(o.startswith("run.dir=") for o in overrides) else ["run.dir={tmp}/run"]
@@ -108,6 +117,18 @@ CASES: dict[str, Case] = {
     "2BW with m < P": Case(train("engine=pipeline", "delay=1", "pipeline.stages=4", "train.micro_batches=3"),
                            "micro_batches >= pipeline.stages"),
     "more stages than layers": Case(train("engine=pipeline", "pipeline.stages=6"), "pipeline.stages=6 exceeds the 4"),
+    "cut of too few blocks": Case(train("engine=pipeline", "pipeline.cut=[1,1]"), "pipeline.cut=[1, 1] holds 2 blocks"),
+    "cut by name unknown": Case(train("engine=pipeline", "pipeline.cut=fast"), "pipeline.cut=fast is not allowed"),
+    # -- plan --profile (issue 56): a device profile's YAML, types and ranges, one line naming the file and key
+    **{f"plan --profile {why}": Case(["plan", "--profile", "{tmp}/p.yaml", "model=tiny"],
+                                     f"--profile {{tmp}}/p.yaml: {said}", lambda tmp, line=line: bad_profile(tmp, line))
+       for why, line, said in [
+           ("malformed YAML", "matmul_flops: [", "not a readable YAML device profile"),
+           ("efficiency 0", "efficiency: 0", "efficiency = 0 must be a finite number > 0 and <= 1"),
+           ("efficiency -0.4", "efficiency: -0.4", "efficiency = -0.4 must be a finite number > 0 and <= 1"),
+           ("matmul_flops fast", "matmul_flops: fast", "matmul_flops = 'fast' must be a finite number > 0"),
+           ("overhead inf", "overhead_s: .inf", "overhead_s = inf must be a finite number >= 0"),
+       ]},
     "pipedream needs delay 1": Case(train("delay_profile=pipedream", "delay=0"), "use it with delay=1"),
     "unknown engine": Case(train("engine=warp"), "engine=warp is not allowed"),
     "unknown wandb mode": Case(train("tracker.wandb.mode=sometimes"), "tracker.wandb.mode=sometimes is not allowed"),

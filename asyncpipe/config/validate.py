@@ -100,11 +100,10 @@ def validate(cfg: DictConfig) -> None:
         from asyncpipe.partition import cut_problem
 
         _need(not cut_problem(cfg), cut_problem(cfg))  # a bad pipeline.cut list: one line
-    if cfg.engine == "pipeline":
-        _need(
-            not m.tie_embeddings,
-            f"engine=pipeline needs untied embeddings; add model.tie_embeddings=false (model '{m.name}' ties them)",
-        )
+    if cfg.engine == "pipeline" and m.tie_embeddings:
+        from asyncpipe.partition import tied_problem
+
+        _need(not tied_problem(cfg), tied_problem(cfg))  # tied across stages: 1F1B and 2BW (`pipe.tied`)
     check_schedule(cfg)  # the schedule's declaration (`asyncpipe.schedules`): engines, delay, clipping, methods, P, m
     if p.get("torch_schedule") is not None:
         from asyncpipe.torch_schedules import config_problem

@@ -93,6 +93,8 @@ class Block(nn.Module):
 class Head(nn.Module):
     """Final RMSNorm and the output projection: hidden [B, T, D] -> logits [B, T, V]."""
 
+    tied_copy = False  # True: its own copy of a tied embedding held on another rank (`build_layers`)
+
     def __init__(self, d_model: int, vocab_size: int, eps: float, tied_to: Optional[Embedding] = None):
         super().__init__()
         self.norm = nn.RMSNorm(d_model, eps=eps)
@@ -112,13 +114,13 @@ class Head(nn.Module):
 def build_layers(cfg: Any, vocab_size: int, seed: int = 0, indices: Optional[Iterable[int]] = None) -> list[nn.Module]:
     """``[Embedding, Block x n_layer, Head]`` for a `ModelConfig`-shaped cfg, each initialised from (seed, index).
 
-    ``indices`` builds only those layers (a pipeline stage); the others are ``None`` placeholders.
+    ``indices`` builds only those layers (a pipeline stage); the others are ``None`` placeholders. A tied head
+    built without its embedding (the last stage of a pipeline) holds a copy of the embedding's matrix, initialised
+    as the embedding is, and is marked ``tied_copy`` (the engine sums the two copies' gradients: `pipe.tied`).
     """
     n = cfg.n_layer
     total = n + 2
     wanted = set(range(total)) if indices is None else set(indices)
-    if cfg.tie_embeddings and not {0, total - 1} <= wanted and wanted & {0, total - 1}:
-        raise ValueError("tied embeddings need the embedding and the head in the same process")
     n_kv = cfg.n_kv_head or cfg.n_head
     std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * n)
     layers: list[Optional[nn.Module]] = [None] * total
@@ -130,7 +132,9 @@ def build_layers(cfg: Any, vocab_size: int, seed: int = 0, indices: Optional[Ite
         elif i == total - 1:
             tied = layers[0] if cfg.tie_embeddings else None
             layer = Head(cfg.d_model, vocab_size, cfg.norm_eps, tied_to=tied)
-            layer.init_weights(std, gen)
+            copy = cfg.tie_embeddings and tied is None  # the embedding lives elsewhere: a copy of its initial matrix
+            layer.init_weights(std, layer_generator(seed, 0) if copy else gen)
+            layer.tied_copy = copy
         else:
             layer = Block(cfg.d_model, cfg.n_head, n_kv, cfg.d_ff, cfg.rope_theta, cfg.norm_eps, moe=_moe(cfg))
             layer.init_weights(std, out_std, gen)

@@ -79,6 +79,7 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
         schedule=spec.name, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip,
         lr_schedule=LRSchedule.of(t), trace=p.trace, defer_step=p.defer_step,
         standin=(float(p.standin.forward_s), float(p.standin.backward_s)) if p.get("standin") else (0.0, 0.0),
+        tied=bool(cfg.model.tie_embeddings) and spec.chunks == 1 and p.stages > 1,
     )  # fmt: skip
     mpu = module.mpu()
     engine = engine_cls(

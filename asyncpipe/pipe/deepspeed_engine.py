@@ -33,6 +33,7 @@ from asyncpipe.pipe.stage import PipeSettings
 from asyncpipe.pipe.stage_metrics import StageMetrics
 from asyncpipe.pipe.standin import StandInPad
 from asyncpipe.pipe.stash import WeightStash
+from asyncpipe.pipe.tied import TiedGrads
 from asyncpipe.runtime.previous import PreviousWeights
 from asyncpipe.runtime.saved import keep_saved_tensors
 from asyncpipe.schedules import get as get_schedule
@@ -67,6 +68,7 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         self.spec = get_schedule(settings.schedule)
         P, s = self.num_stages, self.stage_id
         self.stash = WeightStash(self.module, self.spec.weight_versions(P, s) - 1)  # the stash holds 1 or 2
+        self.tied = TiedGrads(self, settings.tied)  # a tied embedding's two copies (`pipe.tied`)
         self.activations = ActivationMeter(self._weight_tensors)
         self.pipe_buffers["grads"], self.pipe_buffers["losses"] = [], []
         self.init_p2p()
@@ -74,13 +76,12 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         self._pipe_group = self.grid.get_pipe_parallel_group()
         self._dp_group = self.grid.get_data_parallel_group()
         self._dp = self.grid.get_data_parallel_world_size()
-        # A group of its own keeps metric messages out of the activation/gradient message order; gloo
-        # because the vectors live on the CPU whatever the device.
+        # A gloo group of its own keeps metric messages (CPU vectors) out of the activation/gradient message order.
         self.reporter = StepReporter(self.rank, self.world, tdist.new_group(list(range(self.world)), backend="gloo"))
         cross_stage = settings.clip == "global" and settings.max_norm > 0 and self.num_stages > 1
         self._global_norm = cross_stage
         counts: list = [None] * self.num_stages
-        tdist.all_gather_object(counts, len(self.stash.params), group=self._pipe_group)
+        tdist.all_gather_object(counts, self.tied.norm_tensors(len(self.stash.params)), group=self._pipe_group)
         self._tensor_offset, self._n_tensors_total = sum(counts[: self.stage_id]), sum(counts)
         defer = settings.defer_step if settings.defer_step is not None else cross_stage
         # A deferred step needs the next batch to run on another version meanwhile (2BW's second one).
@@ -180,16 +181,14 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
             self._run(sched.OptimizerStep(batch=self.global_steps))
 
     def restart_at(self, step: int) -> None:
-        """Continue a run whose first ``step`` optimizer steps are already in the weights (a resumed checkpoint):
-        the next `train_batch` runs batch ``step``, warming the 2BW stream up again from there."""
+        """Continue after ``step`` optimizer steps (a resumed checkpoint): `train_batch` runs batch ``step`` next."""
         self.global_steps = self._batches_run = step
         self.global_samples = step * self.train_batch_size()
         self._resuming = True  # its first forwards may read W(step-1): `previous`, loaded with the checkpoint
         self._open_stream(step)
 
     def _open_stream(self, start: int) -> None:
-        """The declared stream from batch ``start`` to the end of the run, one for the whole run (no flush);
-        `train_batch` runs it up to the next cut."""
+        """The declared stream from batch ``start`` to the run's end (no flush); `train_batch` runs it cut by cut."""
         if self.spec.stream is None:
             return
         ticks = self.spec.stream(self.micro_batches, self.num_stages, self.stage_id, self.settings.total_steps,
@@ -197,8 +196,7 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         self._cmds = (cmd for tick in ticks for cmd in tick)
 
     def _stream_buffers(self) -> int:
-        """The declared peak in flight on this stage, plus a spare slot so a receive never lands on a slot whose
-        gradient is still being sent."""
+        """The declared peak in flight here plus a spare slot (a receive never lands on a slot still being sent)."""
         return sum(self.spec.in_flight(self.num_stages, self.micro_batches, self.stage_id)) + 1
 
     def _exec_schedule(self, pipe_schedule: Any) -> None:
@@ -322,7 +320,8 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         # Per-tensor norms, placed at this stage's offset in the model-wide list; the all-reduce sums zeros
         # elsewhere, so every stage gets the exact list one process would have and reduces it like
         # `grad_sq_norm` does there (bit-identical clipping, which Muon's bf16 Newton-Schulz would amplify).
-        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
+        self.tied.reduce(grads, self._waiting)  # a tied matrix: the two copies' gradients summed
+        norms = torch.stack(torch._foreach_norm(self.tied.counted(grads), 2, dtype=torch.float32))
         stage_sq = _sq_norm_of(norms)
         work = None
         if self._global_norm:
@@ -338,6 +337,7 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         if batch is not None and batch != b:
             raise RuntimeError(f"stage {self.stage_id}: optimizer step for batch {batch} but {b} is next")
         grads, stage_sq, norms, work = self._pending.pop(b)
+        self.tied.wait(self._waiting)
         if work is not None:
             with self._waiting("norm_allreduce"):
                 work.wait()

@@ -57,3 +57,4 @@ class PipeSettings:
     # Stand-in compute (pipeline.standin): seconds each forward / backward of a stage's micro-batch lasts at least,
     # its real op padded by a wait (a V's chunks half each; a recomputed forward adds the forward's): known compute.
     standin: tuple[float, float] = (0.0, 0.0)
+    tied: bool = False  # a tied embedding split over stage 0 and stage P-1: sum its two copies' gradients (`pipe.tied`)
