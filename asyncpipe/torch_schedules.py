@@ -68,10 +68,13 @@ def config_problem(cfg: Any) -> Optional[str]:
     return None
 
 
-def chunk_layers(s: TorchSchedule, n_layers_total: int, stages: int) -> list[list[int]]:
+def chunk_layers(
+    s: TorchSchedule, n_layers_total: int, stages: int, blocks: Optional[list[int]] = None
+) -> list[list[int]]:
     """Layer indices of each chunk: ``[Embedding, Block x n, Head]`` cut into P x chunks pieces where
-    `asyncpipe.model.partition` cuts them (one chunk per rank: exactly DeepSpeed's stages)."""
+    `asyncpipe.partition` cuts them (``blocks`` per chunk: `partition.cut_blocks`, the run's `pipeline.cut`; one
+    chunk per rank: exactly DeepSpeed's stages)."""
     from asyncpipe.partition import partition
 
-    parts = partition(n_layers_total, stages * s.chunks)
+    parts = partition(n_layers_total, stages * s.chunks, blocks)
     return [list(range(parts[c], parts[c + 1])) for c in range(stages * s.chunks)]

@@ -95,3 +95,11 @@ def test_plan_cost_model_and_simulator_read_the_same_cut() -> None:
     torch.manual_seed(0)
     model = GPT(cfg.model, 256)
     assert stage_cut(model, 2, cut_blocks(cfg)) == [0, 2, 6]
+
+
+def test_pytorch_schedules_cut_where_pipeline_cut_says() -> None:
+    from asyncpipe.torch_schedules import chunk_layers, spec
+
+    cfg = compose(["model=tiny", "engine=pipeline", "pipeline.cut=[1,3]"])
+    assert chunk_layers(spec("1f1b"), 6, 2, cut_blocks(cfg, 2)) == [[0, 1], [2, 3, 4, 5]]
+    assert chunk_layers(spec("1f1b"), 6, 2) == [[0, 1, 2], [3, 4, 5]]  # no cut given: even

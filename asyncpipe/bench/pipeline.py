@@ -90,6 +90,7 @@ def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
 
     from asyncpipe.data import dataset_dir, load_manifest
     from asyncpipe.model import build_layers, stage_layers
+    from asyncpipe.partition import cut_blocks
     from asyncpipe.optim import build_optimizer
     from asyncpipe.runtime.device import vocab_size_for
 
@@ -100,7 +101,7 @@ def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
     torch_schedule = cfg.pipeline.get("torch_schedule") is not None
     out = []
     for s in range(cfg.pipeline.stages):
-        _, mine = stage_layers(cfg.model.n_layer + 2, cfg.pipeline.stages, s, v_shape)
+        _, mine = stage_layers(cfg.model.n_layer + 2, cfg.pipeline.stages, s, v_shape, cut_blocks(cfg))
         mine = pt.layers_of(cfg, s) if torch_schedule else mine
         layers = build_layers(cfg.model, vocab, seed=cfg.seed, indices=mine)
         module = torch.nn.Sequential(*[layer for layer in layers if layer is not None])

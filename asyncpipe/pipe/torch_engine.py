@@ -28,6 +28,7 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from asyncpipe.data import MicroBatches
 from asyncpipe.dist import Comm
+from asyncpipe.partition import cut_blocks
 from asyncpipe.torch_schedules import chunk_layers, rank_chunks, spec
 from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale
 from asyncpipe.model.compile import compile_modules, wanted
@@ -94,7 +95,7 @@ class TorchPipeliningEngine:
         P, m = p.stages, t.micro_batches
         self.m, self.stages = m, P
         n_total = cfg.model.n_layer + 2
-        per_chunk = chunk_layers(self.sched, n_total, P)
+        per_chunk = chunk_layers(self.sched, n_total, P, cut_blocks(cfg, P * self.sched.chunks))  # pipeline.cut
         self.chunks = rank_chunks(self.sched, P, self.rank)
         self.memory_baseline = memory.mark(setup.device)
         mine = sorted(i for c in self.chunks for i in per_chunk[c])
