@@ -27,6 +27,7 @@ from typing import Sequence
 from asyncpipe.errors import UserError
 from asyncpipe.report.bench_file import check, per_round
 from asyncpipe.report.spread import Spread, exact, modelled_spread, paired_over, rounds_spread
+from asyncpipe.schedules import get as schedule_named
 
 GRID = [(P, k * P) for P in (2, 4, 8) for k in (1, 2, 4)]  # P = 2, 4, 8 and m = P, 2P, 4P
 
@@ -138,7 +139,8 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         value, where, sync = modelled
         best, over_1f1b = sync if sync is not None and sync[1] > 1.0 else ("1f1b", 1.0)
         where += f"; {note}" if note else ""
-        return Throughput(stages, micro_batches, value, value / over_1f1b, best, where, MODELLED_LABELS[best],
+        label = f"{schedule_named(best).label} (modelled)"
+        return Throughput(stages, micro_batches, value, value / over_1f1b, best, where, label,
                           modelled_spread(value, "1f1b"), modelled_spread(value / over_1f1b, best), note)  # fmt: skip
     return Throughput(stages, micro_batches, ideal_ratio(stages, micro_batches), None, "1f1b", "ideal (m+P-1)/m")
 
@@ -147,7 +149,6 @@ _MODELS: dict[str, object] = {}  # calibrations already made, by file
 # Ratios already modelled, by (file, schedule, P, m, ef): a report asks for each cell's several times (its tables,
 # takeaways and wall-clock columns), and each answer replays whole timelines (the v5 ttt report: 81 asks, 21 distinct).
 _RATIOS: dict[tuple, tuple[float, tuple[str, float] | None] | None] = {}
-MODELLED_LABELS = {"1f1b": "1F1B (modelled)", "dualpipev": "DualPipeV (modelled)"}
 
 
 def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool = False, schedule: str = "2bw"

@@ -45,6 +45,8 @@ class ScheduleSpec:
     ideal: Optional[Stream] = None  # the stream its ideal timeline replays, when not ``stream`` (DeepSpeed's, translated)
     # or its one-batch op order, (P, m) -> `asyncpipe.schedules.orders.Plan` (replayed by data dependencies)
     order: Optional[Callable[[int, int], Any]] = None
+    bubble_note: str = ""  # a few words on its bubble, for the bubble table
+    label: str = ""  # how tables and figures name it ("1F1B"); "" = its name
     delay: Optional[int] = None  # the uniform delay it implies (checked against `delay`); None: any the check allows
     chunks: int = 1  # model chunks per rank (2: a V, DualPipeV)
     engines: tuple[str, ...] = ("simulate", "pipeline")
@@ -71,8 +73,8 @@ class ScheduleSpec:
 
     @property
     def orders(self) -> Optional[str]:
-        """The name of its one-batch order in `asyncpipe.schedules.orders.plans` (None: it has none of its own)."""
-        return self.name if self.order is not None else None
+        """The name of the one-batch order it is replayed by when it has no stream (`schedules.orders.plans`)."""
+        return self.name if self.order is not None and self.stream is None and self.ideal is None else None
 
     @property
     def straddle(self) -> str:

@@ -117,7 +117,8 @@ def _check(cfg: Any) -> None:
 
 SPEC = declare_schedule(ScheduleSpec(
     name="dualpipev", note="synchronous DualPipeV (DeepSpeed's): 2 chunks per rank in a V, a flush per batch",
-    versions=uniform(0), weight_versions=lambda P, s: 1, in_flight=in_flight, stream=None, order=dualpipev,
+    versions=uniform(0), weight_versions=lambda P, s: 1, in_flight=in_flight, stream=None, order=dualpipev, bubble_note="2 chunks per rank (V), W inside B",
+    label="DualPipeV",
     delay=0, chunks=2, check=_check, engine_class="asyncpipe.pipe.dualpipev:DualPipeVRunEngine",
     module_class="asyncpipe.pipe.dualpipev:DualPipeVModule", stage_delay=lambda P, s, delay: 0,
 ))  # fmt: skip

@@ -21,6 +21,7 @@ from asyncpipe.schedules.instructions import (
     check_stream,
     from_deepspeed,
 )
+from asyncpipe.schedules.orders import Op, Plan
 
 
 def flushed_1f1b_stream(micro_batches: int, stages: int, stage_id: int, batches: int = 1) -> list[Instruction]:
@@ -83,6 +84,15 @@ def train_schedule_stream(micro_batches: int, stages: int, stage_id: int, batche
 
 
 
+def one_f_one_b(stages: int, micro_batches: int) -> Plan:
+    """1F1B's one-batch order: each rank's forwards and backwards in its flushed stream's order."""
+    ranks = []
+    for r in range(stages):
+        stream = flushed_1f1b_stream(micro_batches, stages, r)
+        passes = [cmd for cmd in stream if isinstance(cmd, (ForwardPass, BackwardPass))]
+        ranks.append([Op("F" if isinstance(cmd, ForwardPass) else "B", r, cmd.micro_batch) for cmd in passes])
+    return Plan("1f1b", stages, micro_batches, list(range(stages)), ranks)
+
 def _ideal(m: int, P: int, stage: int, batches: int, start: int = 0, defer_step: bool = False) -> list:
     return [flushed_1f1b_stream(m, P, stage, batches)]  # TrainSchedule's order, without DeepSpeed
 
@@ -90,5 +100,5 @@ def _ideal(m: int, P: int, stage: int, batches: int, start: int = 0, defer_step:
 SPEC = declare_schedule(ScheduleSpec(
     name="1f1b", note="synchronous 1F1B with a flush per batch (DeepSpeed's TrainSchedule)",
     versions=uniform(0), weight_versions=lambda P, s: 1, in_flight=one_f_one_b_in_flight,
-    stream=None, ideal=_ideal, delay=0, stage_delay=lambda P, s, delay: 0,
+    stream=None, ideal=_ideal, order=one_f_one_b, delay=0, bubble_note="(P-1)/(m+P-1)", label="1F1B", stage_delay=lambda P, s, delay: 0,
 ))  # fmt: skip

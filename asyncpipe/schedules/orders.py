@@ -4,12 +4,12 @@ dependencies (`asyncpipe.timelines.orders.replay`). Pure Python: no torch.
 A plan is, per pipeline rank, the order in which it runs forwards (F), backwards (B) and, for zero-bubble
 schedules, deferred weight-gradient passes (W) of one batch, on model chunks (virtual stages).
 
-- ``1f1b``: read off 1F1B's instruction stream (`asyncpipe.schedules.onef1b`), so its order is written once.
 - ``zb-h1``: 1F1B with the backward split into B (input gradient, on the critical path) and W (weight
   gradient); rank r holds back its W's by r backwards and runs them after the last B (Qi et al. 2023).
 - ``interleaved-1f1b``: v chunks per rank, chunk c on rank c mod P; forwards go round the chunks in groups of
   P micro-batches, depth first (Narayanan et al. 2021).
-- a declared schedule's own ``order`` (DualPipeV's, in `asyncpipe.schedules.dualpipev`).
+- every declared schedule's own ``order`` (1F1B's, read off its stream, in `asyncpipe.schedules.onef1b`;
+  DualPipeV's in `asyncpipe.schedules.dualpipev`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from asyncpipe.errors import UserError
-from asyncpipe.schedules.instructions import BackwardPass, ForwardPass
 
 
 @dataclass(frozen=True)
@@ -43,17 +42,6 @@ class Plan:
     def chunks_per_rank(self) -> int:
         return len(self.chunk_rank) // self.stages
 
-
-def one_f_one_b(stages: int, micro_batches: int) -> Plan:
-    """1F1B's one-batch order: each rank's forwards and backwards in its flushed stream's order."""
-    from asyncpipe.schedules.onef1b import flushed_1f1b_stream
-
-    ranks = []
-    for r in range(stages):
-        stream = flushed_1f1b_stream(micro_batches, stages, r)
-        passes = [cmd for cmd in stream if isinstance(cmd, (ForwardPass, BackwardPass))]
-        ranks.append([Op("F" if isinstance(cmd, ForwardPass) else "B", r, cmd.micro_batch) for cmd in passes])
-    return Plan("1f1b", stages, micro_batches, list(range(stages)), ranks)
 
 def zb_h1(stages: int, micro_batches: int) -> Plan:
     """1F1B order of F and B (input gradient); each W follows a later B so that rank r lags r W's behind,
@@ -113,17 +101,20 @@ def interleaved_1f1b(stages: int, micro_batches: int, chunks: int = 2) -> Plan:
     return Plan("interleaved-1f1b", P, m, chunk_rank, ranks)
 
 
+def drawn_orders() -> dict[str, tuple[Callable[[int, int], Plan], str]]:
+    """The orders drawn beside the declared schedules that no config runs, with a note on their bubble."""
+    return {"zb-h1": (zb_h1, "B and W split in halves"), "interleaved-1f1b": (interleaved_1f1b, "2 chunks per rank")}
+
+
 def plans() -> dict[str, Callable[[int, int], Plan]]:
-    """The one-batch orders by name: 1F1B's, the drawn-only zero-bubble and interleaved ones, and every declared
-    schedule's own ``order``."""
+    """The one-batch orders by name, from 1F1B up: every declared schedule's own ``order`` on one chunk per rank,
+    the drawn-only orders, then the declared ones over several chunks."""
     from asyncpipe.schedules import schedules
 
-    out: dict[str, Callable[[int, int], Plan]] = {
-        "1f1b": one_f_one_b,
-        "zb-h1": zb_h1,
-        "interleaved-1f1b": interleaved_1f1b,
-    }
-    out.update({s.name: s.order for s in schedules() if s.order is not None})
+    declared = [s for s in schedules() if s.order is not None]
+    out: dict[str, Callable[[int, int], Plan]] = {s.name: s.order for s in declared if s.chunks == 1}
+    out.update({name: order for name, (order, _) in drawn_orders().items()})
+    out.update({s.name: s.order for s in declared if s.chunks > 1})
     return out
 
 

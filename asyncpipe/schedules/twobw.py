@@ -192,5 +192,5 @@ def _check(cfg: Any) -> None:
 SPEC = declare_schedule(ScheduleSpec(
     name="2bw", note="PipeDream-2BW: no flush, every micro-batch of batch b on W(b-1), two weight versions",
     versions=uniform(1), weight_versions=lambda P, s: 2, in_flight=one_f_one_b_in_flight,
-    stream=_stream, check=_check, flush=False, stage_delay=lambda P, s, delay: delay, in_order=True,
+    stream=_stream, check=_check, flush=False, bubble_note="steady state: no flush", stage_delay=lambda P, s, delay: delay, in_order=True,
 ))  # fmt: skip

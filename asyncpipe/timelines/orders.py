@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from asyncpipe.errors import UserError
-from asyncpipe.schedules.orders import Op, Plan, deps, plan, sync_schedules
+from asyncpipe.schedules import schedules
+from asyncpipe.schedules.orders import Op, Plan, deps, drawn_orders, plan, sync_schedules
 
 if TYPE_CHECKING:
     from asyncpipe.timelines.timeline import Timeline
@@ -127,9 +128,9 @@ def sync_timeline(kind: str, stages: int, micro_batches: int, forward: float = 1
 
 def format_bubbles(table: dict[str, Optional[float]], batches: int) -> str:
     """`bubble_table` as text lines (n/a where a schedule cannot run)."""
-    notes = {"1f1b": "(P-1)/(m+P-1)", "zb-h1": "B and W split in halves", "interleaved-1f1b": "2 chunks per rank",
-             "dualpipev": "2 chunks per rank (V), W inside B", "2bw": "steady state: no flush",
-             "2bw-run": f"{batches} batches: one fill and drain"}  # fmt: skip
+    notes = {s.name: s.bubble_note for s in schedules()}
+    notes.update({name: note for name, (_, note) in drawn_orders().items()})
+    notes["2bw-run"] = f"{batches} batches: one fill and drain"
     lines = ["bubble (idle fraction of the most idle stage per batch, optimizer step free):"]
     for k, v in table.items():
         lines.append(f"  {k:17s} {'n/a' if v is None else f'{v:.3f}':>6s}  {notes.get(k, '')}")

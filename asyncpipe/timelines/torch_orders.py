@@ -49,7 +49,8 @@ def ideal_plan(s: TorchSchedule, stages: int, micro_batches: int) -> Any:
     """The schedule's order as an `asyncpipe.timelines.orders.Plan` (B split into input gradient B and weight
     gradient W; a full backward is B then W at once; an overlapped F;B pair runs one after the other, as one
     CPU core does), for `asyncpipe.timelines.orders.replay`."""
-    from asyncpipe.schedules.orders import Op, Plan, one_f_one_b
+    from asyncpipe.schedules.onef1b import one_f_one_b
+    from asyncpipe.schedules.orders import Op, Plan
 
     order = build_order(s, stages, micro_batches)
     if order is None:
