@@ -13,6 +13,7 @@ from asyncpipe.report.groups import fmt_value
 from asyncpipe.report.headline import headline
 from asyncpipe.report.load import COMPLETED, accounting
 from asyncpipe.report.paper import PAPER, SOURCE, table_lines
+from asyncpipe.report.speedups import SPEEDUP_RULE
 from asyncpipe.report.tables import GroupTable, matched_values
 from asyncpipe.report.target import speedup_table, tokens_table
 from asyncpipe.report.verdict import paper_basis, takeaway_lines
@@ -147,8 +148,7 @@ def to_markdown(report: Any) -> str:
     if report.ladders:
         parts += ["## Time to target\n", TARGET_RULE + "\n",
                   md_table(tokens_table(report.ladders, report.bench)) + "\n",
-                  "Net wall-clock speed-up over synchronous training = throughput ratio ÷ token ratio (the throughput "
-                  "ratio taken as exact; the interval is the token ratio's):\n",
+                  SPEEDUP_RULE + " Its columns, with each number apart: speedups.csv.\n",
                   md_table(speedup_table(report.ladders, report.bench)) + "\n"]  # fmt: skip
         if "verdict.png" in report.files:
             parts.append(VERDICT_CAPTION + "\n\n![net speed-up over the strongest synchronous schedule](verdict.png)\n")
