@@ -85,12 +85,13 @@ def plan_cmd(
 ) -> None:
     """Memory per pipeline stage before launching: weights (2 versions under 2BW), gradients, optimizer state,
     EF, activations in flight, in GiB against --gpu-mem, and the largest micro-batch that fits; then, per
-    schedule, memory beside predicted step time and tokens/s (`asyncpipe.plan_speed`), and the fastest that fits.
+    schedule, memory beside predicted step time and tokens/s (`asyncpipe.plan_speed`), its bubble (the least busy
+    stage's idle share of a step: the flush plus overhead, p2p waits and uneven stages) and the fastest that fits.
     Ends with a one-line verdict; exits 1 when a stage does not fit or the schedule cannot run the batch."""
     if not 0 < gpu_mem <= MAX_GPU_MEM_GIB:  # also refuses nan (every comparison with it is false)
         raise UserError(f"--gpu-mem {gpu_mem:g} must be a memory budget in GiB, > 0 and at most {MAX_GPU_MEM_GIB:g}")
     from asyncpipe.config import compose
-    from asyncpipe.plan import plan, render
+    from asyncpipe.plan import BUBBLE_LEGEND, plan, render
 
     cfg = compose(overrides or [])
     result = plan(cfg, gpu_mem)
@@ -100,7 +101,7 @@ def plan_cmd(
         from asyncpipe import plan_speed
 
         rows, label = plan_speed.speeds(overrides or [], gpu_mem, profile)
-        speeds = plan_speed.render(rows, gpu_mem, label) + "\n"
+        speeds = plan_speed.render(rows, gpu_mem, label) + "\n" + BUBBLE_LEGEND + "\n"
     from asyncpipe.data.dataset import run_data_line
 
     typer.echo(table + "\n" + speeds + run_data_line(cfg) + "\n" + verdict)  # the run's tokens and epochs

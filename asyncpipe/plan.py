@@ -311,5 +311,11 @@ def render(pl: Plan, cfg: Optional[Any] = None) -> str:
     return "\n".join(lines)
 
 
+BUBBLE_LEGEND = ("bubble: the least busy stage's idle share of a steady step under the cost model (1 - its busy "
+                 "time / step time):\n  the flush's (P-1)/(m+P-1) plus per-instruction overhead, p2p waits and uneven "
+                 "stages, so it can exceed that formula, and 2BW's (no flush) is not 0;\n  x even: step time of an even "
+                 "cut over this cut's.")  # the schedules table's legend (`asyncpipe plan --speed`)
+
+
 def plural(n: int, word: str) -> str:
     return word if n == 1 else f"{word}s"
