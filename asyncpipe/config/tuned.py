@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
@@ -54,13 +55,19 @@ def regimes(model_name: str) -> list[Regime]:
     path = conf_dir() / TABLE
     if not path.is_file():
         return []
-    entry = OmegaConf.to_container(OmegaConf.load(path)).get(str(model_name))
+    entry = _table(str(path), path.stat().st_mtime_ns).get(str(model_name))
     if not entry:
         return []
     if isinstance(entry, dict):
         return [Regime(None, None, None, {k: float(v) for k, v in entry.items()})]
     return [Regime(r.get("data"), r.get("steps"), r.get("tokens_per_step"),
                    {k: float(v) for k, v in (r.get("lr") or {}).items()}, r.get("source", "")) for r in entry]  # fmt: skip
+
+
+@lru_cache(maxsize=4)
+def _table(path: str, mtime_ns: int) -> dict:
+    """The table's YAML, read once per version of the file (a 500-run sweep asks once per run). Read only."""
+    return OmegaConf.to_container(OmegaConf.load(path))
 
 
 def tuned_regime(model_name: str, optimizer_name: str, data: Optional[str] = None, steps: Optional[int] = None,

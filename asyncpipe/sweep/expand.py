@@ -179,12 +179,31 @@ def expand(
     variant has its own (`variant_budgets`; [] = a plain run)."""
     launcher = [o for o in overrides if is_launcher_key(o)]
     run_overrides = [o for o in overrides if not is_launcher_key(o)]
+    variants = dict(variants or {})
+    per = {k: dict(v) for k, v in (per or {}).items()}
+    _check_inputs(run_overrides, launcher, variants, per)
+    plan = SweepPlan(name=check_name(name or default_name()), base=[], grid=OrderedDict(), launcher=launcher)
+    last, given, swept = _grid(plan, run_overrides, grid_keys)
+    for where, items in [*((f"variant {v}", i) for v, i in variants.items()),
+                         *((f"per {k}={v}", i) for k, t in per.items() for v, i in t.items())]:  # fmt: skip
+        _check_meaning(where, items, list(plan.grid))
+    _check_size(plan, variants)
+    plan.base = [o.input_line for key, (o, _) in last.items() if not swept[key]]
+    plan.variants, plan.per = variants, per
+    plan.budgets = sorted(float(b) for b in budgets)
+    plan.variant_budgets = {str(k): sorted(float(b) for b in v) for k, v in (variant_budgets or {}).items()}
+    _check_budgets_and_per(plan, given)
+    plan.runs = _runs(plan, last, swept)
+    if not plan.runs:
+        raise UserError("the sweep expands to no runs")
+    return plan
+
+
+def _check_inputs(run_overrides: Sequence[str], launcher: Sequence[str], variants: dict, per: dict) -> None:
+    """What the sweep sets itself, variant names, fixed overrides where only fixed ones may go, a swept launcher."""
     for text in run_overrides:
         if _key_of(text) in RESERVED_KEYS or _key_of(text) == VARIANT_KEY:
             raise UserError(f"'{text}': the sweep sets {_key_of(text)} for each run itself; use --out / --name to place runs")
-    plan = SweepPlan(name=check_name(name or default_name()), base=[], grid=OrderedDict(), launcher=launcher)
-    variants = dict(variants or {})
-    per = {k: dict(v) for k, v in (per or {}).items()}
     for vname, items in variants.items():
         if not _VARIANT_OK.match(str(vname)):
             raise UserError(f"variant name {vname!r} is not allowed: letters, digits and . _ + - ( ) =")
@@ -192,11 +211,14 @@ def expand(
     for key, table in per.items():
         for value, items in table.items():
             _check_fixed(f"per {key}={value}", items)
-
     for o, values in _parse(launcher):
         if o.is_sweep_override():
             raise UserError(f"'{o.input_line}': launcher keys configure the whole sweep and cannot be swept")
-    # Later duplicates win in Hydra: keep only the last override per key (at its first key's position).
+
+
+def _grid(plan: SweepPlan, run_overrides: Sequence[str], grid_keys: Sequence[str]) -> tuple[dict, dict, dict]:
+    """Fill ``plan.grid``; returns (the last override per key with its values, every value each key was given,
+    whether each key is a grid axis). Later duplicates win, as in Hydra (at the first one's position)."""
     last: "OrderedDict[str, Any]" = OrderedDict()
     given: dict[str, list[str]] = {}  # every value a key was given (a file's grid narrowed on the command line too)
     for o, values in _parse(run_overrides):
@@ -215,25 +237,22 @@ def expand(
             plan.grid[key] = values
         elif key in grid_keys:
             plan.grid[key] = [o.input_line.split("=", 1)[1]]
-    for vname, items in variants.items():
-        _check_meaning(f"variant {vname}", items, list(plan.grid))
-    for key, table in per.items():
-        for value, items in table.items():
-            _check_meaning(f"per {key}={value}", items, list(plan.grid))
+    return last, given, swept
+
+
+def _check_size(plan: SweepPlan, variants: dict) -> None:
     size = math.prod(len(v) for v in plan.grid.values()) * max(1, len(variants))
     if size > MAX_RUNS:
         shape = " x ".join([*(f"{len(v)} {k}" for k, v in plan.grid.items()), *([f"{len(variants)} variants"] if variants else [])])
         raise UserError(f"the sweep has {size:,} runs ({shape}), more than the {MAX_RUNS:,} one sweep may have; "
                         "split it into several sweeps (each --name'd)")  # fmt: skip
-    plan.base = [o.input_line for key, (o, _) in last.items() if not swept[key]]
-    plan.variants = variants
-    plan.per = per
-    plan.budgets = sorted(float(b) for b in budgets)
-    plan.variant_budgets = {str(k): sorted(float(b) for b in v) for k, v in (variant_budgets or {}).items()}
-    unknown = sorted(set(plan.variant_budgets) - set(variants))
+
+
+def _check_budgets_and_per(plan: SweepPlan, given: dict[str, list[str]]) -> None:
+    unknown = sorted(set(plan.variant_budgets) - set(plan.variants))
     if unknown:
         raise UserError(f"budgets given for {', '.join(unknown)}, which are not variants of this sweep")
-    for key, table in per.items():
+    for key, table in plan.per.items():
         allowed = list(dict.fromkeys(given.get(key, [])))  # per: values of a narrowed grid are simply unused
         if not allowed:
             raise UserError(f"per: {key!r} is not a key of this sweep; per: is keyed by a grid (or fixed) key")
@@ -241,7 +260,12 @@ def expand(
         if unknown:
             raise UserError(f"per: {key}: {', '.join(map(str, unknown))} not among its values ({', '.join(allowed)})")
 
+
+def _runs(plan: SweepPlan, last: dict, swept: dict) -> list[RunSpec]:
+    """One run per point of the grid and variant (a family of rungs under budgets), each with its overrides."""
+    runs: list[RunSpec] = []
     seen: dict[str, tuple[str, ...]] = {}
+    variants, per = plan.variants, plan.per
     for batch in _points(list(last.values())):
         grid_part = tuple(item for item in batch if swept.get(item.split("=", 1)[0], False))
         fixed_part = tuple(item for item in batch if not swept.get(item.split("=", 1)[0], False))
@@ -259,14 +283,11 @@ def expand(
             own = tuple(variants[vname]) if vname is not None else ()
             ladder = plan.variant_budgets.get(vname, plan.budgets) if vname is not None else plan.budgets
             if ladder:
-                plan.runs.extend(rungs(RunSpec(run_name, grid_part, fixed_part + grid_part + extra + own, vname),
-                                       ladder))  # fmt: skip
+                runs.extend(rungs(RunSpec(run_name, grid_part, fixed_part + grid_part + extra + own, vname), ladder))
                 continue
             own += (f"{VARIANT_KEY}='{vname}'",) if vname is not None else ()
-            plan.runs.append(RunSpec(run_name, grid_part, fixed_part + grid_part + extra + own, vname))
-    if not plan.runs:
-        raise UserError("the sweep expands to no runs")
-    return plan
+            runs.append(RunSpec(run_name, grid_part, fixed_part + grid_part + extra + own, vname))
+    return runs
 
 
 def rungs(spec: RunSpec, budgets: Sequence[float]) -> list[RunSpec]:
