@@ -7,20 +7,15 @@ from __future__ import annotations
 import json
 import math
 
+import matplotlib.colors as mcolors
+
 import pytest
 
 from asyncpipe.report import build_report
 from asyncpipe.report.target import speedup_table
-from asyncpipe.report.verdict_figure import cells_of_table, parse_cell, strongest
+from asyncpipe.report.speedups import speedup_cells
+from asyncpipe.report.verdict_figure import strongest
 from report_runs import line, sweep, write
-
-
-def test_cells_parse_as_the_table_prints_them() -> None:
-    assert parse_cell("1.16x [1.14, 1.18] (1.234, measured)") == (1.16, 1.14, 1.18, False)
-    assert parse_cell("0.83x [0.40, ∞) (1.190, measured)") == (0.83, 0.40, math.inf, False)
-    assert parse_cell("≤ 0.60x") == (0.60, None, None, True)
-    assert parse_cell("1.02x (n=1)") == (1.02, None, None, False)
-    assert parse_cell("—") is None
 
 
 def _report(tmp_path, bench=None, **kw):
@@ -37,26 +32,37 @@ def _report(tmp_path, bench=None, **kw):
     return build_report([main, longer], merge=True, bench=bench or [], **kw)
 
 
-def test_figure_points_are_the_speedup_tables_cells_against_the_strongest_sync(tmp_path) -> None:
+def test_figure_points_are_the_speedup_tables_cells_against_the_strongest_sync(tmp_path, monkeypatch) -> None:
+    import matplotlib.pyplot as plt
+
+    from asyncpipe.report import plots
+
+    figures: list = []
+    real_close = plt.close
+    monkeypatch.setattr(plots.plt, "close", lambda fig=None: figures.append(fig) or real_close(fig))
     bench = tmp_path / "b.json"
     bench.write_text(json.dumps({"stages": 2, "micro_batches": 4, "variants": {
         "1f1b": {"ratio_to_1f1b": 1.0}, "dualpipev": {"ratio_to_1f1b": 1.1}, "2bw": {"ratio_to_1f1b": 1.2},
         "2bw_ef": {"ratio_to_1f1b": 1.18}}}))  # fmt: skip
     report = _report(tmp_path, [bench], out_dir=tmp_path / "o")
     table = speedup_table(report.ladders, report.bench)
-    drawn = strongest(cells_of_table(table, report.ladders)).set_index(["variant", "P", "m"])
+    drawn = strongest(speedup_cells(report.ladders, report.bench)).set_index(["variant", "P", "m"])
     assert len(drawn) == len(report.ladders) * len(table)
     plain = drawn.loc[("1-step", 2, 4)]
     assert plain["against"] == "dualpipev" and plain["throughput_source"].startswith("measured")  # the faster one
-    shown = table.loc[(2, 4), "adamw 1-step vs dualpipev"]
     assert plain["speedup"] == pytest.approx(1.2 / 1.1 / 1.5, abs=0.006)  # 0.73x
-    if math.isnan(plain["lo"]):  # the table gives no interval here (a throughput without a spread): unresolved
-        assert shown.startswith(f"{plain['speedup']:.2f}x (") and not plain["resolved"]
-    else:
-        assert shown.startswith(f"{plain['speedup']:.2f}x [{plain['lo']:.2f}, {plain['hi']:.2f}]")
-        assert plain["resolved"] == (plain["hi"] < 1 or plain["lo"] > 1)
     ideal = drawn.loc[("1-step", 4, 4)]
     assert ideal["against"] == "1f1b" and ideal["throughput_source"].startswith("ideal")  # none faster there
+    for (variant, P, m), cell in drawn.iterrows():  # every point is the printed table's cell
+        column = f"adamw {variant} vs {'1F1B' if cell['against'] == '1f1b' else cell['against']}"
+        assert table.loc[(P, m), column].startswith(f"{cell['speedup']:.2f}x")
+    (fig,) = [f for f in figures if f._suptitle is not None and f._suptitle.get_text().startswith("Verdict")]
+    markers = [ln for ln in fig.axes[0].lines if ln.get_marker() not in ("None", "", None) and len(ln.get_xdata()) == 1]
+    values = sorted(round(float(ln.get_ydata()[0]), 6) for ln in markers)
+    assert values == sorted(round(float(v), 6) for v in drawn["speedup"])
+    filled = sum(ln.get_markerfacecolor() != "none" and mcolors.to_hex(ln.get_markerfacecolor()) == mcolors.to_hex(
+        ln.get_color()) for ln in markers)  # fmt: skip
+    assert filled == int(drawn["resolved"].sum())
     md = (tmp_path / "o" / "report.md").read_text()
     assert "(verdict.png)" in md and "verdict.png" in report.files and (tmp_path / "o" / "verdict.pdf").exists()
 

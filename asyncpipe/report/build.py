@@ -26,7 +26,7 @@ from asyncpipe.report.paper import PAPER
 from asyncpipe.report.render import to_markdown
 from asyncpipe.report.speedups import speedup_cells
 from asyncpipe.report.tables import GroupTable, compute_cells, variant_order
-from asyncpipe.report.target import Ladder, ladders, speedup_table
+from asyncpipe.report.target import Ladder, ladders
 from asyncpipe.report.throughput import load_bench
 from asyncpipe.report.tuning import Tuning
 from asyncpipe.report.tuning import best_of as best_of_runs
@@ -278,7 +278,7 @@ def build_report(
 def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
     from asyncpipe.report.glance import plot_glance  # matplotlib only when writing
     from asyncpipe.report.plots import plot_gap_vs_tokens, plot_loss_curves
-    from asyncpipe.report.verdict_figure import cells_of_table, plot_verdict
+    from asyncpipe.report.verdict_figure import plot_verdict
     from asyncpipe.report.wallclock import plot_wallclock
 
     writable_dir(out_dir, "the report dir", "pass --out DIR to write the report elsewhere")  # a read-only sweep dir
@@ -286,9 +286,10 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
     files = {name: out_dir / name for name in ("report.md", "gaps.csv", "intervals.csv")}
     atomic_write_text(files["gaps.csv"], report.cells.to_csv(index=False))
     atomic_write_text(files["intervals.csv"], pd.DataFrame([c.row() for c in report.claims]).to_csv(index=False))
-    if report.ladders:  # every net speed-up with its combined interval, in columns (asyncpipe.report.speedups)
+    speedups = speedup_cells(report.ladders, report.bench) if report.ladders else None
+    if speedups is not None:  # every net speed-up with its combined interval, in columns (asyncpipe.report.speedups)
         files["speedups.csv"] = out_dir / "speedups.csv"
-        atomic_write_text(files["speedups.csv"], speedup_cells(report.ladders, report.bench).to_csv(index=False))
+        atomic_write_text(files["speedups.csv"], speedups.to_csv(index=False))
     order = list(dict.fromkeys(report.cells["variant"])) if len(report.cells) else []
     # Colours and markers go by place in this order: budget rungs (a ladder's longer columns) after every family's
     # own column, so two families never share a colour in the glance panel.
@@ -305,8 +306,7 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
             for path in plot_wallclock(report.runs, report.curves, report.groups, report.ladders, report.bench,
                                        out_dir / "wallclock.png", at=report.wallclock_at, order=order):  # fmt: skip
                 files[path.name] = path
-            speedups = cells_of_table(speedup_table(report.ladders, report.bench), report.ladders)
-            for path in plot_verdict(speedups, order, out_dir / "verdict.png"):
+            for path in plot_verdict(speedups, order, out_dir / "verdict.png"):  # the table's cells, as written
                 files[path.name] = path
     report.files = files
     atomic_write_text(files["report.md"], to_markdown(report))

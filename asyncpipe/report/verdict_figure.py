@@ -1,18 +1,19 @@
 """The verdict figure (verdict.png/.pdf): each variant's net wall-clock speed-up over the strongest synchronous
 schedule at every (P, m) of the report's speed-up table, with its interval; one panel per optimizer.
 
-Drawn from the speed-up table's own cells (asyncpipe.report.target.speedup_table, in long form: COLUMNS): they
-are read, never computed anew, so the figure says what the table says. Per (P, m) and variant the cell against the
-strongest synchronous schedule is the one against a schedule other than 1F1B where the table has one (it names one
-only where it is faster, e.g. DualPipeV), else the one against 1F1B. A cell is resolved when its interval excludes 1 (filled marker; hollow
-when not); an interval unbounded above is drawn to the top with an arrow; a bound (`≤ X`, some seed never
-reached the target) is a downward triangle at X. The y-axis is logarithmic, so 2x and 0.5x sit equally far from 1.
+Drawn from the speed-up table's own cells in columns (asyncpipe.report.speedups.speedup_cells, also written to
+speedups.csv): speed-up, interval (token ratio's and throughput's error combined), resolved, the schedule it is held
+against and where its throughput came from are read, never computed anew, so the figure says what the table says.
+Per (P, m) and variant the cell against the strongest synchronous schedule is the one against a schedule other
+than 1F1B where the table has one (it has one only where that schedule is faster, e.g. DualPipeV), else the one
+against 1F1B. Resolved cells (the interval excludes 1) are filled markers, the others hollow; an interval unbounded
+above is drawn to the top with an arrow; a bound (some seed never reached the target: the speed-up is at most X)
+is a downward triangle at X. The y-axis is logarithmic, so 2x and 0.5x sit equally far from 1.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,50 +28,8 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa
 from asyncpipe.report.palette import NEUTRAL, Palette  # noqa: E402
 from asyncpipe.report.plots import DPI, figure_legend, save_figure  # noqa: E402
 
-CELL = re.compile(r"^\s*(?P<bound>≤\s*)?(?P<value>\d+(?:\.\d+)?)x(?:\s*\[(?P<lo>\d+(?:\.\d+)?),\s*"
-                  r"(?P<hi>\d+(?:\.\d+)?|∞)[\])])?")  # fmt: skip
-KIND = re.compile(r"\((?:[\d.]+, )?(measured(?: at m=\d+)?|modelled|ideal)")
-
-
 COLUMNS = ["P", "m", "optimizer", "variant", "against", "speedup", "lo", "hi", "resolved", "bounded",
-           "throughput_source"]  # the long form the figure draws: one row per (P, m, variant, schedule held against)
-
-
-def parse_cell(text: str) -> tuple[float, float | None, float | None, bool] | None:
-    """(value, lo, hi, bound) of a speed-up cell ("1.16x [1.14, 1.18] (...)", "0.83x [0.40, ∞)", "≤ 0.60x"); None
-    for "—" or anything else."""
-    found = CELL.match(str(text))
-    if not found:
-        return None
-    lo, hi = found.group("lo"), found.group("hi")
-    return (float(found.group("value")), float(lo) if lo else None,
-            (math.inf if hi == "∞" else float(hi)) if hi else None, bool(found.group("bound")))  # fmt: skip
-
-
-def _resolved(value: float, lo: float | None, hi: float | None, bound: bool) -> bool:
-    if bound:
-        return value < 1.0
-    return lo is not None and hi is not None and (lo > 1.0 or hi < 1.0)
-
-
-def cells_of_table(table: pd.DataFrame, ladders: list) -> pd.DataFrame:
-    """The speed-up table's cells in long form (COLUMNS), as printed: each ladder's `vs 1F1B` column and its
-    `vs SCHEDULE` column where the table has one (a synchronous schedule faster than 1F1B)."""
-    rows = []
-    for lad in ladders:
-        label = f"{lad.optimizer} {lad.columns[0]}"
-        for (P, m), row in table.iterrows():
-            kind = KIND.search(str(row.get(f"{label} vs 1F1B", "")))
-            for column in (c for c in table.columns if str(c).startswith(f"{label} vs ")):
-                parsed = parse_cell(row[column])
-                if parsed is None:
-                    continue
-                against = column.removeprefix(f"{label} vs ")
-                rows.append(dict(zip(COLUMNS, (int(P), int(m), lad.optimizer, lad.columns[0],
-                                               "1f1b" if against == "1F1B" else against, parsed[0], parsed[1],
-                                               parsed[2], _resolved(*parsed), parsed[3],
-                                               kind.group(1) if kind else ""))))  # fmt: skip
-    return pd.DataFrame(rows, columns=COLUMNS)
+           "throughput_source"]  # what the figure reads of speedup_cells: one row per (P, m, variant, schedule)
 
 
 def strongest(frame: pd.DataFrame) -> pd.DataFrame:
@@ -86,7 +45,7 @@ def strongest(frame: pd.DataFrame) -> pd.DataFrame:
 def plot_verdict(frame: pd.DataFrame, order: list[str], path: Path) -> list[Path]:
     """One panel per optimizer: x = the (P, m) points, y = net speed-up (log), one colour per variant; `frame` is
     the speed-up cells in long form (COLUMNS), every schedule held against: the strongest is picked here."""
-    picked = strongest(frame)
+    picked = strongest(frame[frame["speedup"].notna()] if len(frame) else frame)
     drawn = [Cell(*(None if isinstance(v, float) and math.isnan(v) else v for v in r))
              for r in picked[COLUMNS].itertuples(index=False)]  # fmt: skip
     if not drawn:
@@ -106,7 +65,7 @@ def plot_verdict(frame: pd.DataFrame, order: list[str], path: Path) -> list[Path
         for c in own:
             x = points.index((c.P, c.m)) + (variants.index(c.variant) - (len(variants) - 1) / 2) * 0.18
             colour, marker = palette.style(c.variant)
-            _point(ax, c, x, top, colour, marker)
+            _point(ax, c, x, (bottom, top), colour, marker)
             legend.setdefault(c.variant, Line2D([], [], color=colour, marker=marker, linestyle="none", markersize=7))
         ax.axhline(1.0, color=NEUTRAL["black"], linewidth=0.9)
         ax.set_yscale("log")
@@ -148,14 +107,15 @@ class Cell:
     kind: str  # where the throughput came from: measured, modelled, ideal
 
 
-def _point(ax: plt.Axes, c: Cell, x: float, top: float, colour: str, marker: str) -> None:
+def _point(ax: plt.Axes, c: Cell, x: float, ylim: tuple[float, float], colour: str, marker: str) -> None:
+    """One cell: its interval as a bar (clipped to the axis; an arrow where unbounded), its value as a marker."""
+    bottom, top = ylim
     face = colour if c.resolved else "none"
     if c.bounded:
         ax.plot([x], [c.speedup], marker="v", color=colour, markerfacecolor=face, markersize=8, linestyle="none")
         return
     if c.lo is not None and c.hi is not None:
-        hi = min(c.hi, top)
-        ax.plot([x, x], [c.lo, hi], color=colour, linewidth=1.6)
+        ax.plot([x, x], [max(c.lo, bottom), min(c.hi, top)], color=colour, linewidth=1.6)
         if math.isinf(c.hi):
             ax.annotate("", (x, top), xytext=(x, top / 1.25), arrowprops={"arrowstyle": "->", "color": colour})
     ax.plot([x], [c.speedup], marker=marker, color=colour, markerfacecolor=face, markersize=7, linestyle="none")
