@@ -190,6 +190,8 @@ CASES: dict[str, Case] = {
     "schedule --batches 0": Case([*SCHED, "--batches", "0", "--schedule", "zb-h1"], "--batches 0 must be >= 1"),
     "schedule too big": Case([*SCHED, "--stages", "64", "--micro-batches", "512"], "64x512x3 = 98304 exceeds 1024"),
     "schedule unknown": Case([*SCHED, "--schedule", "nope"], "--schedule 'nope' is unknown"),
+    "schedule paci with m < P": Case([*SCHED, "--schedule", "paci", "--stages", "4", "--micro-batches", "2"],
+                                     "--schedule paci needs --micro-batches >= --stages, got 2 < 4"),
     # -- a module named by import path that goes wrong when imported (issue 56; tests/user_lab)
     "schedule module raising": Case(train("pipeline.schedule=user_lab.raises_at_import"),
                                     "pipeline.schedule=user_lab.raises_at_import: importing user_lab.raises_at_import "

@@ -146,6 +146,7 @@ def stage_cost_model(summaries: list[dict], P: int, m: int, steps: int, batches:
     """1F1B's and 2BW's step times replayed from the engine's own instruction streams at the measured per-stage
     costs (forward, backward per micro-batch; optimizer step and gradient reduction per batch, blocked time
     excluded) of one job: the ratio these unequal stages allow, to hold the measured ratio against."""
+    from asyncpipe.schedules import get
     from asyncpipe.schedules.streams import stream
     from asyncpipe.timelines.timeline import simulate
 
@@ -162,7 +163,7 @@ def stage_cost_model(summaries: list[dict], P: int, m: int, steps: int, batches:
                 for n in (batches, batches + 1)]  # fmt: skip
         return runs[1] - runs[0]
 
-    t1, t2 = per_batch("1f1b"), per_batch("2bw-deferred") if m >= P else float("nan")
+    t1, t2 = per_batch("1f1b"), per_batch("2bw-deferred") if get("2bw").fits(P, m) else float("nan")
     return {"forward_s": fwd, "backward_s": bwd, "step_s": upd, "step_time_1f1b_s": t1, "step_time_2bw_s": t2,
             "ratio_2bw_over_1f1b": t1 / t2, "fraction_of_ideal": t1 / t2 / ideal_speedup(P, m)}  # fmt: skip
 

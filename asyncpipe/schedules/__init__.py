@@ -47,6 +47,9 @@ class ScheduleSpec:
     order: Optional[Callable[[int, int], Any]] = None
     bubble_note: str = ""  # a few words on its bubble, for the bubble table
     label: str = ""  # how tables and figures name it ("1F1B"); "" = its name
+    # (P) -> the fewest micro-batches per batch its order runs with, checked centrally (`fits`) wherever the order
+    # runs: the pipeline engine, the simulator running the stages apart, the drawing, the cost model, bench
+    min_micro_batches: Optional[Callable[[int], int]] = None
     delay: Optional[int] = None  # the uniform delay it implies (checked against `delay`); None: any the check allows
     chunks: int = 1  # model chunks per rank (2: a V, DualPipeV)
     engines: tuple[str, ...] = ("simulate", "pipeline")
@@ -80,6 +83,10 @@ class ScheduleSpec:
     def straddle(self) -> str:
         """How a straddler's backward runs: "recompute", "inplace", or "" (no straddlers)."""
         return "recompute" if self.recompute else "inplace" if self.inplace else ""
+
+    def fits(self, P: int, m: int) -> bool:
+        """Whether its order runs P stages with m micro-batches per batch (its declared ``min_micro_batches``)."""
+        return self.min_micro_batches is None or m >= self.min_micro_batches(P)
 
     def straddles(self, P: int, m: int, stage: int, k: int) -> bool:
         """Whether micro-batch ``k``'s forward and backward read different versions on ``stage``."""
@@ -203,6 +210,11 @@ def check(cfg: Any) -> None:
         if comp not in s.compensations:
             raise ConfigError(f"compensation={comp} is not defined under {named}; use compensation="
                               f"{' or compensation='.join(s.compensations)}")  # fmt: skip
+    P, m = int(p.stages), int(t.micro_batches)
+    if s.min_micro_batches is not None and not s.fits(P, m) and (cfg.engine == "pipeline" or s.stage_delay is None):
+        least = s.min_micro_batches(P)  # where its order runs: the engine's stream, or the simulator's stages apart
+        need = "pipeline.stages" if least == P else least
+        raise ConfigError(f"{s.label or named} needs train.micro_batches >= {need}, got {m} < {least}")
     if s.check is not None:
         s.check(cfg)
     check_staleness(s, cfg)

@@ -26,6 +26,15 @@ from asyncpipe.schedules.instructions import (
 )
 
 
+WHY = "with fewer, stage 0 would start batch b+2 before step b made its weights"
+
+
+def min_micro_batches(stages: int) -> int:
+    """The fewest micro-batches per batch a stream that carries 1F1B across batches runs with (2BW's and PACI's):
+    one per stage, else stage 0 would start batch b+2 before step b made its weights."""
+    return stages
+
+
 class TwoBWSchedule:
     """The whole run of ``batches`` optimizer steps on one stage, as DeepSpeed-style ticks.
 
@@ -63,11 +72,8 @@ class TwoBWSchedule:
         check_stream(micro_batches, stages, stage_id, batches)
         if not 0 <= start < batches:
             raise ValueError(f"start batch {start} is not one of the run's {batches} batches")
-        if micro_batches < stages:
-            raise ValueError(  # config.validate refuses such a config; this guards direct use
-                f"2BW needs micro_batches >= stages (got {micro_batches} < {stages}): with fewer, "
-                "stage 0 would start batch b+2 before step b made its weights"
-            )
+        if micro_batches < min_micro_batches(stages):  # config.validate refuses such a config; direct use
+            raise ValueError(f"2BW needs micro_batches >= stages (got {micro_batches} < {stages}): {WHY}")
         self.micro_batches, self.stages, self.stage_id, self.batches = micro_batches, stages, stage_id, batches
         self.is_first_stage = stage_id == 0
         self.aligned = defer_step and stages >= 3 and 2 * micro_batches >= 3 * stages
@@ -181,16 +187,13 @@ def _stream(m: int, P: int, stage: int, batches: int, start: int = 0, defer_step
 def _check(cfg: Any) -> None:
     if cfg.delay < 1:
         raise ConfigError(f"pipeline.schedule=2bw is one step stale: use delay >= 1 (the simulator's k), got delay={cfg.delay}")
-    if cfg.engine == "pipeline":
-        if cfg.delay != 1:
-            raise ConfigError(f"engine=pipeline supports delay 0 (1F1B) or 1 (2BW), got delay={cfg.delay}")
-        t, p = cfg.train, cfg.pipeline
-        if t.micro_batches < p.stages:
-            raise ConfigError(f"2BW needs train.micro_batches >= pipeline.stages, got {t.micro_batches} < {p.stages}")
+    if cfg.engine == "pipeline" and cfg.delay != 1:
+        raise ConfigError(f"engine=pipeline supports delay 0 (1F1B) or 1 (2BW), got delay={cfg.delay}")
 
 
 SPEC = declare_schedule(ScheduleSpec(
     name="2bw", note="PipeDream-2BW: no flush, every micro-batch of batch b on W(b-1), two weight versions",
     versions=uniform(1), weight_versions=lambda P, s: 2, in_flight=one_f_one_b_in_flight,
-    stream=_stream, check=_check, flush=False, bubble_note="steady state: no flush", stage_delay=lambda P, s, delay: delay, in_order=True,
+    stream=_stream, check=_check, flush=False, stage_delay=lambda P, s, delay: delay, in_order=True,
+    min_micro_batches=min_micro_batches, bubble_note="steady state: no flush", label="2BW",
 ))  # fmt: skip

@@ -127,7 +127,7 @@ def predict(model: CostModel, schedule: str, stages: int, micro_batches: int, da
         return _predict_orders(model, spec, P, m, data_parallel, ef, collective, fwd, bwd, upd)
     if spec.stream is None and spec.ideal is None:
         raise UserError(f"schedule {schedule}: no instruction stream and no one-batch order to replay")
-    if not spec.flush and m < P:
+    if not spec.fits(P, m):
         raise UserError(f"schedule {schedule} needs micro-batches >= stages (got m={m}, P={P})")
     defer = _defers(spec, P, clip)
     if collective:  # the global-norm all-reduce: its latency is paid inside every stage's step

@@ -265,6 +265,7 @@ def draw_schedule(schedule: str, stages: int, micro_batches: int, batches: int, 
     """`asyncpipe schedule`: the timeline of ``schedule`` (the engine's streams, or a synchronous schedule drawn
     next to 1F1B and 2BW with its bubble table), or of a ``trace``d run, written to ``out`` as a PNG and a text
     file. Returns what to print (the text, then the steady-state idle per stage) and the files written."""
+    from asyncpipe.schedules import get
     from asyncpipe.schedules.streams import streamed
     from asyncpipe.schedules.orders import sync_schedules
     from asyncpipe.timelines.orders import bubble_table, format_bubbles, ideal_timeline, sync_timeline
@@ -281,7 +282,7 @@ def draw_schedule(schedule: str, stages: int, micro_batches: int, batches: int, 
         panels = [(f"{schedule}: P={stages}, m={micro_batches}, one batch ({costs})",
                    sync_timeline(schedule, stages, micro_batches, forward, backward)),
                   ("1f1b: one batch", sync_timeline("1f1b", stages, micro_batches, forward, backward))]  # fmt: skip
-        if micro_batches >= stages:
+        if get("2bw").fits(stages, micro_batches):
             panels.append((f"2bw: {batches} batches (no flush)",
                            ideal_timeline("2bw", stages, micro_batches, batches, forward, backward, 0.0)))  # fmt: skip
         stem = f"{schedule}-P{stages}-m{micro_batches}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from asyncpipe.errors import UserError
-from asyncpipe.schedules import schedules
+from asyncpipe.schedules import get, schedules
 from asyncpipe.schedules.orders import Op, Plan, deps, drawn_orders, plan, sync_schedules
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def bubble_table(stages: int, micro_batches: int, forward: float = 1.0, backward
 
     out: dict[str, Optional[float]] = {k: bubble(k, stages, micro_batches, forward, backward) for k in sync_schedules()}
     out["2bw"] = out["2bw-run"] = None
-    if micro_batches >= stages:
+    if get("2bw").fits(stages, micro_batches):
         runs = [simulate_schedule("2bw", micro_batches, stages, n, forward=forward, backward=backward, step=0.0)
                 for n in (batches, batches + 1)]  # fmt: skip
         extra = runs[1].makespan - runs[0].makespan
@@ -106,7 +106,7 @@ def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
     """The timeline of the instruction streams the engine executes for ``kind`` (a declared schedule with a stream:
     1f1b, 2bw, paci, ...; or gpipe), replayed against each other with unit costs (F, B and optimizer step
     durations); an unknown kind is one line."""
-    from asyncpipe.schedules.streams import streamed
+    from asyncpipe.schedules.streams import drawn_only, streamed
     from asyncpipe.timelines.timeline import simulate_schedule
 
     if kind not in streamed(kind) and "." not in kind:
@@ -114,9 +114,13 @@ def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
         raise UserError(f"--schedule {kind!r} is unknown; choose one of: {', '.join(known)}")
     if stages < 1 or micro_batches < 1 or batches < 1:
         raise UserError("--stages, --micro-batches and --batches must all be >= 1")
-    if kind == "2bw" and micro_batches < stages:
-        raise UserError(f"--schedule 2bw needs --micro-batches >= --stages, got {micro_batches} < {stages} (with fewer, "
-                        "stage 0 would start batch b+2 before step b made its weights)")  # fmt: skip
+    spec = get(kind) if kind in streamed(kind) and kind not in drawn_only() else None
+    if spec is not None and not spec.fits(stages, micro_batches):
+        need = spec.min_micro_batches(stages) if spec.min_micro_batches else 1
+        raise UserError(
+            f"--schedule {kind} needs --micro-batches >= {'--stages' if need == stages else need}, got "
+            f"{micro_batches} < {need} (too few to carry its order across batches)"
+        )
     return simulate_schedule(kind, micro_batches, stages, batches, forward=forward, backward=backward, step=step)
 
 
