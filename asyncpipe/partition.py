@@ -191,17 +191,16 @@ def cut_problem(cfg: Any) -> str:
 
 
 def tied_problem(cfg: Any) -> str:
-    """Why ``cfg``'s tied embeddings cannot run on `engine=pipeline` ('' when they can): split over stage 0 and
-    stage P-1 (one chunk per rank), the two copies are summed and stepped alike (`pipe.tied`) under 1F1B and 2BW
-    (+ EF), where both stages read one weight version per step, with one global clipping norm."""
+    """Why ``cfg``'s tied embeddings cannot run on `engine=pipeline` ('' when they can): split over the first and
+    the last stage, the two copies are summed and stepped alike (`pipe.tied`) under 1F1B and 2BW (+ EF) and
+    PyTorch's schedules that do not split their backward (`torch_schedules.config_problem` refuses those), where
+    both stages read one weight version per step, with one global clipping norm."""
     from asyncpipe.schedules import resolve
 
     p, name = cfg.pipeline, resolve(cfg).name
     untie = f"add model.tie_embeddings=false (model '{cfg.model.name}' ties them)"
-    if p.get("torch_schedule") is not None:
-        return f"pipeline.torch_schedule runs untied embeddings only; {untie}"
-    if p.stages == 1 or resolve(cfg).chunks > 1:
-        return ""  # the embedding and the head in one process: tied there
+    if p.stages == 1 or (resolve(cfg).chunks > 1 and p.get("torch_schedule") is None):
+        return ""  # the embedding and the head in one process (a V): tied there
     if name not in ("1f1b", "2bw"):
         return (f"engine=pipeline ties embeddings across stages under 1f1b and 2bw only (pipeline.schedule={name}: "
                 f"its stages read different weight versions at one step); {untie}")

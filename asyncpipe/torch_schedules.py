@@ -63,6 +63,9 @@ def config_problem(cfg: Any) -> Optional[str]:
     if s.chunks * p.stages > m.n_layer:
         return (f"PyTorch's {s.cls} cuts the model into {s.chunks} x {p.stages} chunks of at least one block; "
                 f"model '{m.name}' has {m.n_layer} blocks")  # fmt: skip
+    if m.tie_embeddings and s.split_backward and p.stages > 1:  # measured: ZBV gets the tied gradient wrong
+        return (f"pipeline.torch_schedule={s.name} splits its backward, which a tied matrix does not survive "
+                f"(pipe.tied); add model.tie_embeddings=false")
     if t.compile in (True, "true") and s.split_backward:
         return f"PyTorch's {s.cls} splits input and weight gradients, which it refuses under torch.compile"
     return None

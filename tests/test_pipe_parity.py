@@ -195,13 +195,15 @@ def test_a_rank_error_reaches_the_launcher_as_one_line():
 # -- tied embeddings across stages (`pipe.tied`): stage 0's embedding and stage 1's head copy, gradients summed ---
 @pytest.fixture(scope="module")
 def tied():
-    """P = 2, the tiny model tied: 1F1B, 2BW and 2BW + EF (adamw_ef), one launch. The two copies' gradients are
+    """P = 2, the tiny model tied: 1F1B, 2BW and 2BW + EF (adamw_ef) across stages, DualPipeV (both ends on rank
+    0, tied in one process), one launch. The two copies' gradients are
     summed after each stage accumulated its own (the simulator adds the head's and the lookup's per micro-batch):
     last-bit differences, which AdamW at 0.016 under 1F1B grows to 3e-5 by step 9 and Muon's bf16 Newton-Schulz to
     1e-5 (measured); at 4e-3 every loss and norm agrees within 2e-6."""
     tied_lr = {"model": {"tie_embeddings": True}, "optimizer": {"lr": 4e-3}}
     runs = ((0, "adamw"), (1, "adamw"), (1, "adamw_ef"))
     cfgs = [OmegaConf.merge(_cfg(2, 1, d, o, 4), tied_lr) for d, o in runs]
+    cfgs.append(OmegaConf.merge(cfgs[0], {"pipeline": {"schedule": "dualpipev"}}))
     return cfgs, _launch(cfgs, timeout_s=480)
 
 
@@ -210,3 +212,10 @@ def test_tied_embeddings_across_two_stages_match_simulator(tied, i):
     """The simulator's one tied matrix against the pipeline's two copies: the same losses, norms and evaluation."""
     cfgs, results = tied
     _check(cfgs[i], results[i], rtol=1e-5)
+
+
+def test_tied_embeddings_in_dualpipevs_v_match_simulator(tied):
+    """Both ends on rank 0: one matrix, its gradient accumulated in DualPipeV's micro-batch order, not the
+    simulator's (measured: 2e-5 relative in the loss by step 6), hence 1e-4."""
+    cfgs, results = tied
+    _check(cfgs[3], results[3], rtol=1e-4, norm_rtol=1e-3)

@@ -39,7 +39,7 @@ def test_the_plan_counts_the_tied_matrix_on_both_stages() -> None:
     [
         (["pipeline.schedule=paci", "delay=1"], "ties embeddings across stages under 1f1b and 2bw only"),
         (["delay=1", "pipeline.clip=stage"], "need pipeline.clip=global"),
-        (["pipeline.torch_schedule=1f1b"], "pipeline.torch_schedule runs untied embeddings only"),
+        (["pipeline.torch_schedule=zbv"], "pipeline.torch_schedule=zbv splits its backward"),
     ],
 )
 def test_what_tied_embeddings_cannot_run_is_one_line(extra: list, says: str) -> None:
@@ -79,3 +79,26 @@ def test_a_resumed_tied_2bw_run_is_bit_identical(tmp_path) -> None:
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout and "step 4" in resumed.stdout.split("resumed from")[1].splitlines()[0]
     assert losses(again) == losses(ref)  # exact float equality, every step and evaluation
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_pytorch_schedules_tie_like_deepspeeds_1f1b() -> None:
+    """Tied, in one 2-rank launch: DeepSpeed's 1F1B (held to the simulator in test_pipe_parity), PyTorch's
+    Schedule1F1B and Interleaved1F1B (the matrix split over rank 0 and rank 1): the same losses, norms and val
+    loss."""
+    from asyncpipe.spawn import Job, launch
+
+    base = [*TIED, "precision=fp32", "device=cpu", "train.steps=4", "train.micro_batch_size=4", "train.seq_len=32",
+            "train.eval_every=2", "train.eval_batches=2", "pipeline.threads=1", "run.dir=unused", "delay=0",
+            "train.micro_batches=4", "optimizer=adamw", "optimizer.lr=4e-3"]
+    names = [None, "1f1b", "interleaved1f1b"]
+    cfgs = [compose(base + ([f"pipeline.torch_schedule={n}"] if n else [])) for n in names]
+    ref, *others = launch([Job(c, None, show_progress=False) for c in cfgs], timeout_s=400)
+    for name, res in zip(names[1:], others):
+        assert res["status"] == "completed", name
+        for h, r in zip(res["history"], ref["history"]):
+            assert h["train_loss"] == pytest.approx(r["train_loss"], rel=1e-5), (name, h["step"])
+            assert h["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-5), (name, h["step"])
+        assert res["final_val_loss"] == pytest.approx(ref["final_val_loss"], rel=1e-5), name
+    assert ref["history"][0]["train_loss"] - ref["history"][-1]["train_loss"] > 0.1

@@ -68,7 +68,7 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         self.spec = get_schedule(settings.schedule)
         P, s = self.num_stages, self.stage_id
         self.stash = WeightStash(self.module, self.spec.weight_versions(P, s) - 1)  # the stash holds 1 or 2
-        self.tied = TiedGrads(self, settings.tied)  # a tied embedding's two copies (`pipe.tied`)
+        self.tied = TiedGrads.of_deepspeed(self, settings.tied)  # a tied embedding's two copies (`pipe.tied`)
         self.activations = ActivationMeter(self._weight_tensors)
         self.pipe_buffers["grads"], self.pipe_buffers["losses"] = [], []
         self.init_p2p()

@@ -27,39 +27,62 @@ import torch.distributed as tdist
 
 
 class TiedGrads:
-    """The tied matrix's place on this rank (``index`` into the stash's parameters, None off the two stages) and
-    the two-rank all-reduce of its gradient."""
+    """The tied matrix's place on this rank (``index`` into ``params``, None off the two ranks that hold it) and the
+    two-rank all-reduce of its gradient. ``pairs``: per replica, the ranks of the embedding's and the head's
+    stage (every rank makes every group, in order, as `torch.distributed.new_group` requires); ``module``: this
+    rank's layers."""
 
-    def __init__(self, engine: Any, on: bool) -> None:
+    def __init__(self, params: list, module: Any, pairs: list[list[int]]) -> None:
         self.index: Optional[int] = None
         self.group: Any = None
         self.work: Any = None
-        if not on:
+        self.is_copy = False
+        self.params: list = []
+        mine = None
+        for ranks in pairs:
+            group = tdist.new_group(ranks)
+            if tdist.get_rank() in ranks:
+                self.group, mine = group, ranks
+        if mine is None:
             return
         from asyncpipe.model.gpt import Embedding, Head
 
+        self.is_copy = tdist.get_rank() == mine[1]
+        kind = Head if self.is_copy else Embedding
+        held = [m.weight for m in module.modules() if isinstance(m, kind) and (not self.is_copy or m.tied_copy)]
+        if len(held) != 1:
+            raise RuntimeError(f"rank {tdist.get_rank()}: expected one tied matrix, found {len(held)}")
+        self.index = next(i for i, p in enumerate(params) if p is held[0])
+        self.params = params
+
+    @classmethod
+    def of_deepspeed(cls, engine: Any, on: bool) -> "TiedGrads":
+        """DeepSpeed's engine: stage 0 and stage P-1 of each replica (``on``: the model ties them across stages)."""
         P, topo = engine.num_stages, engine.grid.topology()
-        for d in range(engine.grid.get_data_parallel_world_size()):  # every rank makes every group, in order
-            ranks = [topo.get_rank(pipe=0, data=d), topo.get_rank(pipe=P - 1, data=d)]
-            group = tdist.new_group(ranks)
-            if tdist.get_rank() in ranks:
-                self.group = group
-        if self.group is None:
-            return
-        last = engine.stage_id == P - 1
-        kind = Head if last else Embedding
-        mine = [m.weight for m in engine.module.modules() if isinstance(m, kind) and (not last or m.tied_copy)]
-        if len(mine) != 1:
-            raise RuntimeError(f"stage {engine.stage_id}: expected one tied matrix, found {len(mine)}")
-        self.index = next(i for i, p in enumerate(engine.stash.params) if p is mine[0])
-        self.is_copy = last
+        replicas = engine.grid.get_data_parallel_world_size()
+        pairs = [[topo.get_rank(pipe=0, data=d), topo.get_rank(pipe=P - 1, data=d)] for d in range(replicas)]
+        return cls(engine.stash.params, engine.module, pairs if on else [])
+
+    @classmethod
+    def of_torch(cls, params: list, module: Any, sched: Any, stages: int, tied: bool) -> "TiedGrads":
+        """PyTorch's schedules (one replica): the ranks holding the first chunk and the last, when they differ."""
+        from asyncpipe.torch_schedules import rank_chunks
+
+        n = stages * sched.chunks
+        first, last = ([r for r in range(stages) if c in rank_chunks(sched, stages, r)][0] for c in (0, n - 1))
+        return cls(params, module, [[first, last]] if tied and first != last else [])
+
+    @property
+    def copy(self) -> Optional[torch.Tensor]:
+        """The copy held here (the parameter left out of the norm list), or None."""
+        return self.params[self.index] if self.is_copy and self.index is not None else None
 
     def norm_tensors(self, n: int) -> int:
         """How many of this stage's ``n`` tensors enter the model-wide norm list (the copy does not)."""
-        return n - 1 if self.index is not None and self.is_copy else n
+        return n - 1 if self.is_copy else n
 
-    def counted(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``grads`` without the copy's (the list the norms are taken over)."""
+    def counted(self, grads: list) -> list:
+        """``grads`` (or parameters) without the copy's: the list the norms are taken over."""
         if self.index is None or not self.is_copy:
             return grads
         return grads[: self.index] + grads[self.index + 1 :]

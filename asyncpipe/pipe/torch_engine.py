@@ -15,6 +15,7 @@ weight) chunks and its optimizer step; the rest of a step is waiting (communicat
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any
@@ -38,6 +39,7 @@ from asyncpipe.pipe import memory
 from asyncpipe.pipe.actmem import ActivationMeter
 from asyncpipe.pipe.faults import CutControl
 from asyncpipe.pipe.metrics import StepReporter
+from asyncpipe.pipe.tied import TiedGrads
 from asyncpipe.registry import describe
 from asyncpipe.runtime.device import autocast_context
 from asyncpipe.runtime.protocol import Agreement, Setup
@@ -110,6 +112,7 @@ class TorchPipeliningEngine:
         self.optimizer = build_optimizer(self.module, cfg.optimizer, compensation=cfg.compensation, pipeline=True)
         self.clock: dict[str, Any] = {"compute": 0.0, "wait": 0.0, "norm_wait": 0.0, "by_op": {}, "blocked": {}}
         self.params = list(self.module.parameters())
+        self.tied = TiedGrads.of_torch(self.params, self.module, self.sched, P, bool(cfg.model.tie_embeddings))
         self.meter = ActivationMeter(lambda: [*self.params, *self.module.buffers()])
         n = P * self.sched.chunks
         self.stage_objs = []
@@ -124,7 +127,8 @@ class TorchPipeliningEngine:
         self.holds_input, self.holds_loss = 0 in self.chunks, n - 1 in self.chunks
         # Norms in model order: each rank's tensors at the global offset of its chunks' tensors.
         counts: list = [None] * self.world
-        tdist.all_gather_object(counts, {c: self._chunk_params(per_chunk[c]) for c in self.chunks})
+        tdist.all_gather_object(counts, {c: self._chunk_params(per_chunk[c]) - (c == n - 1 and self.tied.is_copy)
+                                         for c in self.chunks})  # a tied copy: out of the norm list
         sizes = {c: k for d in counts for c, k in d.items()}
         self._offsets = {c: sum(sizes[x] for x in range(c)) for c in self.chunks}
         self._n_tensors = sum(sizes.values())
@@ -189,12 +193,15 @@ class TorchPipeliningEngine:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         for p, g in zip(self.params, grads):
             p.grad = g
+        self.tied.reduce(grads, lambda what: contextlib.nullcontext())  # a tied embedding's two gradients summed
+        self.tied.wait(lambda what: contextlib.nullcontext())
         stage_sq = float(grad_sq_norm(self.params))
         self._norm_wait_last = 0.0
         if self._global_norm:
             everywhere = torch.zeros(self._n_tensors, dtype=torch.float32, device=grads[0].device)
             for c in self.chunks:
-                ps = [q for i in self._per_chunk[c] for q in getattr(self.module, str(i)).parameters()]
+                ps = [q for i in self._per_chunk[c] for q in getattr(self.module, str(i)).parameters()
+                      if q is not self.tied.copy]
                 norms = torch._foreach_norm([q.grad for q in ps], 2, dtype=torch.float32)
                 everywhere[self._offsets[c] : self._offsets[c] + len(ps)] = torch.stack(norms)
             waited = time.perf_counter()
