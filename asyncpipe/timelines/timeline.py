@@ -8,7 +8,7 @@ queued before a `CommitP2P` are posted together; a stream without commits blocks
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from asyncpipe.schedules.instructions import (
     COMM,
@@ -107,118 +107,176 @@ def simulate(
     n = len(streams)
     fwd, bwd, upd = ([float(c)] * n if isinstance(c, (int, float)) else [float(x) for x in c]
                      for c in (forward, backward, step))  # fmt: skip
-    stages = [_Stage(s, any(isinstance(c, CommitP2P) for c in s)) for s in streams]
-    # Per link and side: (micro_batch, post time) of every op posted so far, in order.
-    posted: dict[tuple, dict[str, list[tuple[int, float]]]] = {}
-    events: list[Event] = []
-    read: dict[tuple[int, int], Optional[int]] = {}  # (stage, micro-batch) -> the version its forward read
-    busy = [0.0] * n
-    started: dict[int, list[float]] = {}  # batch -> start times of its all-reduce, one per stage
+    replay = _Replay(streams, fwd, bwd, upd, latency, collective_steps, overhead, recompute)
+    return replay.run()
 
-    def post(i: int, ops: list[Instruction]) -> None:
-        st = stages[i]
-        st.waiting = []
-        for cmd in ops:
-            ch, side = _channel(cmd, i)
-            if not 0 <= ch[1] < n or not 0 <= ch[2] < n:
-                raise ScheduleError(f"stage {i}: {cmd!r} talks to a stage that does not exist")
-            lst = posted.setdefault(ch, {"send": [], "recv": []})[side]
-            lst.append((cmd.micro_batch, st.clock))
-            st.waiting.append((ch, side, len(lst) - 1))
 
-    def try_finish_wait(i: int) -> bool:
-        st = stages[i]
-        done_at = st.clock
-        for ch, side, idx in st.waiting or []:
-            other = posted[ch]["recv" if side == "send" else "send"]
-            if len(other) <= idx:
-                return False
-            mine = posted[ch][side][idx]
-            if other[idx][0] != mine[0]:
-                raise ScheduleError(
-                    f"link {ch}: message #{idx} is micro-batch {mine[0]} on one side, {other[idx][0]} on the other"
-                )
-            done_at = max(done_at, mine[1], other[idx][1])
-        st.clock = done_at + (latency if st.waiting else 0.0)
-        st.waiting = None
-        return True
+class _Replay:
+    """The state of one `simulate` run: every stage's place in its stream and clock, what each link has posted,
+    and one handler per instruction."""
 
-    def advance(i: int) -> bool:
+    def __init__(
+        self,
+        streams: Sequence[Sequence[Instruction]],
+        fwd: list[float],
+        bwd: list[float],
+        upd: list[float],
+        latency: float,
+        collective_steps: bool,
+        overhead: float,
+        recompute: bool,
+    ) -> None:
+        self.n = len(streams)
+        self.fwd, self.bwd, self.upd = fwd, bwd, upd
+        self.latency, self.overhead, self.recompute = latency, overhead, recompute
+        self.collective_steps = collective_steps
+        self.stages = [_Stage(s, any(isinstance(c, CommitP2P) for c in s)) for s in streams]
+        # Per link and side: (micro_batch, post time) of every op posted so far, in order.
+        self.posted: dict[tuple, dict[str, list[tuple[int, float]]]] = {}
+        self.events: list[Event] = []
+        self.read: dict[tuple[int, int], Optional[int]] = {}  # (stage, micro-batch) -> the version its forward read
+        self.busy = [0.0] * self.n
+        self.started: dict[int, list[float]] = {}  # batch -> start times of its all-reduce, one per stage
+        self.handlers: list[tuple[Any, Callable[[int, Any], None]]] = [
+            (COMM, self._comm),
+            (CommitP2P, self._commit),
+            ((ForwardPass, BackwardPass), self._pass),
+            (ReduceGrads, self._reduce),
+            (OptimizerStep, self._step),
+        ]  # the rest (loading a micro-batch) takes no time here
+
+    def run(self) -> Timeline:
+        while True:
+            moved = any([self.advance(i) for i in range(self.n)])
+            if all(st.pc >= len(st.stream) and st.waiting is None and st.collective is None for st in self.stages):
+                break
+            if not moved:
+                raise ScheduleError("deadlock: " + "; ".join(self._where(i) for i in range(self.n)))
+        for i, st in enumerate(self.stages):
+            if st.queued:
+                raise ScheduleError(f"stage {i}: communication queued but never committed: {st.queued}")
+        for ch, sides in self.posted.items():
+            if len(sides["send"]) != len(sides["recv"]):
+                raise ScheduleError(f"link {ch}: {len(sides['send'])} sends but {len(sides['recv'])} receives")
+        makespan = max((st.clock for st in self.stages), default=0.0)
+        return Timeline(self.events, makespan, self.busy)
+
+    def _where(self, i: int) -> str:
+        st = self.stages[i]
+        return (
+            f"stage {i}: at #{st.pc} {st.stream[st.pc - 1] if st.pc else None!r}"
+            + (f" waiting on {st.waiting}" if st.waiting else "")
+            + (f" in the all-reduce of batch {st.collective}" if st.collective is not None else "")
+        )
+
+    def advance(self, i: int) -> bool:
         """Run stage i until it blocks or ends; True when anything happened."""
-        st = stages[i]
+        st = self.stages[i]
         moved = False
         while True:
             if st.collective is not None:
-                arrivals = started.get(st.collective, [])
-                if len(arrivals) < n:
+                if not self._finish_collective(i):
                     return moved
-                begin = st.clock
-                st.clock = max([st.clock] + arrivals)
-                events.append(Event(i, "step", None, begin, st.clock + upd[i], batch=st.collective))
-                st.clock += upd[i]
-                busy[i] += upd[i]
-                st.collective = None
                 moved = True
             if st.waiting is not None:
-                if not try_finish_wait(i):
+                if not self._finish_wait(i):
                     return moved
                 moved = True
             if st.pc >= len(st.stream):
                 return moved
             cmd = st.stream[st.pc]
             st.pc += 1
-            st.clock += overhead
+            st.clock += self.overhead
             moved = True
-            if isinstance(cmd, COMM):
-                if st.batched:
-                    st.queued.append(cmd)
-                else:
-                    post(i, [cmd])
-            elif isinstance(cmd, CommitP2P):
-                post(i, st.queued)
-                st.queued = []
-            elif isinstance(cmd, (ForwardPass, BackwardPass)):
-                dur = fwd[i] if isinstance(cmd, ForwardPass) else bwd[i]
-                kind = "forward" if isinstance(cmd, ForwardPass) else "backward"
-                version = getattr(cmd, "version", None)
-                if kind == "forward":
-                    read[(i, cmd.micro_batch)] = version
-                straddle = kind == "backward" and read.get((i, cmd.micro_batch), version) != version
-                dur += fwd[i] if straddle and recompute else 0.0  # its forward is recomputed first
-                events.append(Event(i, kind, cmd.micro_batch, st.clock, st.clock + dur, version, straddle=straddle))
-                st.clock += dur
-                busy[i] += dur
-            elif isinstance(cmd, ReduceGrads):
-                if collective_steps:
-                    started.setdefault(cmd.batch, []).append(st.clock)
-            elif isinstance(cmd, OptimizerStep):
-                if collective_steps:
-                    st.collective = cmd.batch
-                    continue
-                events.append(Event(i, "step", None, st.clock, st.clock + upd[i], batch=cmd.batch))
-                st.clock += upd[i]
-                busy[i] += upd[i]
+            for kind, handler in self.handlers:
+                if isinstance(cmd, kind):
+                    handler(i, cmd)
+                    break
 
-    while True:
-        moved = any([advance(i) for i in range(n)])
-        if all(st.pc >= len(st.stream) and st.waiting is None and st.collective is None for st in stages):
-            break
-        if not moved:
-            where = [
-                f"stage {i}: at #{st.pc} {st.stream[st.pc - 1] if st.pc else None!r}"
-                + (f" waiting on {st.waiting}" if st.waiting else "")
-                + (f" in the all-reduce of batch {st.collective}" if st.collective is not None else "")
-                for i, st in enumerate(stages)
-            ]
-            raise ScheduleError("deadlock: " + "; ".join(where))
-    for i, st in enumerate(stages):
-        if st.queued:
-            raise ScheduleError(f"stage {i}: communication queued but never committed: {st.queued}")
-    for ch, sides in posted.items():
-        if len(sides["send"]) != len(sides["recv"]):
-            raise ScheduleError(f"link {ch}: {len(sides['send'])} sends but {len(sides['recv'])} receives")
-    makespan = max((st.clock for st in stages), default=0.0)
-    return Timeline(events, makespan, busy)
+    # -- one handler per instruction ------------------------------------------------------------------------
+    def _comm(self, i: int, cmd: Instruction) -> None:
+        """A send or receive: queued until the commit of a batched stream, else posted (and waited for) at once."""
+        if self.stages[i].batched:
+            self.stages[i].queued.append(cmd)
+        else:
+            self._post(i, [cmd])
+
+    def _commit(self, i: int, cmd: Instruction) -> None:
+        st = self.stages[i]
+        self._post(i, st.queued)
+        st.queued = []
+
+    def _pass(self, i: int, cmd: Instruction) -> None:
+        """A forward or backward: its duration on the stage; a straddler's backward recomputes its forward first
+        under ``recompute``."""
+        st, forward = self.stages[i], isinstance(cmd, ForwardPass)
+        dur = self.fwd[i] if forward else self.bwd[i]
+        version = getattr(cmd, "version", None)
+        if forward:
+            self.read[(i, cmd.micro_batch)] = version
+        straddle = not forward and self.read.get((i, cmd.micro_batch), version) != version
+        dur += self.fwd[i] if straddle and self.recompute else 0.0
+        kind = "forward" if forward else "backward"
+        self.events.append(Event(i, kind, cmd.micro_batch, st.clock, st.clock + dur, version, straddle=straddle))
+        st.clock += dur
+        self.busy[i] += dur
+
+    def _reduce(self, i: int, cmd: Instruction) -> None:
+        if self.collective_steps:
+            self.started.setdefault(cmd.batch, []).append(self.stages[i].clock)
+
+    def _step(self, i: int, cmd: Instruction) -> None:
+        """An optimizer step; under ``collective_steps`` it first waits for every stage's all-reduce to start."""
+        if self.collective_steps:
+            self.stages[i].collective = cmd.batch
+            return
+        self._run_step(i, self.stages[i].clock, cmd.batch)
+
+    def _run_step(self, i: int, begin: float, batch: int) -> None:
+        st = self.stages[i]
+        self.events.append(Event(i, "step", None, begin, st.clock + self.upd[i], batch=batch))
+        st.clock += self.upd[i]
+        self.busy[i] += self.upd[i]
+
+    # -- waiting ---------------------------------------------------------------------------------------------
+    def _finish_collective(self, i: int) -> bool:
+        st = self.stages[i]
+        arrivals = self.started.get(st.collective, [])  # type: ignore[arg-type]
+        if len(arrivals) < self.n:
+            return False
+        begin = st.clock
+        st.clock = max([st.clock] + arrivals)
+        batch, st.collective = st.collective, None
+        self._run_step(i, begin, batch)  # type: ignore[arg-type]
+        return True
+
+    def _post(self, i: int, ops: list[Instruction]) -> None:
+        st = self.stages[i]
+        st.waiting = []
+        for cmd in ops:
+            ch, side = _channel(cmd, i)
+            if not 0 <= ch[1] < self.n or not 0 <= ch[2] < self.n:
+                raise ScheduleError(f"stage {i}: {cmd!r} talks to a stage that does not exist")
+            lst = self.posted.setdefault(ch, {"send": [], "recv": []})[side]
+            lst.append((cmd.micro_batch, st.clock))
+            st.waiting.append((ch, side, len(lst) - 1))
+
+    def _finish_wait(self, i: int) -> bool:
+        st = self.stages[i]
+        done_at = st.clock
+        for ch, side, idx in st.waiting or []:
+            other = self.posted[ch]["recv" if side == "send" else "send"]
+            if len(other) <= idx:
+                return False
+            mine = self.posted[ch][side][idx]
+            if other[idx][0] != mine[0]:
+                raise ScheduleError(
+                    f"link {ch}: message #{idx} is micro-batch {mine[0]} on one side, {other[idx][0]} on the other"
+                )
+            done_at = max(done_at, mine[1], other[idx][1])
+        st.clock = done_at + (self.latency if st.waiting else 0.0)
+        st.waiting = None
+        return True
 
 
 def simulate_schedule(kind: str, micro_batches: int, stages: int, batches: int, **kw: Cost) -> Timeline:
