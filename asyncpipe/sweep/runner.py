@@ -10,12 +10,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, TextIO
+from typing import Any, Mapping, Optional, Sequence, TextIO
 
 from omegaconf import DictConfig
 
 from asyncpipe.errors import UserError
 from asyncpipe.sweep.budgets import family_costs, render_costs, retrain_lost_trunks
+from asyncpipe.sweep.configs import RunConfigs
 from asyncpipe.sweep.display import SweepDisplay, print_table
 from asyncpipe.sweep.expand import SweepPlan, expand, run_overrides
 from asyncpipe.sweep.sweepfile import SweepFile, load_sweep_file
@@ -71,25 +72,19 @@ def plan_sweep(
     return plan
 
 
-def compose_runs(
-    plan: SweepPlan, sweep_dir: Path, progress: Optional[TextIO] = None
-) -> tuple[dict[str, DictConfig], DictConfig]:
-    """Compose and validate every run's config before anything starts; returns (configs by run, launcher). A large
-    sweep reports its progress on `progress` (stderr by default) every few seconds."""
-    from asyncpipe.config.compose import Composer
+def compose_runs(plan: SweepPlan, sweep_dir: Path, progress: Optional[TextIO] = None) -> tuple[RunConfigs, DictConfig]:
+    """Check every run's config before anything starts; returns (configs by run, composed when read: see
+    `asyncpipe.sweep.configs`, launcher). A large sweep reports its progress on `progress` (stderr by default)
+    every few seconds."""
     from asyncpipe.config.validate import check_delay_fits
-    from asyncpipe.session.rundir import check_seed
 
     stream = progress if progress is not None else sys.stderr
-    cfgs: dict[str, DictConfig] = {}
-    composer = Composer()  # runs that differ only in seed and run dir share one Hydra composition
+    cfgs = RunConfigs()  # runs that differ only in seed and run dir share one composition
     start = last = time.monotonic()
     for i, spec in enumerate(plan.runs, 1):
         overrides = run_overrides(plan, spec, (sweep_dir / spec.name).resolve(), resume=False)
         try:
-            cfgs[spec.name] = composer.compose([*overrides, *plan.launcher])
-            check_seed(cfgs[spec.name])
-            check_delay_fits(cfgs[spec.name])
+            check_delay_fits(cfgs.add(spec.name, [*overrides, *plan.launcher]))
         except UserError as exc:
             raise UserError(f"run {spec.name}: {exc}") from None
         now = time.monotonic()
@@ -97,7 +92,7 @@ def compose_runs(
             left = (now - start) / i * (len(plan.runs) - i)
             print(f"checking runs: {i}/{len(plan.runs)} composed and validated, ~{left:.0f} s left", file=stream, flush=True)
             last = now
-    return cfgs, cfgs[plan.runs[0].name].launcher
+    return cfgs, cfgs.template(plan.runs[0].name).launcher
 
 
 def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -> tuple[Path, dict, DictConfig]:
@@ -123,35 +118,37 @@ def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -
         from asyncpipe.sweep.slurm import require_slurm, task_layout
 
         require_slurm()
-        for cfg in cfgs.values():
+        for cfg, _ in cfgs.groups():
             task_layout(cfg)  # refuse an impossible layout before writing anything
     return sweep_dir, cfgs, launcher
 
 
-def warn_lr_regimes(cfgs: dict[str, DictConfig], stream: Optional[TextIO] = None) -> list[str]:
+def warn_lr_regimes(cfgs: Mapping[str, DictConfig], stream: Optional[TextIO] = None) -> list[str]:
     """Print once each distinct warning of a run whose default lr was tuned for another regime
     (`asyncpipe.config.tuned.regime_warning`), and once that runs will write W&B files offline into their run
     dirs (where, and how to turn it off); returns the lines."""
     from asyncpipe.config.tuned import regime_warning
     from asyncpipe.track.wandb_mirror import resolve_mode
 
-    said = list(dict.fromkeys(w for w in map(regime_warning, cfgs.values()) if w))
-    offline = [c for c in cfgs.values() if resolve_mode(str(c.tracker.wandb.mode)) == "offline"]
+    groups = cfgs.groups() if isinstance(cfgs, RunConfigs) else [(c, 1) for c in cfgs.values()]
+    said = list(dict.fromkeys(w for w in (regime_warning(c) for c, _ in groups) if w))
+    offline = sum(n for c, n in groups if resolve_mode(str(c.tracker.wandb.mode)) == "offline")
     if offline:
-        said.append(f"W&B: {len(offline)} of {len(cfgs)} runs write offline into RUN/wandb (no W&B API key, or mode "
+        said.append(f"W&B: {offline} of {len(cfgs)} runs write offline into RUN/wandb (no W&B API key, or mode "
                     "offline); upload later with `asyncpipe sync SWEEP_DIR`, or turn it off: tracker.wandb.mode=disabled")
     for line in said:
         print(line, file=stream or sys.stderr, flush=True)
     return said
 
 
-def estimates(plan: SweepPlan, cfgs: dict[str, DictConfig], launcher: DictConfig, out: Path) -> Any:
+def estimates(plan: SweepPlan, cfgs: RunConfigs, launcher: DictConfig, out: Path) -> Any:
     """The dry-run's estimate (`asyncpipe.sweep.estimate.DryRun`) of every run of the plan."""
     from asyncpipe.sweep.estimate import dry_run
     from asyncpipe.sweep.state import file_state
 
     sweep_dir = Path(out) / plan.name
-    specs = [(s.name, s.overrides, cfgs[s.name], file_state(sweep_dir / s.name) == COMPLETED) for s in plan.runs]
+    done = {s.name: file_state(sweep_dir / s.name) == COMPLETED for s in plan.runs}
+    specs = [(s.name, s.overrides, cfgs.template(s.name), done[s.name]) for s in plan.runs]
     parallel = int(launcher.parallel) if launcher.name == "local" else len(plan.runs)
     return dry_run(specs, parallel, Path(out))
 
@@ -204,7 +201,8 @@ def run_sweep(
     else:
         from asyncpipe.spawn import world_of
 
-        gpus = {s.name: 0 if cfgs[s.name].device == "cpu" else world_of(cfgs[s.name]) for s in plan.runs}
+        shapes = {s.name: cfgs.template(s.name) for s in plan.runs}
+        gpus = {name: 0 if cfg.device == "cpu" else world_of(cfg) for name, cfg in shapes.items()}
         local = LocalLauncher(plan, sweep_dir, int(launcher.parallel), retry_failed, command, display, gpus)
         states = local.run()
     return SweepResult(sweep_dir, plan, states)
