@@ -1,4 +1,4 @@
-# The two commands of the README: `make smoke-test` and `make test`. Both install first.
+# The README's commands: `make smoke-test`, `make test` and `make verdict`. Each installs first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-fast smoke-test gpu-check clean
+.PHONY: install test test-fast smoke-test verdict gpu-check clean
 
 install: $(STAMP)
 
@@ -45,6 +45,19 @@ smoke-test: install
 	@echo "make smoke-test: sweep $(SMOKE_OUT)/smoke (seed 0; runs already there are kept, not re-run), then its report"
 	$(BIN)/asyncpipe sweep --file sweeps/smoke.yaml --out $(SMOKE_OUT)
 	$(BIN)/asyncpipe report $(SMOKE_OUT)/smoke
+
+# The wall-clock verdict from the committed records, no training: study v5's time-to-target runs
+# (results/cpu_study_v5: 2 seeds, AdamW and Muon, 2BW / 2BW+EF / PACI at six token budgets) with the measured P = 2
+# throughputs (benchmarks/results/pipeline-small-P2-m*.json; P = 4, 8 from the cost model calibrated on them). Writes
+# a report (report.md, speedups.csv, verdict.png, wallclock.png, ...) into VERDICT_OUT, never into docs/.
+VERDICT_OUT ?= runs/verdict
+V5 := results/cpu_study_v5
+BENCH := benchmarks/results
+verdict: install
+	@echo "make verdict: study v5's wall-clock verdict from committed records into $(VERDICT_OUT) (no training, ~1-2 min)"
+	$(BIN)/asyncpipe report $(V5)/ttt_adamw $(V5)/ttt_muon $(V5)/paci_adamw --merge --target paper \
+		--bench $(BENCH)/pipeline-small-P2-m2.json --bench $(BENCH)/pipeline-small-P2-m4.json \
+		--bench $(BENCH)/pipeline-small-P2-m8.json --wallclock-at 4,8 --no-wandb-log --out $(VERDICT_OUT)
 
 # On a CUDA machine (< 5 min): 135m bf16 tokens/s and MFU, CPU-vs-CUDA losses, the pipeline on >= 2 GPUs.
 gpu-check: install
