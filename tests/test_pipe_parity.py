@@ -209,9 +209,11 @@ def tied():
 
 @pytest.mark.parametrize("i", range(3))
 def test_tied_embeddings_across_two_stages_match_simulator(tied, i):
-    """The simulator's one tied matrix against the pipeline's two copies: the same losses, norms and evaluation."""
+    """The simulator's one tied matrix against the pipeline's two copies: the same losses, norms and evaluation;
+    the run's record says the cut it ran (tiny, byte tokens: balanced is even)."""
     cfgs, results = tied
     _check(cfgs[i], results[i], rtol=1e-5)
+    assert all(st["blocks_per_stage"] == [2, 2] for st in results[i]["stages"])
 
 
 def test_tied_embeddings_in_dualpipevs_v_match_simulator(tied):

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from asyncpipe.dist import Comm
 from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.model.compile import CompileClock, eager, wanted
+from asyncpipe.partition import cut_blocks
 from asyncpipe.registry import describe
 from asyncpipe.registry import resolve as load_named
 from asyncpipe.runtime.device import use_bf16
@@ -46,7 +47,6 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
     from asyncpipe.model import build_layers, lm_loss, set_aux_grad_scale, stage_layers
-    from asyncpipe.model.partition import cut_blocks
     from asyncpipe.optim import build_optimizer
     from asyncpipe.pipe import memory
     from asyncpipe.pipe.deepspeed_engine import ScheduledPipelineEngine
@@ -113,6 +113,7 @@ class PipelineEngineAdapter:
         self.train_data = MicroBatches(setup.data_dir, "train", t.seq_len, t.micro_batch_size, cfg.seed)
         self.tokens_per_step = t.micro_batch_size * t.micro_batches * p.data_parallel * t.seq_len
         self._streaming, self._ran = False, 0
+        self.cut = cut_blocks(cfg)  # blocks per stage (per chunk in a V) the engine was built with: `pipeline.cut`
 
     @property
     def step(self) -> int:
@@ -123,6 +124,7 @@ class PipelineEngineAdapter:
         return (
             f"pipeline: {p.stages} stages x {p.data_parallel} replicas, delay {cfg.delay} "
             f"({self.engine.spec.name}), {describe(cfg)}, model {cfg.model.name}, "
+            f"cut {','.join(map(str, self.cut))} (pipeline.cut={p.cut if isinstance(p.cut, str) else 'given'}), "
             f"{cfg.train.steps} steps x {self.tokens_per_step} tokens{', compiled' if self.clock.compiled else ''}"
         )
 
@@ -179,5 +181,6 @@ class PipelineEngineAdapter:
             (Path(self.run_dir) / f"trace-rank{self.rank}.json").write_text(json.dumps(events))
         summary = self.engine.stage_summary()
         summary.update(cut_control_wait_s=self.control.wait_s, cuts=self.control.cuts, **self.clock.summary())
+        summary["blocks_per_stage"] = list(self.cut)  # the stage cut it ran, in the run's record (summary.json)
         self.engine.release()
         return tail, {"stages": self.comm.gather(summary)}
