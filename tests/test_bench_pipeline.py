@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from asyncpipe import cli_perf
-from asyncpipe.bench.pipeline import job_stats, ideal_speedup, optimizer_state_bytes
+from asyncpipe.bench.pipeline_summary import ideal_speedup, job_stats, optimizer_state_bytes
 
 
 def test_ideal_speedup_is_the_flush_bubble() -> None:

@@ -26,7 +26,8 @@ def bench_standin(
     that refuses an m (DualPipeV with m < 2P, 2BW with m < P) is skipped with its reason."""
     import os
 
-    from asyncpipe.bench.pipeline import BENCH_DEFAULTS, job_stats, variants_of
+    from asyncpipe.bench.pipeline import BENCH_DEFAULTS, variants_of
+    from asyncpipe.bench.pipeline_summary import job_stats
     from asyncpipe.config import compose
     from asyncpipe.errors import ConfigError
     from asyncpipe.spawn import Job, launch
