@@ -266,3 +266,25 @@ def test_bf16_pipeline_stage_memory_is_within_the_plan() -> None:
         s = planned[st["stage"]]
         assert st["peak_activation_bytes"] == pytest.approx(s.activations + s.casts, rel=0.15), st["stage"]
         assert st["peak_activation_bytes"] > 1.5 * s.activations  # the copies matter here
+
+
+def test_plan_shows_each_schedules_cut_and_its_gain_over_the_even_cut() -> None:
+    """Issue 52's target: the paper's model as shipped (tied) at 8 stages plans 2BW at >= 1.5x what the untied even
+    cut got, and prints the cut beside each schedule."""
+    from asyncpipe.partition import cut_blocks
+    from asyncpipe.plan_speed import render, speeds
+
+    run = ["model=360m", "pipeline.stages=8", "train.micro_batch_size=4", "train.seq_len=2048",
+           "train.micro_batches=16"]
+    rows, label = {}, ""
+    for name, extra in (("balanced", []), ("even", ["model.tie_embeddings=false", "pipeline.cut=even"])):
+        found, label = speeds([*run, *extra], 80.0)
+        rows[name] = {r.schedule: r for r in found}
+    tied, even = rows["balanced"]["2bw"], rows["even"]["2bw"]
+    assert not tied.reason and tied.tokens_per_s >= 1.5 * even.tokens_per_s
+    assert tied.over_even == pytest.approx(tied.tokens_per_s / rows["even"]["2bw"].tokens_per_s, rel=1e-3)
+    assert list(tied.cut) == cut_blocks(compose([*run, "engine=pipeline", "delay=1"]), 8) != [4] * 8
+    assert even.over_even == 1.0 and list(even.cut) == [4] * 8
+    text = render(list(rows["balanced"].values()), 80.0, label)
+    assert f"{tied.over_even:6.3f}  {','.join(map(str, tied.cut))}" in text
+    assert "dualpipev" in text and not rows["balanced"]["dualpipev"].reason  # the V, tied on rank 0
