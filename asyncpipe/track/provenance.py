@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
@@ -175,13 +175,20 @@ class _Earlier:
 
     def __init__(self, run_dir: Path) -> None:
         self.provenance, self.log = Path(run_dir) / PROVENANCE_FILE, Path(run_dir) / TRAIN_LOG
+        self.existed = Path(run_dir).is_dir()  # a new run dir: a refused start removes it whole (`RunRecord`)
         self.record = _read_or_none(self.provenance)
         self.log_size = self.log.stat().st_size if self.log.is_file() else None
 
     def restore(self) -> None:
-        if self.record is not None and _read_or_none(self.provenance) != self.record:
+        if not self.existed:
+            return
+        if self.record is None:
+            self.provenance.unlink(missing_ok=True)
+        elif _read_or_none(self.provenance) != self.record:
             atomic_write_bytes(self.provenance, self.record)
-        if self.log_size is not None and self.log.is_file() and self.log.stat().st_size > self.log_size:
+        if self.log_size is None:
+            self.log.unlink(missing_ok=True)
+        elif self.log.is_file() and self.log.stat().st_size > self.log_size:
             os.truncate(self.log, self.log_size)
 
 
@@ -205,7 +212,8 @@ def recorded(cfg: Any, overrides: Sequence[str], rank: int = 0, revisions: Optio
         yield
     except UserError:  # a refused start (say, a bad resume) leaves an existing run dir exactly as it was
         tee.record, tee.pending, tee.partial = None, [], ""
-        earlier.restore()
+        with suppress(OSError):  # the refusal is what the user must see
+            earlier.restore()
         raise
     finally:
         sys.stdout = tee.stream
