@@ -227,6 +227,8 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
                      f"set train.micro_batches={P} or more")
     if deferred:
         notes.append("2BW defers each step past the next batch's first backward: two gradient buffers")
+    if m.tie_embeddings and spec.chunks == 1 and P > 1:
+        notes.append(f"tied embeddings: stage 0 and stage {P - 1} each hold the matrix (gradients summed each step)")
     if spec.chunks > 1:
         notes.append(f"{spec.name}: in-flight is the larger chunk's peak; activations add each chunk's own peak "
                      "(an upper bound when the peaks do not coincide)")  # fmt: skip
