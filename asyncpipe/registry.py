@@ -67,6 +67,8 @@ class MethodSpec:
     needs_delay: bool = False  # True: at delay 0 it computes exactly the plain optimizer (refused there)
     module: str = ""
     revision: int = 1  # bumped when its update rule changes (asyncpipe.report.revisions keeps what each one was)
+    label: Optional[Callable[[Any], str]] = None  # (cfg.compensation) -> how `describe` names it; None: its name
+    tag: Optional[str] = None  # what follows the optimizer in a default run dir name; None: "+<name>"
 
     def build(self, optimizer: Any, cfg: Any, delays: Any) -> Any:
         return resolve(self.builder)(optimizer, cfg, delays)
@@ -127,12 +129,14 @@ def declare_optimizer(name: str, memory: Memory, config: Optional[type] = None, 
 
 def declare_method(name: str, *, buffers: int, fits_2bw: bool, note: str, key: Optional[str] = None,
                    config: Optional[type] = None, check: Optional[Check] = None, memory: Optional[Memory] = None,
-                   needs_delay: bool = False, revision: int = 1, build: Optional[str] = None) -> Any:  # fmt: skip
+                   needs_delay: bool = False, revision: int = 1, build: Optional[str] = None,
+                   label: Optional[Callable[[Any], str]] = None, tag: Optional[str] = None) -> Any:  # fmt: skip
     """Declare the compensation method ``name``. As a decorator on its builder ``(optimizer, cfg_compensation,
     delays) -> torch.optim.Optimizer``; or, with ``build="module:function"``, as a statement naming a builder that is
     imported only when a run builds the method (the built-ins' declarations, torch-free, name their rules in
     `asyncpipe.optim.compensation` so). ``revision``: which version of its rule this is (1 until the rule changes;
-    a run records it, a report never pools two)."""
+    a run records it, a report never pools two). ``label``, ``tag``: how a run's description and its default run
+    dir name it (EF: ``muon + EF(lam=1)``, ``muon_ef``)."""
 
     if (key is None) != (config is None):
         given, missing = ("key=", "config=") if config is None else ("config=", "key=")
@@ -141,7 +145,7 @@ def declare_method(name: str, *, buffers: int, fits_2bw: bool, note: str, key: O
 
     def spec(builder: Builder, module: str) -> MethodSpec:
         return MethodSpec(name, builder, buffers, fits_2bw, note, key, config, check, memory, needs_delay, module,
-                          revision)  # fmt: skip
+                          revision, label, tag)  # fmt: skip
 
     if build is not None:
         declared = spec(build, _caller())
@@ -248,17 +252,20 @@ def of_config(cfg: Any) -> tuple[OptimizerSpec, MethodSpec]:
 def describe(cfg: Any) -> str:
     """What a run optimises with, for its log line, plan and run dir: ``muon + EF(lam=1.0)``, ``adamw + dc``."""
     o, c = cfg.optimizer, cfg.compensation
-    if c.name == "ef":
-        return f"{o.name} + EF(lam={c.ef.lam:g})"
-    return o.name if c.name == "none" else f"{o.name} + {c.name}"
+    if c.name == "none":
+        return o.name
+    spec = method_spec(c.name, target_of(c))
+    return f"{o.name} + {spec.label(c) if spec.label is not None else c.name}"
 
 
 def run_tag(optimizer: str, compensation: str) -> str:
     """The optimizer part of a default run dir name: ``muon_ef`` (EF, as the *_ef presets name it), ``adamw+dc``,
     ``adamw`` (OmegaConf resolver)."""
-    if compensation == "ef":
-        return f"{optimizer}_ef"
-    return optimizer if compensation in ("none", "", None) else f"{optimizer}+{compensation}"
+    if compensation in ("none", "", None):
+        return optimizer
+    load_builtins()
+    spec = _METHODS.get(compensation)  # a method named by _target_ may not be loaded yet: the plain form
+    return f"{optimizer}{spec.tag}" if spec is not None and spec.tag is not None else f"{optimizer}+{compensation}"
 
 
 def names(specs: Iterable[Any]) -> list[str]:

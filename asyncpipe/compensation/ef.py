@@ -33,4 +33,4 @@ def check_ef(c: Any, cfg: Any) -> None:
 
 declare_method("ef", build="asyncpipe.optim.compensation.ef:build_ef", fits_2bw=True,
                note="one parameter-sized buffer u(t-1) (optimizer state, no weight version)", buffers=2, key="ef",
-               config=EFCompensation, check=check_ef)  # fmt: skip
+               config=EFCompensation, check=check_ef, label=lambda c: f"EF(lam={c.ef.lam:g})", tag="_ef")  # fmt: skip
