@@ -156,7 +156,8 @@ def test_each_column_is_timed_by_its_own_optimizers_bench_file(tmp_path):
     cells = speedup_cells(report.ladders, report.bench)
     own = cells[cells["own"] & (cells["against"] == "1f1b")].set_index("optimizer")
     assert own.loc["adamw", "throughput"] == 1.25 and own.loc["muon", "throughput"] == 1.10
-    assert "(muon.json)" in own.loc["muon", "throughput_detail"] and "no bench file" not in own.loc["muon", "throughput_detail"]
+    detail = own.loc["muon", "throughput_detail"]
+    assert "(muon.json)" in detail and "no bench file" not in detail
     table = speedup_table(report.ladders, report.bench)
     assert {"2BW / 1F1B throughput (adamw's step)", "2BW / 1F1B throughput (muon's step)"} <= set(table.columns)
     nadam = throughput(2, 4, load_bench([adamw, muon]), optimizer="nadam")
@@ -176,3 +177,15 @@ def test_the_report_writes_the_speed_ups_in_columns(tmp_path):
     assert list(written.columns) == list(expected.columns) and len(written) == len(expected)
     assert {"speedup", "lo", "hi", "resolved", "throughput_source"} <= set(written.columns)
     assert written["resolved"].tolist() == expected["resolved"].tolist()
+
+
+def test_a_file_measured_under_load_says_so_in_every_cell_it_times(tmp_path):
+    """A bench file whose 1-minute load before the run exceeded its CPUs: its measured cells' source names the load;
+    a quiet one's does not."""
+    path = bench_file(tmp_path / "busy.json", [1.2, 1.25, 1.3])
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "load_avg": [21.25, 18.0, 14.1], "cpu_count": 2}))
+    busy = throughput(2, 4, load_bench([path]))
+    assert busy.source == "measured, 2bw (busy.json); measured at load 21.2 on 2 CPUs"
+    path.write_text(json.dumps({**record, "load_avg": [1.2, 1.5, 1.7], "cpu_count": 2}))
+    assert throughput(2, 4, load_bench([path])).source == "measured, 2bw (busy.json)"

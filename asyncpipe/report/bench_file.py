@@ -78,3 +78,12 @@ def per_round(variants: dict, measured: dict[str, dict]) -> dict[str, list[float
                 v["tokens_per_s_per_round"]):  # fmt: skip
             out[name] = [a / b for a, b in zip(v["tokens_per_s_per_round"], base)]
     return out
+
+
+def load_note(record: dict) -> str:
+    """'; measured at load L on N CPUs' when the file's 1-minute load before the bench exceeded its CPUs (other work
+    shared the cores: its rounds' spread, and a cost model calibrated on it, carry that), else ''."""
+    load, cpus = record.get("load_avg"), record.get("cpu_count")
+    if not (isinstance(load, list) and load and _number(load[0]) and _number(cpus) and cpus > 0):
+        return ""
+    return f"; measured at load {load[0]:.1f} on {cpus} CPUs" if load[0] > cpus else ""

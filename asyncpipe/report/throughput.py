@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from asyncpipe.errors import UserError
-from asyncpipe.report.bench_file import check, per_round
+from asyncpipe.report.bench_file import check, load_note, per_round
 from asyncpipe.report.spread import Spread, exact, modelled_spread, paired_over, rounds_spread
 from asyncpipe.schedules import get as schedule_named
 
@@ -127,13 +127,13 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         syncs = {k: b["ratios"][k] for k in b.get("sync", sync_schedules()) if k in b["ratios"]}
         best = max(syncs, key=syncs.get) if syncs else "1f1b"
         at = "" if b["m"] == micro_batches else f" at m={b['m']}"
-        where = f"measured{at}, {name} ({Path(b['path']).name})" + (f"; {note}" if note else "")
+        where = f"measured{at}, {name} ({Path(b['path']).name}){load_note(b['record'])}" + (f"; {note}" if note else "")
         rounds = b.get("rounds", {})
         over_best = ratio / syncs[best] if syncs else None
         best_rounds = paired_over(rounds.get(name), rounds.get(best)) if best != "1f1b" else rounds.get(name)
+        spread_best = rounds_spread(best_rounds, over_best, f"measured{at}") if over_best else None
         return Throughput(stages, micro_batches, ratio, over_best, best, where, b.get("labels", {}).get(best, best),
-                          rounds_spread(rounds.get(name), ratio, f"measured{at}"),
-                          rounds_spread(best_rounds, over_best, f"measured{at}") if over_best else None, note)  # fmt: skip
+                          rounds_spread(rounds.get(name), ratio, f"measured{at}"), spread_best, note)
     modelled = modelled_ratio(stages, micro_batches, bench, ef, schedule)
     if modelled is not None:
         value, where, sync = modelled
@@ -172,7 +172,7 @@ def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool 
         value, sync = _RATIOS[key]
         name = f"{schedule}_ef" if ef else schedule
         return value, (f"modelled, {name} (cost model calibrated on {Path(b['path']).name}: 1F1B at P=2, "
-                       f"m={b['m']}, {rec.get('model', '?')})"), sync  # fmt: skip
+                       f"m={b['m']}, {rec.get('model', '?')}{load_note(rec)})"), sync  # fmt: skip
     return None
 
 
