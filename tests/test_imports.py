@@ -133,6 +133,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # stdlib-only foundations: errors, statuses, streams, the lr rule, run-dir file names and the lock, path checks
     ("asyncpipe", "asyncpipe.errors", "asyncpipe.status", "asyncpipe.terminal", "asyncpipe.lr_schedule",
      "asyncpipe.track.files", "asyncpipe.track.lock", "asyncpipe.paths", "asyncpipe.dist"),
+    ("asyncpipe.config.tree", "asyncpipe.config.tuned"),  # conf/ and the tuned-lr table (a run's regime)
     ("asyncpipe.data",),  # corpora, tokenizers, micro-batches
     ("asyncpipe.registry",),  # the extension points (optimizers, compensation methods)
     # torch-free declarations: schedules (instructions, orders, one module each), the built-in methods
