@@ -4,7 +4,11 @@ the smoke test's.
 - Every interval (`+0.6008 [+0.4058, +0.7959]`, `2.54x [2.17x, 2.83x]`, `76% [66%, 86%]`) in README.md,
   docs/usage.md and docs/results/cpu_study.md is one a committed report.md prints (docs/results/**), to the
   decimals the text gives.
-- README's headline is docs/results/headline/report.md's first line (gap per optimizer and their ratio).
+- README's headline is docs/results/headline/report.md's first line (gap per optimizer and their ratio); its first
+  screen shows the verdict figure.
+- README's wall-clock half is `make verdict`'s committed copy (docs/results/headline/verdict/): each interval is that
+  report's, each verdict ("beats", "slower in every cell", "not resolved") is its speedups.csv's, and its seed-0
+  smoke numbers and model sizes are recomputed (the smoke report's Runs table, `asyncpipe plan`).
 - Table rows and takeaway quotes in docs/usage.md's smoke section appear verbatim in docs/results/smoke/report.md.
 - The seed-0 sentence ("gaps 0.602 (AdamW) and 0.270 (Muon), 2.2x; EF closes 35% and 26%") is recomputed from that
   report's Runs table.
@@ -77,12 +81,12 @@ def test_readme_headline_is_the_reports_first_line() -> None:
     gaps = dict(re.findall(r"(adamw|muon) ([+\-]\d\.\d{4} \[[^\]]+\]) resolved", line))
     ratio = re.search(r"adamw/muon gap ratio (\S+ \[[^\]]+\]) resolved", line)
     assert set(gaps) == {"adamw", "muon"} and ratio and "3 seeds" in line
-    first = README[:README.index("## Two commands")]
+    first = README[:README.index("## Requirements")]  # the first screen
     assert f"AdamW {gaps['adamw']}" in first and f"Muon {gaps['muon']}" in first
     assert f"AdamW's gap is **{ratio.group(1)}** Muon's" in first
     lo = float(re.search(r"\[(\d+\.\d+)x", ratio.group(1)).group(1))
     assert (lo < 2.5) == ("its interval reaches below 2.5x" in first)  # the caveat is said exactly when true
-    assert len(README[:README.index("## Citing")].splitlines()) <= 45  # the first screen
+    assert len(first.splitlines()) <= 45 and "](docs/results/headline/verdict/verdict.png)" in first
 
 
 def _smoke_section() -> str:
@@ -129,3 +133,53 @@ def test_seed0_adamw_cells_still_train_to_the_reported_loss(delay: int, tmp_path
     final = json.loads((run / "summary.json").read_text())["final_val_loss"]
     reported = _seed0_finals()[("adamw", "1-step" if delay else "sync")]
     assert final == pytest.approx(reported, abs=TOL)
+
+
+VERDICT = REPO / "docs" / "results" / "headline" / "verdict"
+
+
+def _wallclock() -> str:
+    return " ".join(README[README.index("**The wall-clock half**"):README.index("![net speed-up")].split())
+
+
+def test_readme_wallclock_half_is_the_committed_verdict_reports() -> None:
+    """Every speed-up interval README quotes is printed by `make verdict`'s committed report, whose command is the
+    Makefile's; the cells it calls resolved are resolved in that report's speedups.csv, over the strongest sync."""
+    import pandas as pd
+
+    from asyncpipe.report.verdict_figure import strongest
+
+    report = " ".join((VERDICT / "report.md").read_text().split())
+    said = INTERVAL.findall(_wallclock())
+    assert len(said) >= 6 and [i for i in said if i not in report] == []
+    makefile = (REPO / "Makefile").read_text()
+    assert "results/cpu_study_v5/ttt_adamw" in report and "$(V5)/ttt_adamw" in makefile
+    cells = strongest(pd.read_csv(VERDICT / "speedups.csv"))
+    shown = {f"{r.speedup:.2f}x [{r.lo:.2f}, {r.hi:.2f}]": bool(r.resolved) for r in cells.itertuples()}
+    text = _wallclock()
+    for found in INTERVAL.finditer(text):  # each speed-up is a cell over the strongest sync, resolved as said
+        assert found.group(0) in shown, found.group(0)
+        assert shown[found.group(0)] != text[:found.start()].endswith("not resolved ("), found.group(0)
+    adamw = cells[(cells["optimizer"] == "adamw") & (cells["variant"] == "1-step")]
+    assert "AdamW with 2BW is slower in every cell" in _wallclock() and (adamw["hi"] < 1).all()
+    unresolved = cells[cells["variant"].isin(["1-step+EF", "PACI@r1"]) & (cells["optimizer"] == "adamw")]
+    assert "AdamW + EF and PACI: not resolved" in _wallclock() and not unresolved["resolved"].any()
+
+
+def test_readme_seed0_smoke_numbers_and_model_sizes_are_recomputed() -> None:
+    from typer.testing import CliRunner
+
+    from asyncpipe.cli import app
+
+    f = _seed0_finals()
+    gap = {o: f[(o, "1-step")] - f[(o, "sync")] for o in ("adamw", "muon")}
+    said = re.search(r"AdamW \+(\d\.\d{4}), Muon \+(\d\.\d{4}), (\d\.\d\d)x", " ".join(README.split()))
+    assert said, "README's seed-0 smoke numbers"
+    assert float(said.group(1)) == pytest.approx(gap["adamw"], abs=1e-4)
+    assert float(said.group(2)) == pytest.approx(gap["muon"], abs=1e-4)
+    assert float(said.group(3)) == pytest.approx(gap["adamw"] / gap["muon"], abs=0.006)
+    rows = re.findall(r"^\| `(\w+)` \| ([\d.]+)M", README, re.M)
+    assert {name for name, _ in rows} >= {"tiny", "moe_tiny", "mini", "small"}
+    for name, size in rows:
+        out = CliRunner().invoke(app, ["plan", f"model={name}", "--no-speed"]).output.splitlines()[0]
+        assert out.startswith(f"model {name}: {size}M parameters"), out
