@@ -52,7 +52,8 @@ def requested_tokenizer(tok_cfg) -> dict:
         try:
             st = file.stat()
         except OSError:
-            raise UserError(f"tokenizer.path {file} is not a file (tokenizer=hf reads a Hugging Face tokenizer.json)") from None
+            raise UserError(f"tokenizer.path {file} is not a file (tokenizer=hf reads a Hugging Face "
+                            "tokenizer.json)") from None
         key = (tok["path"], st.st_size, st.st_mtime_ns)
         if key not in _FILE_HASH:
             _FILE_HASH[key] = sha256_file(file)
@@ -91,8 +92,8 @@ def _units(data_cfg) -> list[Unit]:
         ds = open_dataset(str(data_cfg.dataset), str(data_cfg.subset), str(data_cfg.split), str(data_cfg.text_field))
         rows, size = len(ds), max(1, int(ds.data.nbytes))
         per = max(1, int(rows * float(data_cfg.shard_mb) * 1e6 / size))
-        return [Unit(f"rows {a}-{min(a + per, rows)}", rows=(a, min(a + per, rows)), bytes=size * (min(a + per, rows) - a) // rows)
-                for a in range(0, rows, per)]
+        spans = [(a, min(a + per, rows)) for a in range(0, rows, per)]
+        return [Unit(f"rows {a}-{b}", rows=(a, b), bytes=size * (b - a) // rows) for a, b in spans]
     if data_cfg.paths and data_cfg.dataset:
         raise UserError(f"data.dataset is read by data=hf only (data={data_cfg.name} reads data.paths)")
     files = expand_paths([str(p) for p in data_cfg.paths])
@@ -141,7 +142,8 @@ def _finished(work: Path, index: int) -> dict | None:
     except (OSError, ValueError):
         return None
     for info in record.get("files", {}).values():
-        if info is not None and not ((work / info["file"]).is_file() and (work / info["file"]).stat().st_size == info["bytes"]):
+        file = work / info["file"] if info is not None else None
+        if file is not None and not (file.is_file() and file.stat().st_size == info["bytes"]):
             return None
     return record
 

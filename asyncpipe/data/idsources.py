@@ -79,7 +79,10 @@ def read_ids(path: Path, declared: str, vocab_size: int, eot: int | None) -> Ite
 
 
 def _check_range(path: Path, chunk: np.ndarray, start: int, vocab_size: int) -> None:
-    bad = np.flatnonzero((chunk >= vocab_size) | (chunk < 0)) if chunk.dtype.kind == "i" else np.flatnonzero(chunk >= vocab_size)
+    out = chunk >= vocab_size
+    if chunk.dtype.kind == "i":  # a signed .npy may hold negative ids
+        out |= chunk < 0
+    bad = np.flatnonzero(out)
     if len(bad):
         pos = int(bad[0])
         raise SourceError(f"{path}: token id {int(chunk[pos])} at position {start + pos} is beyond the vocabulary "

@@ -166,7 +166,8 @@ def check_tokenizer_config(name: str, vocab_size: int, path: str = "", eot: str 
     if name == "bpe" and not 258 <= vocab_size <= 2**20:
         raise UserError(f"tokenizer=bpe needs 258 <= tokenizer.vocab_size <= 1048576 (got {vocab_size})")
     if name == "ids" and not 1 <= vocab_size <= 2**32:
-        raise UserError(f"tokenizer=ids needs tokenizer.vocab_size=N, the vocabulary the ids were made with (got {vocab_size})")
+        raise UserError("tokenizer=ids needs tokenizer.vocab_size=N, the vocabulary the ids were made with "
+                        f"(got {vocab_size})")
     if name == "hf":
         real = load_tokenizer_file(path, eot).vocab_size
         if vocab_size != real:
@@ -218,7 +219,8 @@ def get_tokenizer(path: Path | str) -> TextTokenizer:
     if info["name"] == "byte":
         return ByteTokenizer()
     if info["name"] == "ids":
-        raise UserError(f"{path} holds token ids prepared elsewhere (tokenizer=ids): it has no tokenizer to decode them")
+        raise UserError(f"{path} holds token ids prepared elsewhere (tokenizer=ids): it has no tokenizer to "
+                        "decode them")
     from tokenizers import Tokenizer
 
     file = path / info["file"]
