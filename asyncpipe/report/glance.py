@@ -1,5 +1,5 @@
 """The at-a-glance figure (glance.png/.pdf): each optimizer's final gap to the reference column with the same 95%
-interval the report's text gives (asyncpipe.report.claims), one row per optimizer and one colour per column; and,
+interval the report's text gives (asyncpipe.report.claims), one row per optimizer and one colour per variant; and,
 when the report has budgets (asyncpipe.report.target), the tokens each delayed column needs to reach sync's final
 val loss, as a ratio to sync's tokens with its interval.
 

@@ -204,7 +204,8 @@ def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Grou
     legend["train: mean over seeds, EMA (light)"] = Line2D([], [], color=grey, alpha=0.35, linewidth=1)
     legend["compared here"] = Line2D([], [], color=NEUTRAL["grey"], linewidth=0.8, linestyle="-.")
     figure_legend(fig, legend)
-    fig.suptitle("Loss vs tokens, one colour per column; each row of panels shares one y-range", fontsize=10)
+    fig.suptitle("Loss vs tokens, one colour per variant (a longer budget: its own marker); each row of panels "
+                 "shares one y-range", fontsize=10)
     return save_figure(fig, path)
 
 
