@@ -197,6 +197,7 @@ def _run_jobs(jobs: list[ShardJob], workers: int, meter: Meter) -> None:
 
             run_shard(job, report)
         return
+    os.environ.setdefault("PYTHONSAFEPATH", "1")  # a spawned worker (`python -c`) never imports from the working dir
     ctx = multiprocessing.get_context("spawn")
     counter = ctx.Value("q", 0)
     base = meter.done
