@@ -189,3 +189,18 @@ def test_a_file_measured_under_load_says_so_in_every_cell_it_times(tmp_path):
     assert busy.source == "measured, 2bw (busy.json); measured at load 21.2 on 2 CPUs"
     path.write_text(json.dumps({**record, "load_avg": [1.2, 1.5, 1.7], "cpu_count": 2}))
     assert throughput(2, 4, load_bench([path])).source == "measured, 2bw (busy.json)"
+
+
+def test_a_model_calibrated_under_load_has_no_validated_band(tmp_path):
+    """The band was validated on calibrations measured on a quiet machine: a cost model calibrated on a file measured
+    at a load above its CPUs carries none (its cells resolve nothing); beside a quiet file, the quiet one calibrates."""
+    record = json.loads((REPO / "benchmarks" / "results" / "pipeline-small-P2-m8.json").read_text())
+    busy = tmp_path / "busy-small-P2-m8.json"
+    busy.write_text(json.dumps({**record, "load_avg": [20.0, 18.0, 14.0], "cpu_count": 2}))
+    alone = throughput(4, 8, load_bench([busy]))
+    assert alone.kind == "modelled" and "busy-small-P2-m8.json" in alone.source
+    assert alone.error().how == "modelled, no validated band (calibrated at load 20.0 on 2 CPUs)"
+    assert not alone.error().known and not alone.error(best=True).known
+    quiet = REPO / "benchmarks" / "results" / "pipeline-small-P2-m4.json"
+    both = throughput(4, 8, load_bench([busy, quiet]))
+    assert "calibrated on pipeline-small-P2-m4.json" in both.source and both.error().how.startswith("modelled, ±")

@@ -80,10 +80,15 @@ def per_round(variants: dict, measured: dict[str, dict]) -> dict[str, list[float
     return out
 
 
-def load_note(record: dict) -> str:
-    """'; measured at load L on N CPUs' when the file's 1-minute load before the bench exceeded its CPUs (other work
-    shared the cores: its rounds' spread, and a cost model calibrated on it, carry that), else ''."""
+def busy(record: dict) -> str:
+    """'at load L on N CPUs' when the file's 1-minute load before the bench exceeded its CPUs (other work shared the
+    cores: its rounds' spread, and a cost model calibrated on it, carry that), else ''."""
     load, cpus = record.get("load_avg"), record.get("cpu_count")
     if not (isinstance(load, list) and load and _number(load[0]) and _number(cpus) and cpus > 0):
         return ""
-    return f"; measured at load {load[0]:.1f} on {cpus} CPUs" if load[0] > cpus else ""
+    return f"at load {load[0]:.1f} on {cpus} CPUs" if load[0] > cpus else ""
+
+
+def load_note(record: dict) -> str:
+    """'; measured at load L on N CPUs' for a file measured on a busy machine (`busy`), else ''."""
+    return f"; measured {busy(record)}" if busy(record) else ""

@@ -20,12 +20,13 @@ and its source says so ("muon: no bench file timed it, adamw's step"). Each figu
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from asyncpipe.errors import UserError
-from asyncpipe.report.bench_file import check, load_note, per_round
+from asyncpipe.report.bench_file import busy, check, load_note, per_round
 from asyncpipe.report.spread import Spread, exact, modelled_spread, paired_over, rounds_spread
 from asyncpipe.schedules import get as schedule_named
 
@@ -127,7 +128,7 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         syncs = {k: b["ratios"][k] for k in b.get("sync", sync_schedules()) if k in b["ratios"]}
         best = max(syncs, key=syncs.get) if syncs else "1f1b"
         at = "" if b["m"] == micro_batches else f" at m={b['m']}"
-        where = f"measured{at}, {name} ({Path(b['path']).name}){load_note(b['record'])}" + (f"; {note}" if note else "")
+        where = f"measured{at}, {name} ({Path(b['path']).name}){load_note(b['record'])}" + (f"; {note}" * bool(note))
         rounds = b.get("rounds", {})
         over_best = ratio / syncs[best] if syncs else None
         best_rounds = paired_over(rounds.get(name), rounds.get(best)) if best != "1f1b" else rounds.get(name)
@@ -140,8 +141,11 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         best, over_1f1b = sync if sync is not None and sync[1] > 1.0 else ("1f1b", 1.0)
         where += f"; {note}" if note else ""
         label = f"{schedule_named(best).label} (modelled)"
-        return Throughput(stages, micro_batches, value, value / over_1f1b, best, where, label,
-                          modelled_spread(value, "1f1b"), modelled_spread(value / over_1f1b, best), note)  # fmt: skip
+        spreads = [modelled_spread(value, "1f1b"), modelled_spread(value / over_1f1b, best)]
+        loaded = busy(calibration(bench)["record"])  # type: ignore[index]
+        if loaded:  # the band was validated on calibrations measured on a quiet machine: it says nothing here
+            spreads = [Spread(math.nan, math.nan, f"modelled, no validated band (calibrated {loaded})")] * 2
+        return Throughput(stages, micro_batches, value, value / over_1f1b, best, where, label, *spreads, note)
     return Throughput(stages, micro_batches, ideal_ratio(stages, micro_batches), None, "1f1b", "ideal (m+P-1)/m")
 
 
@@ -157,23 +161,27 @@ def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool 
     throughput over 1F1B) or None where the model cannot run DualPipeV here: m < 2P or fewer than 2P blocks), from
     the P = 2 file with the most micro-batches (the most work per timed instruction) whose 1F1B has per-instruction
     timings; None when no file has them or the model cannot run this P (too few blocks)."""
-    if micro_batches < stages:
+    b = calibration(bench)
+    if micro_batches < stages or b is None:
         return None
-    for b in sorted(bench, key=lambda b: -b["m"]):
-        rec = b.get("record") or {}
-        one = rec.get("variants", {}).get("1f1b")
-        if b["P"] != 2 or not isinstance(one, dict) or "seconds_by_op_per_stage" not in one:
-            continue
-        key = (b["path"], schedule, stages, micro_batches, ef)
-        if key not in _RATIOS:
-            _RATIOS[key] = _model(b, rec, schedule, stages, micro_batches, ef)
-        if _RATIOS[key] is None:
-            return None
-        value, sync = _RATIOS[key]
-        name = f"{schedule}_ef" if ef else schedule
-        return value, (f"modelled, {name} (cost model calibrated on {Path(b['path']).name}: 1F1B at P=2, "
-                       f"m={b['m']}, {rec.get('model', '?')}{load_note(rec)})"), sync  # fmt: skip
-    return None
+    rec = b["record"]
+    key = (b["path"], schedule, stages, micro_batches, ef)
+    if key not in _RATIOS:
+        _RATIOS[key] = _model(b, rec, schedule, stages, micro_batches, ef)
+    if _RATIOS[key] is None:
+        return None
+    value, sync = _RATIOS[key]
+    name = f"{schedule}_ef" if ef else schedule
+    return value, (f"modelled, {name} (cost model calibrated on {Path(b['path']).name}: 1F1B at P=2, "
+                   f"m={b['m']}, {rec.get('model', '?')}{load_note(rec)})"), sync  # fmt: skip
+
+
+def calibration(bench: list[dict]) -> dict | None:
+    """The bench file the cost model is calibrated on: at P = 2 with 1F1B's per-instruction timings, measured at a
+    load within its CPUs where one is (the model's validation was), then the most micro-batches."""
+    usable = [b for b in bench if b["P"] == 2 and isinstance((b.get("record") or {}).get("variants", {}).get("1f1b"),
+              dict) and "seconds_by_op_per_stage" in b["record"]["variants"]["1f1b"]]  # fmt: skip
+    return min(usable, key=lambda b: (bool(load_note(b["record"])), -b["m"]), default=None)
 
 
 def _model(b: dict, rec: dict, schedule: str, stages: int, micro_batches: int, ef: bool
