@@ -99,7 +99,7 @@ def bench_pipeline(
 
 
 def _bench_pipeline(overrides: list[str], rounds: int, steps: int, warmup_steps: int, variants: str,
-                    simulator: bool, out: Optional[Path], compile_: str, standin: Optional[str], stop: Any) -> None:  # fmt: skip
+                    simulator: bool, out: Optional[Path], compile_: str, standin: Optional[str], stop: Any) -> None:
     from asyncpipe.bench.pipeline import bench_pipeline as run_bench
     from asyncpipe.bench.pipeline import format_result
     from asyncpipe.bench.standin import parse_standin

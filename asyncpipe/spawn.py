@@ -145,7 +145,7 @@ def launch(
                     proc.wait()
         unfinished = {"status": INTERRUPTED, "steps": 0, "exit_code": exit_code(INTERRUPTED)}
         return [json.loads(p.read_text()) if p.exists() else dict(unfinished)
-                for p in (out / f"result-{i}-0.json" for i in range(len(jobs)))]  # fmt: skip
+                for p in (out / f"result-{i}-0.json" for i in range(len(jobs)))]
 
 
 def _supervise(out: Path, procs: list, n_jobs: int, on_step: Optional[Callable[[int, dict], None]],

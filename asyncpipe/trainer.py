@@ -164,7 +164,7 @@ class Trainer:
         except (OSError, UserError):
             return {}
         return {"branch_of": record.get("parent"), "branch_step": record.get("step"),
-                "branch_parent_steps": record.get("parent_steps")}  # fmt: skip
+                "branch_parent_steps": record.get("parent_steps")}
 
     # -- the run ----------------------------------------------------------------------------------------
     def run(self, stop: Optional[StopRequest] = None, on_step: Optional[Callable[[dict], None]] = None,

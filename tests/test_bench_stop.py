@@ -77,7 +77,7 @@ def _ready(pid: int, marker: str, log: Path) -> bool:
 CAUGHT = "a SIGTERM handler"
 TINY_BENCH = ["bench", "pipeline", "model=tiny", "pipeline.stages=2", "train.micro_batches=2",
               "train.micro_batch_size=1", "train.seq_len=16", "--variants", "1f1b,2bw", "--rounds", "1", "--steps",
-              "3", "--warmup-steps", "1", "--no-simulator"]  # fmt: skip
+              "3", "--warmup-steps", "1", "--no-simulator"]
 
 
 @pytest.mark.timeout(240)

@@ -284,29 +284,6 @@ def test_a_sweep_trains_a_trunk_again_when_its_branch_checkpoints_are_gone(tmp_p
     assert read_summary(sweep / "seed=0,variant=sync,budget=1.5")["branch_step"] == 4
 
 
-def test_retry_failed_of_a_branch_whose_trunk_lost_its_checkpoints_trains_the_trunk_again(tmp_path: Path) -> None:
-    """The advice a failed branch gets (`--retry-failed`) works: with it, the completed trunk missing the branch's
-    checkpoint is retired to be trained again; without it (the branch stays failed) the trunk is left alone."""
-    from asyncpipe.sweep import plan_sweep
-    from asyncpipe.sweep.budgets import retrain_lost_trunks
-    from asyncpipe.sweep.runner import compose_runs
-
-    path = _family_file(tmp_path, budgets="[1, 2]")
-    path.write_text(path.read_text().replace("  1-step: [delay=1]\n", ""))
-    plan = plan_sweep(file=path, out=tmp_path / "out")
-    sweep = tmp_path / "out" / plan.name
-    cfgs, _ = compose_runs(plan, sweep)
-    trunk, branch = sweep / "seed=0,variant=sync,budget=2", sweep / "seed=0,variant=sync,budget=1"
-    for run, status in ((trunk, "completed"), (branch, "failed")):
-        run.mkdir(parents=True)
-        (run / "summary.json").write_text(json.dumps({"status": status}))
-    (trunk / "checkpoints" / "step_00000002").mkdir(parents=True)  # before the branch's decay start (3), unmarked
-    assert retrain_lost_trunks(plan, sweep, cfgs, retry_failed=False) == [] and trunk.is_dir()
-    (note,) = retrain_lost_trunks(plan, sweep, cfgs, retry_failed=True)
-    assert note.startswith(f"{trunk.name}: completed, but its checkpoint at step 3 (where {branch.name} branches")
-    assert not trunk.exists() and [p.name.split(".")[0] for p in (sweep / ".retired").iterdir()] == [trunk.name]
-
-
 # -- enough data: data=mix, epochs in every summary, the report's warning ------------------------------------
 STUDY_TOKENS_2_5X = 2750 * 8 * 4 * 128  # the study regime's 2.5x rung: 1100 x 2.5 steps of 8 x 4 x 128 tokens
 

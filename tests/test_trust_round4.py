@@ -83,7 +83,7 @@ def test_a_report_labels_a_branch_only_when_its_record_shows_it_exact() -> None:
     from asyncpipe.report.load import exact_branch
 
     train = {k: v for k, v in compose(["train.lr_schedule=wsd", "train.warmup_steps=2", "train.steps=20",
-                                       "train.decay_frac=0.2"]).train.items()}  # fmt: skip
+                                       "train.decay_frac=0.2"]).train.items()}
     config = {"train": train}
     branch = {"branch_of": "/runs/p", "branch_step": 12, "branch_parent_steps": 16}
     assert exact_branch(config, branch) == ("/runs/p", "")
@@ -101,7 +101,7 @@ def _record(root: Path, name: str, delay: int, seed: int, loss: float, revisions
     cfg = {"model": {"name": "tiny"}, "data": {"name": "hamlet"}, "seed": seed, "delay": delay, "engine": "simulate",
            "delay_profile": "uniform", "train": {"steps": 10}, "pipeline": {"schedule": revisions["schedule"]["name"]},
            "optimizer": {"name": "adamw", "lr": 1e-3, "ef": {"enabled": False, "lam": 1.0}},
-           "compensation": {"name": "none"}}  # fmt: skip
+           "compensation": {"name": "none"}}
     run = RunDir(root / name)
     run.write_config(yaml.safe_dump(cfg))
     run.append_metrics({"step": 10, "tokens": 1000, "val_loss": loss})
@@ -115,7 +115,7 @@ def test_every_recorded_revision_is_compared_and_an_unknown_one_is_named_and_kep
     from asyncpipe.report import build_report
 
     today = {"optimizer": {"name": "adamw", "revision": 1}, "compensation": {"name": "none", "revision": 1},
-             "schedule": {"name": "2bw", "revision": 1}}  # fmt: skip
+             "schedule": {"name": "2bw", "revision": 1}}
     newer = {**today, "optimizer": {"name": "adamw", "revision": 2}}
     paci3 = {**today, "schedule": {"name": "paci", "revision": 3}}
     for seed in range(2):
@@ -139,7 +139,7 @@ def test_best_of_a_key_that_defines_the_columns_is_one_line_and_writes_nothing(t
     from asyncpipe.cli import main
 
     today = {"optimizer": {"name": "adamw", "revision": 1}, "compensation": {"name": "none", "revision": 1},
-             "schedule": {"name": "2bw", "revision": 1}}  # fmt: skip
+             "schedule": {"name": "2bw", "revision": 1}}
     for seed in range(4):
         _record(tmp_path / "sw", f"sync-{seed}", 0, seed, 3.0, today)
         _record(tmp_path / "sw", f"async-{seed}", 1, seed, 3.1, today)
@@ -175,3 +175,27 @@ def test_a_500_seed_dry_run_checks_every_run_from_one_composition(tmp_path: Path
         assert cfgs[spec.name].seed == int(spec.name.split("=")[1]) and cfgs.template(spec.name).seed == 0
     with pytest.raises(UserError, match=r"run seed=4294967296: seed=4294967296 must be an integer in \[0, "):
         compose_runs(plan_sweep(["seed=0,4294967296", "model=tiny"], out=tmp_path / "s"), tmp_path / "s" / "x")
+
+
+def test_retry_failed_of_a_branch_whose_trunk_lost_its_checkpoints_trains_the_trunk_again(tmp_path: Path) -> None:
+    """The advice a failed branch gets (`--retry-failed`) works: with it, the completed trunk missing the branch's
+    checkpoint is retired to be trained again; without it (the branch stays failed) the trunk is left alone."""
+    from asyncpipe.sweep import plan_sweep
+    from asyncpipe.sweep.budgets import retrain_lost_trunks
+    from asyncpipe.sweep.runner import compose_runs
+    from test_budgets import _family_file
+
+    path = _family_file(tmp_path, budgets="[1, 2]")
+    path.write_text(path.read_text().replace("  1-step: [delay=1]\n", ""))
+    plan = plan_sweep(file=path, out=tmp_path / "out")
+    sweep = tmp_path / "out" / plan.name
+    cfgs, _ = compose_runs(plan, sweep)
+    trunk, branch = sweep / "seed=0,variant=sync,budget=2", sweep / "seed=0,variant=sync,budget=1"
+    for run, status in ((trunk, "completed"), (branch, "failed")):
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"status": status}))
+    (trunk / "checkpoints" / "step_00000002").mkdir(parents=True)  # before the branch's decay start (3), unmarked
+    assert retrain_lost_trunks(plan, sweep, cfgs, retry_failed=False) == [] and trunk.is_dir()
+    (note,) = retrain_lost_trunks(plan, sweep, cfgs, retry_failed=True)
+    assert note.startswith(f"{trunk.name}: completed, but its checkpoint at step 3 (where {branch.name} branches")
+    assert not trunk.exists() and [p.name.split(".")[0] for p in (sweep / ".retired").iterdir()] == [trunk.name]

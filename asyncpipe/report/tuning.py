@@ -94,7 +94,7 @@ def best_of(runs: pd.DataFrame, curves: pd.DataFrame, key: str,
     if all(cell["_value"].map(repr).nunique() < 2 for _, cell in columns):
         raise UserError(f"--best-of {key}: no column has runs at two values of it (it defines the columns, or "
                         "varies only between them), so nothing would be tuned; give a setting swept within each "
-                        "column, e.g. optimizer.lr")  # fmt: skip
+                        "column, e.g. optimizer.lr")
     sel, meas = split_seeds(list(runs["seed"]), select)
     tuning = Tuning(key, sel, meas)
     finals = _final_losses(curves)

@@ -185,7 +185,7 @@ def expand(
     plan = SweepPlan(name=check_name(name or default_name()), base=[], grid=OrderedDict(), launcher=launcher)
     last, given, swept = _grid(plan, run_overrides, grid_keys)
     for where, items in [*((f"variant {v}", i) for v, i in variants.items()),
-                         *((f"per {k}={v}", i) for k, t in per.items() for v, i in t.items())]:  # fmt: skip
+                         *((f"per {k}={v}", i) for k, t in per.items() for v, i in t.items())]:
         _check_meaning(where, items, list(plan.grid))
     _check_size(plan, variants)
     plan.base = [o.input_line for key, (o, _) in last.items() if not swept[key]]
