@@ -128,7 +128,7 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         syncs = {k: b["ratios"][k] for k in b.get("sync", sync_schedules()) if k in b["ratios"]}
         best = max(syncs, key=syncs.get) if syncs else "1f1b"
         at = "" if b["m"] == micro_batches else f" at m={b['m']}"
-        where = f"measured{at}, {name} ({Path(b['path']).name}){load_note(b['record'])}" + (f"; {note}" * bool(note))
+        where = f"measured{at}, {name} ({Path(b['path']).name}){load_note(b['record'])}" + (f"; {note}" if note else "")
         rounds = b.get("rounds", {})
         over_best = ratio / syncs[best] if syncs else None
         best_rounds = paired_over(rounds.get(name), rounds.get(best)) if best != "1f1b" else rounds.get(name)
@@ -159,8 +159,8 @@ def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool 
                    ) -> tuple[float, str, tuple[str, float] | None] | None:  # fmt: skip
     """(``schedule``'s (+ EF's) modelled throughput over 1F1B, its source label, ("dualpipev", DualPipeV's modelled
     throughput over 1F1B) or None where the model cannot run DualPipeV here: m < 2P or fewer than 2P blocks), from
-    the P = 2 file with the most micro-batches (the most work per timed instruction) whose 1F1B has per-instruction
-    timings; None when no file has them or the model cannot run this P (too few blocks)."""
+    the model calibrated on `calibration(bench)` (most micro-batches: the most work per timed instruction); None
+    when no file has 1F1B's per-instruction timings or the model cannot run this P (too few blocks)."""
     b = calibration(bench)
     if micro_batches < stages or b is None:
         return None
