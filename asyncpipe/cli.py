@@ -77,11 +77,18 @@ MAX_GPU_MEM_GIB = 1e5  # per device; above any accelerator (H200: 141 GiB) by fa
 def plan_cmd(
     overrides: Optional[List[str]] = OVERRIDES,
     gpu_mem: float = typer.Option(80.0, "--gpu-mem", help="Memory budget per device, GiB."),
-    profile: str = typer.Option("h100_assumed", "--profile", help="Cost model for the speed table: a device profile "
-                                "(conf/device_profile/NAME or a YAML path; stated figures) or a `bench pipeline` JSON "
-                                "of the same model (measured here)."),
-    speed: bool = typer.Option(True, "--speed/--no-speed", help="Also predict every schedule's step time and tokens/s "
-                               "and name the fastest within --gpu-mem."),
+    profile: str = typer.Option(
+        "h100_assumed",
+        "--profile",
+        help="Cost model for the speed table: a device profile "
+        "(conf/device_profile/NAME or a YAML path; stated figures) or a `bench pipeline` JSON "
+        "of the same model (measured here).",
+    ),
+    speed: bool = typer.Option(
+        True,
+        "--speed/--no-speed",
+        help="Also predict every schedule's step time and tokens/s and name the fastest within --gpu-mem.",
+    ),
 ) -> None:
     """Memory per pipeline stage before launching: weights (2 versions under 2BW), gradients, optimizer state,
     EF, activations in flight, in GiB against --gpu-mem, and the largest micro-batch that fits; then, per
@@ -130,33 +137,71 @@ def data_prepare(overrides: Optional[List[str]] = OVERRIDES) -> None:
 
 @app.command()
 def report(
-    sweep_dirs: Optional[List[Path]] = typer.Argument(None, help="Sweep directories DIR/NAME holding run dirs; "
-                                                      "several are compared in one table, columns labelled NAME:variant."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A sweep directory whose first column (sync) "
-                                            "every gap is measured against, paired by seed."),
-    reference: Optional[str] = typer.Option(None, "--reference", help="Measure the gaps against this column instead "
-                                            "(e.g. cpu_study:1-step), paired by seed."),
+    sweep_dirs: Optional[List[Path]] = typer.Argument(
+        None,
+        help="Sweep directories DIR/NAME holding run dirs; "
+        "several are compared in one table, columns labelled NAME:variant.",
+    ),
+    baseline: Optional[Path] = typer.Option(
+        None,
+        "--baseline",
+        help="A sweep directory whose first column (sync) every gap is measured against, paired by seed.",
+    ),
+    reference: Optional[str] = typer.Option(
+        None,
+        "--reference",
+        help="Measure the gaps against this column instead (e.g. cpu_study:1-step), paired by seed.",
+    ),
     wandb_project: Optional[str] = typer.Option(None, "--wandb", help="Read runs from W&B: ENTITY/PROJECT."),
     group: Optional[str] = typer.Option(None, "--group", help="With --wandb: the run group (sweep name)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where report files go (default DIR/NAME/report)."),
-    log_wandb: bool = typer.Option(True, "--wandb-log/--no-wandb-log", help="Also log table and plots to a W&B "
-                                   "report run of the group (when the runs' W&B mode is not disabled)."),
+    log_wandb: bool = typer.Option(
+        True,
+        "--wandb-log/--no-wandb-log",
+        help="Also log table and plots to a W&B report run of the group (when the runs' W&B mode is not disabled).",
+    ),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Also draw the loss and gap plots (the slow part)."),
-    merge: bool = typer.Option(False, "--merge", help="Pool the sweeps' runs that share a column name and every "
-                               "compared setting into one cell (seeds unioned; a seed twice in a cell is refused)."),
-    target: Optional[str] = typer.Option(None, "--target", help="The % of a gap a mitigation should close (e.g. 85), "
-                                         "or 'paper': each optimizer's closure in the paper's table (and its gap "
-                                         "ratios); the takeaways judge each closure against it by its interval."),
-    best_of: Optional[str] = typer.Option(None, "--best-of", help="A swept key (e.g. optimizer.lr): every column at "
-                                          "its own best value, chosen on --select-seeds, measured on the other seeds."),
-    select_seeds: Optional[str] = typer.Option(None, "--select-seeds", help="With --best-of: the seeds the value is "
-                                               "chosen on, comma-separated (default: the lower half of the seeds)."),
-    bench: Optional[List[Path]] = typer.Option(None, "--bench", help="A `bench pipeline` result file (repeatable): "
-                                               "2BW's measured throughput ratio for the net speed-up (else the ideal)."),
-    other_length: bool = typer.Option(False, "--other-length", help="Accept a --baseline that trains another "
-                                      "train.steps than every compared run (refused otherwise)."),
-    wallclock_at: Optional[str] = typer.Option(None, "--wallclock-at", help="P,m: draw the wall-clock figure with "
-                                               "every schedule's throughput at that depth (else each run's own)."),
+    merge: bool = typer.Option(
+        False,
+        "--merge",
+        help="Pool the sweeps' runs that share a column name and every "
+        "compared setting into one cell (seeds unioned; a seed twice in a cell is refused).",
+    ),
+    target: Optional[str] = typer.Option(
+        None,
+        "--target",
+        help="The % of a gap a mitigation should close (e.g. 85), "
+        "or 'paper': each optimizer's closure in the paper's table (and its gap "
+        "ratios); the takeaways judge each closure against it by its interval.",
+    ),
+    best_of: Optional[str] = typer.Option(
+        None,
+        "--best-of",
+        help="A swept key (e.g. optimizer.lr): every column at "
+        "its own best value, chosen on --select-seeds, measured on the other seeds.",
+    ),
+    select_seeds: Optional[str] = typer.Option(
+        None,
+        "--select-seeds",
+        help="With --best-of: the seeds the value is "
+        "chosen on, comma-separated (default: the lower half of the seeds).",
+    ),
+    bench: Optional[List[Path]] = typer.Option(
+        None,
+        "--bench",
+        help="A `bench pipeline` result file (repeatable): "
+        "2BW's measured throughput ratio for the net speed-up (else the ideal).",
+    ),
+    other_length: bool = typer.Option(
+        False,
+        "--other-length",
+        help="Accept a --baseline that trains another train.steps than every compared run (refused otherwise).",
+    ),
+    wallclock_at: Optional[str] = typer.Option(
+        None,
+        "--wallclock-at",
+        help="P,m: draw the wall-clock figure with every schedule's throughput at that depth (else each run's own).",
+    ),
 ) -> None:
     """Takeaways, loss-gap tables with 95% intervals (sync / 1-step / 1-step+EF per optimizer, or a sweep file's
     variants), time to sync's loss and net wall-clock speed-up, plots."""
@@ -165,11 +210,24 @@ def report(
 
     if out is not None:
         writable_dir(out, "--out")
-    report_command(sweep_dirs or [], out, wandb_project=wandb_project, group=group, log_wandb=log_wandb,
-                   say=typer.echo, baseline=baseline, reference=reference, plots=plots, merge=merge,
-                   target=parse_target(target), bench=bench or [], best_of=best_of,
-                   select_seeds=select_seeds.split(",") if select_seeds else None,
-                   other_length=other_length, wallclock_at=parse_depth(wallclock_at))  # fmt: skip
+    report_command(
+        sweep_dirs or [],
+        out,
+        wandb_project=wandb_project,
+        group=group,
+        log_wandb=log_wandb,
+        say=typer.echo,
+        baseline=baseline,
+        reference=reference,
+        plots=plots,
+        merge=merge,
+        target=parse_target(target),
+        bench=bench or [],
+        best_of=best_of,
+        select_seeds=select_seeds.split(",") if select_seeds else None,
+        other_length=other_length,
+        wallclock_at=parse_depth(wallclock_at),
+    )
 
 
 @app.command()
@@ -221,7 +279,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True, callback=_version),
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", is_eager=True, callback=_version
+    ),
 ) -> None:
     """Asynchronous (PipeDream-2BW) pipeline-parallel pretraining: train, sweep, report."""
 

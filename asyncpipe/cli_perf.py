@@ -21,13 +21,18 @@ from asyncpipe.errors import UserError
 def schedule(
     stages: int = typer.Option(4, "--stages", "-p", help="Pipeline stages P."),
     micro_batches: int = typer.Option(8, "--micro-batches", "-m", help="Micro-batches per batch m."),
-    schedule: str = typer.Option("2bw", "--schedule", help="A declared schedule with a stream (asyncpipe.schedules: "
-                                 "the built-ins or one registered from outside), gpipe, or a synchronous "
-                                 "low-bubble schedule drawn next to 1F1B and 2BW: zb-h1, interleaved-1f1b (2 "
-                                 "chunks per rank), dualpipev (DeepSpeed's)."),  # fmt: skip
+    schedule: str = typer.Option(
+        "2bw",
+        "--schedule",
+        help="A declared schedule with a stream (asyncpipe.schedules: "
+        "the built-ins or one registered from outside), gpipe, or a synchronous "
+        "low-bubble schedule drawn next to 1F1B and 2BW: zb-h1, interleaved-1f1b (2 "
+        "chunks per rank), dualpipev (DeepSpeed's).",
+    ),
     batches: int = typer.Option(3, "--batches", help="Batches (optimizer steps) to draw."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="A run dir recorded with pipeline.trace=true: "
-                                         "draw its measured timeline instead."),  # fmt: skip
+    trace: Optional[Path] = typer.Option(
+        None, "--trace", help="A run dir recorded with pipeline.trace=true: draw its measured timeline instead."
+    ),
     out: Path = typer.Option(Path("runs/schedules"), "--out", help="Directory for the PNG and text files."),
     forward: float = typer.Option(1.0, help="Idealised forward time."),
     backward: float = typer.Option(2.0, help="Idealised backward time (zb-h1 splits it in two halves: B and W)."),
@@ -49,8 +54,9 @@ def schedule(
 MAX_DRAWN = 1024  # stages x micro-batches x batches: about 2 blocks each; a bigger PNG takes minutes to draw
 
 
-def check_schedule_size(stages: int, micro_batches: int, batches: int, forward: float, backward: float,
-                        step: float) -> None:  # fmt: skip
+def check_schedule_size(
+    stages: int, micro_batches: int, batches: int, forward: float, backward: float, step: float
+) -> None:
     """Refuse sizes and costs `schedule` cannot draw: counts below 1, non-positive or infinite times, and
     timelines too big to draw in seconds."""
     for flag, n in (("--stages", stages), ("--micro-batches", micro_batches), ("--batches", batches)):
@@ -70,22 +76,34 @@ def check_schedule_size(stages: int, micro_batches: int, batches: int, forward: 
 
 
 def bench_pipeline(
-    overrides: Optional[List[str]] = typer.Argument(None, help="Hydra overrides, e.g. model=small "
-                                                    "pipeline.stages=2 train.micro_batches=4"),  # fmt: skip
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="Hydra overrides, e.g. model=small pipeline.stages=2 train.micro_batches=4"
+    ),
     rounds: int = typer.Option(3, help="Alternating rounds of every schedule after the warm-up."),
     steps: int = typer.Option(6, help="Optimizer steps per job (the first and last are not timed)."),
     warmup_steps: int = typer.Option(3, help="Steps of the untimed warm-up job."),
-    variants: str = typer.Option("all", help="Schedules to run (1f1b is the reference): all (every schedule the "
-                                 "pipeline engine runs, 2bw_ef, and PyTorch's own torch.distributed.pipelining "
-                                 "schedules on the same model, pt_*), or names / import paths of declared schedules."),
-    simulator: bool = typer.Option(True, "--simulator/--no-simulator", help="Also bench the simulator "
-                                   "(delay=1 vs delay=0 step time)."),  # fmt: skip
-    out: Optional[Path] = typer.Option(None, help="JSON result. Default: a file in runs/bench/ named after the model, "
-                                       "P and m, e.g. pipeline-small-P2-m4.json."),  # fmt: skip
+    variants: str = typer.Option(
+        "all",
+        help="Schedules to run (1f1b is the reference): all (every schedule the "
+        "pipeline engine runs, 2bw_ef, and PyTorch's own torch.distributed.pipelining "
+        "schedules on the same model, pt_*), or names / import paths of declared schedules.",
+    ),
+    simulator: bool = typer.Option(
+        True, "--simulator/--no-simulator", help="Also bench the simulator (delay=1 vs delay=0 step time)."
+    ),
+    out: Optional[Path] = typer.Option(
+        None,
+        help="JSON result. Default: a file in runs/bench/ named after the model, "
+        "P and m, e.g. pipeline-small-P2-m4.json.",
+    ),
     compile_: str = typer.Option("eager", "--compile", help="eager, compiled or both (train.compile rows)."),
-    standin: Optional[str] = typer.Option(None, "--standin", help="F,B: stand-in compute, each stage's forward and "
-                                          "backward per micro-batch also waits F and B seconds (e.g. 0.02,0.04; "
-                                          "asyncpipe.bench.standin): a schedule's ideal is known, P = 8 fits 2 cores."),
+    standin: Optional[str] = typer.Option(
+        None,
+        "--standin",
+        help="F,B: stand-in compute, each stage's forward and "
+        "backward per micro-batch also waits F and B seconds (e.g. 0.02,0.04; "
+        "asyncpipe.bench.standin): a schedule's ideal is known, P = 8 fits 2 cores.",
+    ),
 ) -> None:
     """Throughput of every declared pipeline schedule (DeepSpeed's 1F1B and DualPipeV, 2BW and 2BW + EF, PACI) and
     PyTorch's own schedules (pt_*) on the same model, stages and micro-batches, alternating in one launch: tokens/s,
@@ -98,8 +116,18 @@ def bench_pipeline(
         _bench_pipeline(overrides or [], rounds, steps, warmup_steps, variants, simulator, out, compile_, standin, stop)
 
 
-def _bench_pipeline(overrides: list[str], rounds: int, steps: int, warmup_steps: int, variants: str,
-                    simulator: bool, out: Optional[Path], compile_: str, standin: Optional[str], stop: Any) -> None:
+def _bench_pipeline(
+    overrides: list[str],
+    rounds: int,
+    steps: int,
+    warmup_steps: int,
+    variants: str,
+    simulator: bool,
+    out: Optional[Path],
+    compile_: str,
+    standin: Optional[str],
+    stop: Any,
+) -> None:
     from asyncpipe.bench.pipeline import bench_pipeline as run_bench
     from asyncpipe.bench.pipeline import format_result
     from asyncpipe.bench.standin import parse_standin
@@ -110,10 +138,18 @@ def _bench_pipeline(overrides: list[str], rounds: int, steps: int, warmup_steps:
     if out is not None:
         writable_file(out, "--out")  # before minutes of measuring, not after
     fb = parse_standin(standin) if standin is not None else None
-    res = run_bench(overrides, rounds=rounds, steps=steps, warmup_steps=warmup_steps, simulator=simulator,
-                    log=lambda msg: typer.echo(msg, err=True),
-                    variants=[v.strip() for v in variants.split(",") if v.strip()], stop=stop,
-                    modes=("eager", "compiled") if compile_ == "both" else (compile_,), standin=fb)  # fmt: skip
+    res = run_bench(
+        overrides,
+        rounds=rounds,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        simulator=simulator,
+        log=lambda msg: typer.echo(msg, err=True),
+        variants=[v.strip() for v in variants.split(",") if v.strip()],
+        stop=stop,
+        modes=("eager", "compiled") if compile_ == "both" else (compile_,),
+        standin=fb,
+    )
     if stop.requested:  # after the ranks' last step: the result is whole, but the user asked to stop
         raise Stopped(f"bench pipeline stopped by {stop.signal_name} after its last job; nothing written")
     typer.echo(format_result(res))

@@ -42,12 +42,26 @@ SWEEP_OVERRIDES = typer.Argument(
 @app.command("run")
 def sweep(
     overrides: Optional[List[str]] = SWEEP_OVERRIDES,
-    file: Optional[Path] = typer.Option(None, "--file", "-f", help="A sweep file (name, grid, variants, per, overrides), e.g. sweeps/smoke.yaml."),
-    name: Optional[str] = typer.Option(None, "--name", help="Sweep name (default: the file's name, else sweep-DATE-TIME). Re-using a name resumes or extends that sweep."),
+    file: Optional[Path] = typer.Option(
+        None, "--file", "-f", help="A sweep file (name, grid, variants, per, overrides), e.g. sweeps/smoke.yaml."
+    ),
+    name: Optional[str] = typer.Option(
+        None,
+        "--name",
+        help="Sweep name (default: the file's name, else sweep-DATE-TIME). Re-using a name resumes or extends that sweep.",
+    ),
     out: Path = typer.Option(Path("runs/sweeps"), "--out", help="Sweeps live in OUT/NAME/."),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Start failed and diverged runs again (old attempts move to .retired/)."),
-    detach: bool = typer.Option(False, "--detach", help="launcher=slurm: return once submitted instead of watching the jobs."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the runs, their tokens and an estimated wall time (from recorded runs under OUT); launch nothing."),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="Start failed and diverged runs again (old attempts move to .retired/)."
+    ),
+    detach: bool = typer.Option(
+        False, "--detach", help="launcher=slurm: return once submitted instead of watching the jobs."
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the runs, their tokens and an estimated wall time (from recorded runs under OUT); launch nothing.",
+    ),
 ) -> None:
     """Run a sweep: the grid crossed with the file's variants, one run dir each under OUT/NAME.
 

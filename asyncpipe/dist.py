@@ -37,8 +37,10 @@ def _env_int(name: str, minimum: int = 0) -> int:
     except ValueError:
         value = None
     if value is None or value < minimum:
-        raise UserError(f"{name}={text!r} in the environment must be an integer >= {minimum} (torchrun and SLURM set "
-                        "it; unset RANK and WORLD_SIZE for a run that starts its own processes)")  # fmt: skip
+        raise UserError(
+            f"{name}={text!r} in the environment must be an integer >= {minimum} (torchrun and SLURM set "
+            "it; unset RANK and WORLD_SIZE for a run that starts its own processes)"
+        )
     return value
 
 

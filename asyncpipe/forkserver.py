@@ -39,8 +39,17 @@ from typing import IO, Any, Optional, Sequence, Union
 from asyncpipe.runtime.signals import SIGNALS
 
 # What a training process or a rank imports before its first step (torch._dynamo: the first optimizer's).
-PRELOAD = ["torch", "torch._dynamo", "deepspeed", "omegaconf", "hydra", "asyncpipe.cli", "asyncpipe.run",
-           "asyncpipe.trainer", "asyncpipe.pipe.deepspeed_engine"]  # fmt: skip
+PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "deepspeed",
+    "omegaconf",
+    "hydra",
+    "asyncpipe.cli",
+    "asyncpipe.run",
+    "asyncpipe.trainer",
+    "asyncpipe.pipe.deepspeed_engine",
+]
 MODULES = ("asyncpipe", "asyncpipe.rank")  # the `python -m` targets that start from the fork server
 # Python's safe-path flag: the working directory is not put on the import path (a `yaml.py` or `random.py` left
 # in the directory a sweep starts in must never run). PYTHONPATH still counts, unlike with -I.
@@ -60,8 +69,10 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-c", _RUN_MODULE, module, *args]
 
 
-_RUN_MODULE = ("import runpy, sys; del sys.path[0]; sys.argv[:1] = []; "
-               "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+_RUN_MODULE = (
+    "import runpy, sys; del sys.path[0]; sys.argv[:1] = []; "
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
 
 
 def _module_of(argv: Sequence[str]) -> tuple[Optional[str], bool, list[str]]:
@@ -118,11 +129,17 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.proc = subprocess.Popen(
-                [sys.executable, *SAFE_PATH, "-c", "import sys; sys.path[:1] = [] if sys.path[:1] == [''] else "
-                 f"sys.path[:1]; sys.path.insert(0, {_ROOT!r}); "  # never the working directory; this asyncpipe
-                 f"from asyncpipe.forkserver import serve; serve({theirs.fileno()})"],
-                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    *SAFE_PATH,
+                    "-c",
+                    "import sys; sys.path[:1] = [] if sys.path[:1] == [''] else "
+                    f"sys.path[:1]; sys.path.insert(0, {_ROOT!r}); "  # never the working directory; this asyncpipe
+                    f"from asyncpipe.forkserver import serve; serve({theirs.fileno()})",
+                ],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+            )
         self.sock = ours
 
 
@@ -223,10 +240,15 @@ def start(
         env = child_environ(env)
     if module not in MODULES or not enabled() or subprocess.PIPE in (stdout, stderr):
         return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env, pass_fds=tuple(pass_fds),
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            pass_fds=tuple(pass_fds),
             start_new_session=start_new_session,
             preexec_fn=None if parent_death_signal is None else lambda: _set_parent_death_signal(parent_death_signal),
-        )  # fmt: skip
+        )
     devnull = os.open(os.devnull, os.O_RDWR)
     status_r, status_w = os.pipe()
     alive_r, alive_w = os.pipe() if parent_death_signal is not None else (-1, None)
@@ -327,8 +349,17 @@ def _exit_code(err: SystemExit) -> int:
     return 1
 
 
-def _child(module: str, args: list, env: dict, cwd: str, cwd_first: bool, pass_fds: list, new_session: bool,
-           death_signal: Optional[int], fds: list) -> None:  # fmt: skip
+def _child(
+    module: str,
+    args: list,
+    env: dict,
+    cwd: str,
+    cwd_first: bool,
+    pass_fds: list,
+    new_session: bool,
+    death_signal: Optional[int],
+    fds: list,
+) -> None:
     """In the forked child: become ``python [-P] -m module args`` and exit as that process would."""
     os.environ.clear()
     os.environ.update(env)
@@ -388,8 +419,12 @@ def _child(module: str, args: list, env: dict, cwd: str, cwd_first: bool, pass_f
 
 def _text(fd: int, line: bool, unbuffered: bool) -> io.TextIOWrapper:
     raw = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
-    return io.TextIOWrapper(raw, line_buffering=line and not unbuffered, write_through=unbuffered,
-                            errors="backslashreplace" if fd == 2 else "strict")  # fmt: skip
+    return io.TextIOWrapper(
+        raw,
+        line_buffering=line and not unbuffered,
+        write_through=unbuffered,
+        errors="backslashreplace" if fd == 2 else "strict",
+    )
 
 
 def _signal_on_eof(fd: int, sig: int) -> None:

@@ -41,20 +41,29 @@ class LRSchedule:
         if not 0 < self.decay_frac < 1:
             raise UserError(f"train.decay_frac={self.decay_frac} must be in (0, 1)")
         if not 0 <= self.warmup <= self.steps:
-            raise UserError(f"the warm-up of {self.warmup} steps (train.warmup_steps, or warmup_frac x steps) is longer "
-                            f"than train.steps={self.steps}")
+            raise UserError(
+                f"the warm-up of {self.warmup} steps (train.warmup_steps, or warmup_frac x steps) is longer "
+                f"than train.steps={self.steps}"
+            )
         if self.warmup > self.decay_start:
-            raise UserError(f"the warm-up of {self.warmup} steps (train.warmup_steps) runs past the wsd decay start, "
-                            f"step {self.decay_start} of train.steps={self.steps} (train.decay_frac={self.decay_frac:g}); "
-                            "shorten the warm-up or lower train.decay_frac")
+            raise UserError(
+                f"the warm-up of {self.warmup} steps (train.warmup_steps) runs past the wsd decay start, "
+                f"step {self.decay_start} of train.steps={self.steps} (train.decay_frac={self.decay_frac:g}); "
+                "shorten the warm-up or lower train.decay_frac"
+            )
 
     @classmethod
     def of(cls, train: Any) -> "LRSchedule":
         """The schedule of a run's ``train`` config node (``warmup_steps`` unset: ``warmup_frac`` of the steps)."""
         warmup_steps: Optional[int] = getattr(train, "warmup_steps", None)
         warmup = int(warmup_steps) if warmup_steps is not None else int(train.warmup_frac * train.steps)
-        return cls(str(getattr(train, "lr_schedule", "cosine")), int(train.steps), warmup, float(train.min_lr_frac),
-                   float(getattr(train, "decay_frac", 0.2)))  # fmt: skip
+        return cls(
+            str(getattr(train, "lr_schedule", "cosine")),
+            int(train.steps),
+            warmup,
+            float(train.min_lr_frac),
+            float(getattr(train, "decay_frac", 0.2)),
+        )
 
     def at_steps(self, steps: int) -> "LRSchedule":
         """The same schedule for a run of ``steps`` (wsd: the same warm-up and stable phase, its own decay)."""

@@ -202,8 +202,10 @@ def tied_problem(cfg: Any) -> str:
     if p.stages == 1 or (resolve(cfg).chunks > 1 and p.get("torch_schedule") is None):
         return ""  # the embedding and the head in one process (a V): tied there
     if name not in ("1f1b", "2bw"):
-        return (f"engine=pipeline ties embeddings across stages under 1f1b and 2bw only (pipeline.schedule={name}: "
-                f"its stages read different weight versions at one step); {untie}")
+        return (
+            f"engine=pipeline ties embeddings across stages under 1f1b and 2bw only (pipeline.schedule={name}: "
+            f"its stages read different weight versions at one step); {untie}"
+        )
     if p.clip == "stage" and cfg.train.grad_clip > 0:
         return f"tied embeddings across stages need pipeline.clip=global (one norm for the shared matrix); {untie}"
     return ""

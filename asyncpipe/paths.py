@@ -13,7 +13,13 @@ from typing import Union
 
 from asyncpipe.errors import UserError
 from asyncpipe.track.files import (
-    CONFIG_FILE, LAUNCH_RECORD, METRICS_FILE, PROVENANCE_FILE, SUMMARY_FILE, SWEEP_MANIFEST, WRITER_LOCK,
+    CONFIG_FILE,
+    LAUNCH_RECORD,
+    METRICS_FILE,
+    PROVENANCE_FILE,
+    SUMMARY_FILE,
+    SWEEP_MANIFEST,
+    WRITER_LOCK,
 )
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -67,8 +73,15 @@ def own_dir(path: PathLike, what: str = "run.dir") -> Path:
     files would mix with everything else (`run.dir=.` used to train into the current directory)."""
     path = Path(os.path.expanduser(str(path)))
     full, cwd = path.resolve(), Path.cwd().resolve()
-    place = ("the working directory" if full == cwd else "above the working directory" if full in cwd.parents
-             else "your home directory" if full == Path.home().resolve() else None)  # fmt: skip
+    place = (
+        "the working directory"
+        if full == cwd
+        else "above the working directory"
+        if full in cwd.parents
+        else "your home directory"
+        if full == Path.home().resolve()
+        else None
+    )
     if place:
         raise UserError(f"{what}={path} is {place}; give the run a directory of its own, e.g. {what}=runs/NAME")
     run_dir_place(path, what)
@@ -79,8 +92,10 @@ def data_root(root: PathLike, prepared: bool = False) -> Path:
     """The data root (`data.root`, default $ASYNCPIPE_DATA): a directory, writable unless the dataset a command
     reads is already `prepared` there (reading prepared data from a read-only root is fine)."""
     if not str(root).strip():  # Path("") is the working directory: token files would land among the user's files
-        raise UserError("the data root is empty (ASYNCPIPE_DATA is set to ''); unset it (default: data_cache) or point "
-                        "it (or data.root) at a directory")  # fmt: skip
+        raise UserError(
+            "the data root is empty (ASYNCPIPE_DATA is set to ''); unset it (default: data_cache) or point "
+            "it (or data.root) at a directory"
+        )
     path = Path(os.path.expanduser(str(root)))
     if prepared:
         return path
@@ -96,8 +111,11 @@ def is_run_dir(path: PathLike) -> bool:
     """True when `path` holds a run's record (config.yaml and something training writes beside it)."""
     path = Path(path)
     try:
-        return path.is_dir() and all(os.path.lexists(path / f) for f in RUN_RECORD) and \
-            any(os.path.lexists(path / f) for f in RUN_TRACES)  # fmt: skip
+        return (
+            path.is_dir()
+            and all(os.path.lexists(path / f) for f in RUN_RECORD)
+            and any(os.path.lexists(path / f) for f in RUN_TRACES)
+        )
     except OSError:
         return False
 
@@ -118,7 +136,9 @@ def separate_from_runs(path: PathLike, what: str) -> Path:
     holder = enclosing_run(path)
     if holder is not None:
         where = "is a run dir" if holder == Path(os.path.abspath(path)) else f"is inside run dir {holder}"
-        raise UserError(f"{what} {path} {where}; runs, sweeps and reports never nest: choose a {what} outside every run dir")
+        raise UserError(
+            f"{what} {path} {where}; runs, sweeps and reports never nest: choose a {what} outside every run dir"
+        )
     return path
 
 
@@ -127,13 +147,16 @@ def run_dir_place(path: PathLike, what: str = "run.dir") -> Path:
     text = str(path)
     bad = next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
     if bad is not None:  # a newline would split a report's table row, a log line, a sweep status line
-        raise UserError(f"{what}={text!r} holds a control character ({bad!r}); name the run dir with printable "
-                        "characters only")  # fmt: skip
+        raise UserError(
+            f"{what}={text!r} holds a control character ({bad!r}); name the run dir with printable characters only"
+        )
     path = Path(os.path.expanduser(text))
     holder = enclosing_run(path, strict=True)
     if holder is not None:
-        raise UserError(f"{what}={path} is inside run dir {holder}; a run inside another run's record is hidden from "
-                        f"reports: choose a {what} outside every run dir")  # fmt: skip
+        raise UserError(
+            f"{what}={path} is inside run dir {holder}; a run inside another run's record is hidden from "
+            f"reports: choose a {what} outside every run dir"
+        )
     if os.path.lexists(path / SWEEP_MANIFEST):
         raise UserError(f"{what}={path} is a sweep directory (it holds {SWEEP_MANIFEST}); choose a run dir of its own")
     return path

@@ -141,8 +141,10 @@ def _compensation_bytes(cfg: Any, shapes: list[LayerShape]) -> float:
     comp = cfg.compensation
     spec = method_spec(comp.name, target_of(comp))
     if spec.buffers is None:
-        raise UserError(f"compensation={spec.name} declares no memory model (buffers=, memory=) in {spec.module}; "
-                        "the plan cannot count it")  # fmt: skip
+        raise UserError(
+            f"compensation={spec.name} declares no memory model (buffers=, memory=) in {spec.module}; "
+            "the plan cannot count it"
+        )
     params = sum(s.params for s in shapes)
     extra = float(spec.memory(cfg, shapes)) if spec.memory is not None else 0.0
     return 4.0 * spec.buffers * params + extra
@@ -178,12 +180,20 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cfg.device != "cpu")  # a plan is for GPUs
     tokens = t.micro_batch_size * t.seq_len
     # As the engine: a step can be deferred where the stream runs on while a second version holds the old weights.
-    deferred = (spec.stream is not None and spec.weight_versions(P, 0) > 1 and p.clip == "global" and t.grad_clip > 0
-                and P > 1 and p.defer_step is not False)  # fmt: skip
+    deferred = (
+        spec.stream is not None
+        and spec.weight_versions(P, 0) > 1
+        and p.clip == "global"
+        and t.grad_clip > 0
+        and P > 1
+        and p.defer_step is not False
+    )
     n_chunks = spec.chunks * P
     if n_chunks > m.n_layer:
-        raise UserError(f"pipeline.schedule={spec.name} cuts the model into {n_chunks} chunks of at least one block; "
-                        f"model '{m.name}' has {m.n_layer} blocks")  # fmt: skip
+        raise UserError(
+            f"pipeline.schedule={spec.name} cuts the model into {n_chunks} chunks of at least one block; "
+            f"model '{m.name}' has {m.n_layer} blocks"
+        )
     parts = partition(len(shapes), n_chunks, cut_blocks(cfg, n_chunks))
     shapes = _tied_copy(shapes, m, vocab, spec.chunks == 1 and P > 1)
     budget = gpu_mem_gib * GIB
@@ -210,28 +220,55 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
         held_per_token = sum(k * x for k, x in zip(held, per_chunk))  # each chunk at its own peak: an upper bound
         in_flight = max(held)
         act = per_token * tokens
-        casts = 2.0 * sum(k * sum(_cast_params(x, vocab, m.d_model) for x in shapes[parts[c] : parts[c + 1]])
-                          for k, c in zip(held, chunks)) if bf16 else 0.0  # each chunk's copies, per micro-batch held
+        casts = (
+            2.0
+            * sum(
+                k * sum(_cast_params(x, vocab, m.d_model) for x in shapes[parts[c] : parts[c + 1]])
+                for k, c in zip(held, chunks)
+            )
+            if bf16
+            else 0.0
+        )  # each chunk's copies, per micro-batch held
         static = versions * w + grads + opt + ef + casts
         fit = int((budget - static) // (held_per_token * t.seq_len)) if budget > static else 0
-        stages.append(StagePlan(s, (parts[chunks[0]], parts[chunks[0] + 1]), n, versions, versions * w, grads, opt,
-                                ef, in_flight, act, held_per_token * tokens, static + held_per_token * tokens,
-                                max(0, fit), [(parts[c], parts[c + 1]) for c in chunks], casts))  # fmt: skip
+        stages.append(
+            StagePlan(
+                s,
+                (parts[chunks[0]], parts[chunks[0] + 1]),
+                n,
+                versions,
+                versions * w,
+                grads,
+                opt,
+                ef,
+                in_flight,
+                act,
+                held_per_token * tokens,
+                static + held_per_token * tokens,
+                max(0, fit),
+                [(parts[c], parts[c + 1]) for c in chunks],
+                casts,
+            )
+        )
     total, active = model_params(m, vocab)
     notes = [n for n in (batch_note(cfg),) if n]
     if cfg.delay > 1:
         notes.append(f"delay={cfg.delay} runs only in the simulator; weights counted as {versions} versions")
     runs = not (delay == 1 and P > 1 and t.micro_batches < P)
     if not runs:
-        notes.append(f"engine=pipeline runs 2BW only with train.micro_batches >= pipeline.stages ({t.micro_batches} < {P}): "
-                     f"set train.micro_batches={P} or more")
+        notes.append(
+            f"engine=pipeline runs 2BW only with train.micro_batches >= pipeline.stages ({t.micro_batches} < {P}): "
+            f"set train.micro_batches={P} or more"
+        )
     if deferred:
         notes.append("2BW defers each step past the next batch's first backward: two gradient buffers")
     if m.tie_embeddings and spec.chunks == 1 and P > 1:
         notes.append(f"tied embeddings: stage 0 and stage {P - 1} each hold the matrix (gradients summed each step)")
     if spec.chunks > 1:
-        notes.append(f"{spec.name}: in-flight is the larger chunk's peak; activations add each chunk's own peak "
-                     "(an upper bound when the peaks do not coincide)")  # fmt: skip
+        notes.append(
+            f"{spec.name}: in-flight is the larger chunk's peak; activations add each chunk's own peak "
+            "(an upper bound when the peaks do not coincide)"
+        )
     return Plan(m.name, total, active, stages, spec.name.upper(), gpu_mem_gib, notes, m.n_layer, runs)
 
 
@@ -244,15 +281,19 @@ def verdict(pl: Plan) -> str:
     if over:
         names = ", ".join(map(str, over))
         largest = min((s.max_micro_batch for s in pl.stages if s.stage in over), default=0)
-        fix = (f"train.micro_batch_size={largest} or less" if largest > 0 else "more stages or a larger --gpu-mem")
-        problems.append(f"stage{'s' if len(over) > 1 else ''} {names} need{'' if len(over) > 1 else 's'} up to "
-                        f"{top.total / GIB:.1f} GiB of {pl.gpu_mem_gib:g} GiB ({fix})")  # fmt: skip
+        fix = f"train.micro_batch_size={largest} or less" if largest > 0 else "more stages or a larger --gpu-mem"
+        problems.append(
+            f"stage{'s' if len(over) > 1 else ''} {names} need{'' if len(over) > 1 else 's'} up to "
+            f"{top.total / GIB:.1f} GiB of {pl.gpu_mem_gib:g} GiB ({fix})"
+        )
     if not pl.runs:
         problems.append("2BW needs train.micro_batches >= pipeline.stages")
     if problems:
         return "verdict: does NOT fit: " + "; ".join(problems)
-    return (f"verdict: fits: every stage within {pl.gpu_mem_gib:g} GiB per device (largest: stage {top.stage}, "
-            f"{top.total / GIB:.1f} GiB)")
+    return (
+        f"verdict: fits: every stage within {pl.gpu_mem_gib:g} GiB per device (largest: stage {top.stage}, "
+        f"{top.total / GIB:.1f} GiB)"
+    )
 
 
 def layer_label(layers: tuple[int, int], n_layer: int) -> str:
@@ -274,16 +315,20 @@ def batch_note(cfg: Any) -> Optional[str]:
 
     t, d = cfg.train, TrainConfig()
     if (t.micro_batch_size, t.seq_len) == (d.micro_batch_size, d.seq_len) and cfg.model.max_seq_len > 4 * t.seq_len:
-        return (f"batch: the embedded default ({t.micro_batch_size} x {t.seq_len} tokens, a toy run's); model "
-                f"'{cfg.model.name}' takes sequences up to {cfg.model.max_seq_len}: plan the real run with "
-                f"train.micro_batch_size=... train.seq_len=... (the max mb column: the largest that fits)")
+        return (
+            f"batch: the embedded default ({t.micro_batch_size} x {t.seq_len} tokens, a toy run's); model "
+            f"'{cfg.model.name}' takes sequences up to {cfg.model.max_seq_len}: plan the real run with "
+            f"train.micro_batch_size=... train.seq_len=... (the max mb column: the largest that fits)"
+        )
     return None
 
 
 def render(pl: Plan, cfg: Optional[Any] = None) -> str:
     """The plan as a text table (GiB), one row per stage."""
     g = lambda b: f"{b / GIB:.3f}" if b < 10 * GIB else f"{b / GIB:.1f}"  # noqa: E731
-    lines = [f"model {pl.model}: {pl.total_params / 1e6:,.2f}M parameters, {pl.active_params / 1e6:,.2f}M active per token"]
+    lines = [
+        f"model {pl.model}: {pl.total_params / 1e6:,.2f}M parameters, {pl.active_params / 1e6:,.2f}M active per token"
+    ]
     if cfg is not None:
         from asyncpipe.registry import describe
 
@@ -292,19 +337,50 @@ def render(pl: Plan, cfg: Optional[Any] = None) -> str:
             f"{pl.schedule} on {p.stages} stages x {p.data_parallel} {plural(p.data_parallel, 'replica')} | micro-batch {t.micro_batch_size} x "
             f"{t.seq_len} tokens, {t.micro_batches} per step | {describe(cfg)} | budget {pl.gpu_mem_gib:g} GiB per device"
         )
-    head = ("stage", "layers", "params", "ver", "weights", "grads", "optim", "EF/comp", "in-flight", "activ",
-            "bf16 w", "total", "fits", "max mb")  # fmt: skip
+    head = (
+        "stage",
+        "layers",
+        "params",
+        "ver",
+        "weights",
+        "grads",
+        "optim",
+        "EF/comp",
+        "in-flight",
+        "activ",
+        "bf16 w",
+        "total",
+        "fits",
+        "max mb",
+    )
     rows = [head]
     for s in pl.stages:
         ok = s.total <= pl.gpu_mem_gib * GIB
         label = " & ".join(layer_label(c, pl.n_layer) for c in (s.chunks or [s.layers]))
-        rows.append((str(s.stage), label, f"{s.params / 1e6:.2f}M", str(s.versions),
-                     g(s.weights), g(s.grads), g(s.optimizer), g(s.ef), str(s.in_flight), g(s.activations),
-                     g(s.casts), g(s.total), "yes" if ok else "NO", str(s.max_micro_batch)))  # fmt: skip
+        rows.append(
+            (
+                str(s.stage),
+                label,
+                f"{s.params / 1e6:.2f}M",
+                str(s.versions),
+                g(s.weights),
+                g(s.grads),
+                g(s.optimizer),
+                g(s.ef),
+                str(s.in_flight),
+                g(s.activations),
+                g(s.casts),
+                g(s.total),
+                "yes" if ok else "NO",
+                str(s.max_micro_batch),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.append("layers: transformer blocks b0..b{n}; emb (token embedding) and head (final norm + output layer) "
-                 "are the layer list's first and last entries, partitioned like blocks".format(n=pl.n_layer - 1))
+    lines.append(
+        "layers: transformer blocks b0..b{n}; emb (token embedding) and head (final norm + output layer) "
+        "are the layer list's first and last entries, partitioned like blocks".format(n=pl.n_layer - 1)
+    )
     lines.append("GiB per device; in-flight: micro-batches whose activations a stage holds (min(P - s, m));")
     lines.append("bf16 w: bf16 autocast's copy of the stage's matmul weights, kept by each in-flight micro-batch;")
     lines.append("max mb: the largest micro-batch size (sequences) whose total fits the budget.")
@@ -313,10 +389,12 @@ def render(pl: Plan, cfg: Optional[Any] = None) -> str:
     return "\n".join(lines)
 
 
-BUBBLE_LEGEND = ("bubble: the least busy stage's idle share of a steady step under the cost model (1 - its busy "
-                 "time / step time):\n  the flush's (P-1)/(m+P-1) plus per-instruction overhead, p2p waits and uneven "
-                 "stages, so it can exceed that formula, and 2BW's (no flush) is not 0;\n  x even: step time of an even "
-                 "cut over this cut's.")  # the schedules table's legend (`asyncpipe plan --speed`)
+BUBBLE_LEGEND = (
+    "bubble: the least busy stage's idle share of a steady step under the cost model (1 - its busy "
+    "time / step time):\n  the flush's (P-1)/(m+P-1) plus per-instruction overhead, p2p waits and uneven "
+    "stages, so it can exceed that formula, and 2BW's (no flush) is not 0;\n  x even: step time of an even "
+    "cut over this cut's."
+)  # the schedules table's legend (`asyncpipe plan --speed`)
 
 
 def plural(n: int, word: str) -> str:

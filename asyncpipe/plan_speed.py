@@ -15,12 +15,17 @@ from asyncpipe.errors import ConfigError, UserError
 DEFAULT_PROFILE = "h100_assumed"
 # A device profile's numbers: (smallest, whether the smallest itself is allowed, largest); finite, never bool
 PROFILE_RANGES = {
-    "matmul_flops": (0.0, False, math.inf), "efficiency": (0.0, False, 1.0),
+    "matmul_flops": (0.0, False, math.inf),
+    "efficiency": (0.0, False, 1.0),
     "backward_over_forward": (0.0, False, math.inf),
-    "memory_bytes_per_s": (0.0, False, math.inf), "step_bytes_per_param": (0.0, True, math.inf),
-    "ef_bytes_per_param": (0.0, True, math.inf), "p2p_bytes_per_s": (0.0, False, math.inf),
-    "p2p_latency_s": (0.0, True, math.inf), "allreduce_bytes_per_s": (0.0, False, math.inf),
-    "allreduce_latency_s": (0.0, True, math.inf), "overhead_s": (0.0, True, math.inf),
+    "memory_bytes_per_s": (0.0, False, math.inf),
+    "step_bytes_per_param": (0.0, True, math.inf),
+    "ef_bytes_per_param": (0.0, True, math.inf),
+    "p2p_bytes_per_s": (0.0, False, math.inf),
+    "p2p_latency_s": (0.0, True, math.inf),
+    "allreduce_bytes_per_s": (0.0, False, math.inf),
+    "allreduce_latency_s": (0.0, True, math.inf),
+    "overhead_s": (0.0, True, math.inf),
 }
 
 
@@ -59,8 +64,10 @@ def cost_model(cfg: Any, profile: str) -> Any:
         except (OSError, ValueError) as exc:
             raise UserError(f"--profile {profile}: cannot read a bench pipeline result ({exc})") from None
         if not isinstance(rec, dict) or rec.get("model") != cfg.model.name:
-            raise UserError(f"--profile {profile}: calibrated on model {rec.get('model') if isinstance(rec, dict) else '?'}"
-                            f", not model={cfg.model.name}; a measured calibration holds for its own model only")  # fmt: skip
+            raise UserError(
+                f"--profile {profile}: calibrated on model {rec.get('model') if isinstance(rec, dict) else '?'}"
+                f", not model={cfg.model.name}; a measured calibration holds for its own model only"
+            )
         return from_bench(rec, profile)
     return from_profile(checked_profile(profile), cfg)
 
@@ -142,8 +149,19 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
             continue
         label = model.label
         peak = max(s.total for s in pl.stages) / GIB
-        out.append(Speed(spec.name, "", peak, pl.ok, pred.step_s, pred.tokens_per_s(model.tokens_per_micro_batch),
-                         pred.bubble, tuple(cut), even.step_s / pred.step_s))  # fmt: skip
+        out.append(
+            Speed(
+                spec.name,
+                "",
+                peak,
+                pl.ok,
+                pred.step_s,
+                pred.tokens_per_s(model.tokens_per_micro_batch),
+                pred.bubble,
+                tuple(cut),
+                even.step_s / pred.step_s,
+            )
+        )
     return out, label
 
 
@@ -153,19 +171,25 @@ def fastest(rows: list[Speed]) -> Optional[Speed]:
 
 
 def render(rows: list[Speed], gpu_mem_gib: float, label: str) -> str:
-    lines = [f"schedules under the cost model ({label or 'no schedule could run'}):",
-             f"  {'schedule':10s} {'peak GiB':>9s} {'fits':>4s} {'step ms':>10s} {'tokens/s':>12s} {'bubble':>6s} "
-             f"{'x even':>6s}  cut (blocks per stage; a V: per chunk)"]
+    lines = [
+        f"schedules under the cost model ({label or 'no schedule could run'}):",
+        f"  {'schedule':10s} {'peak GiB':>9s} {'fits':>4s} {'step ms':>10s} {'tokens/s':>12s} {'bubble':>6s} "
+        f"{'x even':>6s}  cut (blocks per stage; a V: per chunk)",
+    ]
     for r in rows:
         if r.reason:
             lines.append(f"  {r.schedule:10s} cannot run: {r.reason}")
             continue
-        lines.append(f"  {r.schedule:10s} {r.peak_gib:9.1f} {'yes' if r.fits else 'NO':>4s} {r.step_s * 1e3:10.1f} "
-                     f"{r.tokens_per_s:12,.0f} {r.bubble:6.3f} {r.over_even:6.3f}  {','.join(map(str, r.cut))}")  # fmt: skip
+        lines.append(
+            f"  {r.schedule:10s} {r.peak_gib:9.1f} {'yes' if r.fits else 'NO':>4s} {r.step_s * 1e3:10.1f} "
+            f"{r.tokens_per_s:12,.0f} {r.bubble:6.3f} {r.over_even:6.3f}  {','.join(map(str, r.cut))}"
+        )
     best = fastest(rows)
     if best is None:
         lines.append(f"fastest within {gpu_mem_gib:g} GiB: none fits")
     else:
-        lines.append(f"fastest within {gpu_mem_gib:g} GiB: {best.schedule}, {best.tokens_per_s:,.0f} tokens/s predicted "
-                     f"({best.step_s * 1e3:.1f} ms per step)")  # fmt: skip
+        lines.append(
+            f"fastest within {gpu_mem_gib:g} GiB: {best.schedule}, {best.tokens_per_s:,.0f} tokens/s predicted "
+            f"({best.step_s * 1e3:.1f} ms per step)"
+        )
     return "\n".join(lines)

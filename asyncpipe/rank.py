@@ -73,8 +73,13 @@ def main(spec_path: str) -> None:
                     continue
                 run_dir = None if job["run_dir"] is None else Path(job["run_dir"])
                 with _train_log(run_dir if rank == 0 else None), job_groups():
-                    result = train(OmegaConf.create(job["config"]), run_dir, stop=stop,
-                                   on_step=lambda m, i=i: on_step(m, i), show_progress=job["show_progress"])
+                    result = train(
+                        OmegaConf.create(job["config"]),
+                        run_dir,
+                        stop=stop,
+                        on_step=lambda m, i=i: on_step(m, i),
+                        show_progress=job["show_progress"],
+                    )
                 _write_json(out / f"result-{i}-{rank}.json", result)
                 interrupted = result.get("status") == INTERRUPTED
         destroy_process_group()

@@ -109,8 +109,14 @@ def _caller() -> str:
     return str(sys._getframe(2).f_globals.get("__name__", ""))
 
 
-def declare_optimizer(name: str, memory: Memory, config: Optional[type] = None, check: Optional[Check] = None,
-                      revision: int = 1, build: Optional[str] = None) -> Any:  # fmt: skip
+def declare_optimizer(
+    name: str,
+    memory: Memory,
+    config: Optional[type] = None,
+    check: Optional[Check] = None,
+    revision: int = 1,
+    build: Optional[str] = None,
+) -> Any:
     """Declare the optimizer ``name``. As a decorator on its builder ``(module, cfg_optimizer, hidden) ->
     torch.optim.Optimizer``; or, with ``build="module:function"``, as a statement naming a builder that is imported
     only when a run builds the optimizer (a torch-free declaration). ``revision``: which version of its update rule
@@ -121,16 +127,30 @@ def declare_optimizer(name: str, memory: Memory, config: Optional[type] = None, 
         return spec
 
     def wrap(builder: Callable[..., Any]) -> Callable[..., Any]:
-        _add(_OPTIMIZERS, OptimizerSpec(name, builder, memory, config, check, builder.__module__, revision), "optimizer")
+        _add(
+            _OPTIMIZERS, OptimizerSpec(name, builder, memory, config, check, builder.__module__, revision), "optimizer"
+        )
         return builder
 
     return wrap
 
 
-def declare_method(name: str, *, buffers: int, fits_2bw: bool, note: str, key: Optional[str] = None,
-                   config: Optional[type] = None, check: Optional[Check] = None, memory: Optional[Memory] = None,
-                   needs_delay: bool = False, revision: int = 1, build: Optional[str] = None,
-                   label: Optional[Callable[[Any], str]] = None, tag: Optional[str] = None) -> Any:  # fmt: skip
+def declare_method(
+    name: str,
+    *,
+    buffers: int,
+    fits_2bw: bool,
+    note: str,
+    key: Optional[str] = None,
+    config: Optional[type] = None,
+    check: Optional[Check] = None,
+    memory: Optional[Memory] = None,
+    needs_delay: bool = False,
+    revision: int = 1,
+    build: Optional[str] = None,
+    label: Optional[Callable[[Any], str]] = None,
+    tag: Optional[str] = None,
+) -> Any:
     """Declare the compensation method ``name``. As a decorator on its builder ``(optimizer, cfg_compensation,
     delays) -> torch.optim.Optimizer``; or, with ``build="module:function"``, as a statement naming a builder that is
     imported only when a run builds the method (the built-ins' declarations, torch-free, name their rules in
@@ -140,12 +160,28 @@ def declare_method(name: str, *, buffers: int, fits_2bw: bool, note: str, key: O
 
     if (key is None) != (config is None):
         given, missing = ("key=", "config=") if config is None else ("config=", "key=")
-        raise UserError(f"declare_method({name!r}) has {given} without {missing}: a method's settings are the node "
-                        "compensation.<key> that its config dataclass fills; declare both or neither")  # fmt: skip
+        raise UserError(
+            f"declare_method({name!r}) has {given} without {missing}: a method's settings are the node "
+            "compensation.<key> that its config dataclass fills; declare both or neither"
+        )
 
     def spec(builder: Builder, module: str) -> MethodSpec:
-        return MethodSpec(name, builder, buffers, fits_2bw, note, key, config, check, memory, needs_delay, module,
-                          revision, label, tag)  # fmt: skip
+        return MethodSpec(
+            name,
+            builder,
+            buffers,
+            fits_2bw,
+            note,
+            key,
+            config,
+            check,
+            memory,
+            needs_delay,
+            module,
+            revision,
+            label,
+            tag,
+        )
 
     if build is not None:
         declared = spec(build, _caller())
@@ -214,13 +250,17 @@ def _one(table: dict, name: str, target: Optional[str], what: str) -> Any:
         found = _declared_in(table, target)
         if len(found) != 1:
             kind = "declare_optimizer" if what == "optimizer" else "declare_method"
-            raise UserError(f"{what}._target_={target} declares {len(found)} {what}s with asyncpipe.registry.{kind}; "
-                            "it must declare exactly one")  # fmt: skip
+            raise UserError(
+                f"{what}._target_={target} declares {len(found)} {what}s with asyncpipe.registry.{kind}; "
+                "it must declare exactly one"
+            )
         return found[0]
     spec = table.get(name)
     if spec is None:
-        raise ConfigError(f"{what}.name={name} is unknown; choose one of: {', '.join(sorted(table))} "
-                          f"(or name your own module with {what}._target_=pkg.module)")  # fmt: skip
+        raise ConfigError(
+            f"{what}.name={name} is unknown; choose one of: {', '.join(sorted(table))} "
+            f"(or name your own module with {what}._target_=pkg.module)"
+        )
     return spec
 
 

@@ -56,9 +56,13 @@ def rank_environ(rank: int, world: int, port: int) -> dict[str, str]:
     """torchrun's rank environment for local rank ``rank`` of ``world`` on this machine (every rank sees this
     process's GPUs; rank r uses visible GPU r, `asyncpipe.runtime.device.pick_device`)."""
     return {
-        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-    }  # fmt: skip
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
 
 
 class _Forward:
@@ -111,9 +115,15 @@ def launch(
         spec = {
             "out": str(out),
             "stopped": stopped,
-            "jobs": [{"config": OmegaConf.to_container(j.cfg, resolve=True), "show_progress": j.show_progress,
-                      "run_dir": None if j.run_dir is None else str(j.run_dir)} for j in jobs],
-        }  # fmt: skip
+            "jobs": [
+                {
+                    "config": OmegaConf.to_container(j.cfg, resolve=True),
+                    "show_progress": j.show_progress,
+                    "run_dir": None if j.run_dir is None else str(j.run_dir),
+                }
+                for j in jobs
+            ],
+        }
         (out / "spec.json").write_text(json.dumps(spec))
         (out / "events.jsonl").touch()
         threads = max(j.cfg.pipeline.threads for j in jobs)
@@ -144,12 +154,15 @@ def launch(
                     proc.kill()
                     proc.wait()
         unfinished = {"status": INTERRUPTED, "steps": 0, "exit_code": exit_code(INTERRUPTED)}
-        return [json.loads(p.read_text()) if p.exists() else dict(unfinished)
-                for p in (out / f"result-{i}-0.json" for i in range(len(jobs)))]
+        return [
+            json.loads(p.read_text()) if p.exists() else dict(unfinished)
+            for p in (out / f"result-{i}-0.json" for i in range(len(jobs)))
+        ]
 
 
-def _supervise(out: Path, procs: list, n_jobs: int, on_step: Optional[Callable[[int, dict], None]],
-               timeout_s: Optional[float]) -> None:  # fmt: skip
+def _supervise(
+    out: Path, procs: list, n_jobs: int, on_step: Optional[Callable[[int, dict], None]], timeout_s: Optional[float]
+) -> None:
     """Relay rank 0's step records until every rank has reported every job; raise on the first failure."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with open(out / "events.jsonl") as events:

@@ -21,9 +21,33 @@ from typing import Any, Iterator, Optional, TextIO
 from asyncpipe.errors import UserError
 
 ASCII_FALLBACK = "asyncpipe-ascii"  # the codec error handler below
-_PLAIN = {"±": "+/-", "−": "-", "×": "x", "–": "-", "—": "--", "…": "...", "≥": ">=", "≤": "<=",
-          "≈": "~", "→": "->", "←": "<-", "·": ".", "°": "deg", "µ": "u", "‘": "'", "’": "'", "“": '"', "”": '"',
-          "█": "#", "━": "-", "─": "-", "│": "|", "•": "*", "✓": "ok", "✗": "x"}  # fmt: skip
+_PLAIN = {
+    "±": "+/-",
+    "−": "-",
+    "×": "x",
+    "–": "-",
+    "—": "--",
+    "…": "...",
+    "≥": ">=",
+    "≤": "<=",
+    "≈": "~",
+    "→": "->",
+    "←": "<-",
+    "·": ".",
+    "°": "deg",
+    "µ": "u",
+    "‘": "'",
+    "’": "'",
+    "“": '"',
+    "”": '"',
+    "█": "#",
+    "━": "-",
+    "─": "-",
+    "│": "|",
+    "•": "*",
+    "✓": "ok",
+    "✗": "x",
+}
 
 
 def plain(char: str) -> str:
@@ -51,8 +75,10 @@ def check_cwd() -> None:
     except FileNotFoundError:
         pwd = os.environ.get("PWD", "")
         where = f" ({pwd})" if pwd else ""
-        raise UserError(f"the working directory{where} no longer exists (deleted under the shell); cd to a directory "
-                        "that exists and run the command again") from None  # fmt: skip
+        raise UserError(
+            f"the working directory{where} no longer exists (deleted under the shell); cd to a directory "
+            "that exists and run the command again"
+        ) from None
 
 
 class GuardedStream:
@@ -140,11 +166,13 @@ def guarded_streams() -> Iterator[None]:
     for stream in saved:
         _ascii_safe(stream)
     if not isinstance(sys.stdout, GuardedStream):
-        sys.stdout = GuardedStream(sys.stdout, "stdout", "stdout was closed when asyncpipe started" if 1 in closed
-                                   else None)  # type: ignore[assignment]  # fmt: skip
+        sys.stdout = GuardedStream(
+            sys.stdout, "stdout", "stdout was closed when asyncpipe started" if 1 in closed else None
+        )  # type: ignore[assignment]
     if not isinstance(sys.stderr, GuardedStream):
-        sys.stderr = GuardedStream(sys.stderr, "stderr", "stderr was closed when asyncpipe started" if 2 in closed
-                                   else None)  # type: ignore[assignment]  # fmt: skip
+        sys.stderr = GuardedStream(
+            sys.stderr, "stderr", "stderr was closed when asyncpipe started" if 2 in closed else None
+        )  # type: ignore[assignment]
     try:
         yield
     finally:

@@ -19,14 +19,17 @@ class TorchSchedule:
     split_backward: bool  # input and weight gradients as separate actions (zero bubble)
 
 
-SCHEDULES = {s.name: s for s in (
-    TorchSchedule("1f1b", "Schedule1F1B", 1, "loop", False),
-    TorchSchedule("interleaved1f1b", "ScheduleInterleaved1F1B", 2, "loop", False),
-    TorchSchedule("loopedbfs", "ScheduleLoopedBFS", 2, "loop", False),
-    TorchSchedule("interleavedzb", "ScheduleInterleavedZeroBubble", 2, "loop", True),
-    TorchSchedule("zbv", "ScheduleZBVZeroBubble", 2, "v", True),
-    TorchSchedule("dualpipev", "ScheduleDualPipeV", 2, "v", True),
-)}  # fmt: skip
+SCHEDULES = {
+    s.name: s
+    for s in (
+        TorchSchedule("1f1b", "Schedule1F1B", 1, "loop", False),
+        TorchSchedule("interleaved1f1b", "ScheduleInterleaved1F1B", 2, "loop", False),
+        TorchSchedule("loopedbfs", "ScheduleLoopedBFS", 2, "loop", False),
+        TorchSchedule("interleavedzb", "ScheduleInterleavedZeroBubble", 2, "loop", True),
+        TorchSchedule("zbv", "ScheduleZBVZeroBubble", 2, "v", True),
+        TorchSchedule("dualpipev", "ScheduleDualPipeV", 2, "v", True),
+    )
+}
 
 
 def spec(name: str) -> TorchSchedule:
@@ -55,17 +58,23 @@ def config_problem(cfg: Any) -> Optional[str]:
     if p.schedule not in ("auto", "1f1b"):
         return f"pipeline.torch_schedule={s.name} replaces pipeline.schedule; leave it auto, got {p.schedule}"
     if p.data_parallel != 1:
-        return f"pipeline.torch_schedule={s.name} runs one replica here (pipeline.data_parallel=1), got {p.data_parallel}"
+        return (
+            f"pipeline.torch_schedule={s.name} runs one replica here (pipeline.data_parallel=1), got {p.data_parallel}"
+        )
     if cfg.compensation.name != "none":
         return f"pipeline.torch_schedule={s.name} has no stale weights to compensate; use compensation=none (no EF)"
     if m.moe.experts:
         return f"pipeline.torch_schedule={s.name} runs dense models here; model '{m.name}' has experts"
     if s.chunks * p.stages > m.n_layer:
-        return (f"PyTorch's {s.cls} cuts the model into {s.chunks} x {p.stages} chunks of at least one block; "
-                f"model '{m.name}' has {m.n_layer} blocks")  # fmt: skip
+        return (
+            f"PyTorch's {s.cls} cuts the model into {s.chunks} x {p.stages} chunks of at least one block; "
+            f"model '{m.name}' has {m.n_layer} blocks"
+        )
     if m.tie_embeddings and s.split_backward and p.stages > 1:  # measured: ZBV gets the tied gradient wrong
-        return (f"pipeline.torch_schedule={s.name} splits its backward, which a tied matrix does not survive "
-                f"(pipe.tied); add model.tie_embeddings=false")
+        return (
+            f"pipeline.torch_schedule={s.name} splits its backward, which a tied matrix does not survive "
+            f"(pipe.tied); add model.tie_embeddings=false"
+        )
     if t.compile in (True, "true") and s.split_backward:
         return f"PyTorch's {s.cls} splits input and weight gradients, which it refuses under torch.compile"
     return None

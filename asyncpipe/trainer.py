@@ -86,8 +86,14 @@ class Trainer:
         engine, cfg = self.engine, self.cfg
         path, state, error = None, None, None
         try:
-            path, state = checkpoint.load_latest(run_dir, checkpoint.fingerprint_of(cfg), rank=engine.rank,
-                                                 world=engine.world, gather=engine.comm.gather, log=self.say)
+            path, state = checkpoint.load_latest(
+                run_dir,
+                checkpoint.fingerprint_of(cfg),
+                rank=engine.rank,
+                world=engine.world,
+                gather=engine.comm.gather,
+                log=self.say,
+            )
         except UserError as err:
             error = str(err)
         first = next((e for e in engine.comm.gather(error) if e), None)
@@ -108,10 +114,16 @@ class Trainer:
         """Every rank writes its part of a checkpoint of this step; rank 0 marks it complete."""
         engine = self.engine
         return checkpoint.save(
-            run_dir, engine.step, engine.state_dict(), checkpoint.fingerprint_of(self.cfg), rank=engine.rank,
-            world=engine.world, barrier=engine.comm.barrier, keep=self.cfg.checkpoint.keep,
+            run_dir,
+            engine.step,
+            engine.state_dict(),
+            checkpoint.fingerprint_of(self.cfg),
+            rank=engine.rank,
+            world=engine.world,
+            barrier=engine.comm.barrier,
+            keep=self.cfg.checkpoint.keep,
             pinned=self.branch_points(),
-        )  # fmt: skip
+        )
 
     # -- budget branches (wsd): shorter runs start from a longer run's stable phase --------------------
     def branch_points(self) -> set[int]:
@@ -148,8 +160,10 @@ class Trainer:
         self.say(f"branched from {path} at step {engine.step} (this run's decay starts at step {at})")
         if engine.rank == 0 and self.run_dir is not None:
             RunDir(self.run_dir).truncate_metrics(engine.step, records=RunDir(parent).read_metrics())
-            atomic_write_json(Path(self.run_dir) / BRANCH_RECORD, {"parent": str(parent), "step": engine.step,
-                              "checkpoint": str(path), "parent_steps": parent_steps})  # fmt: skip
+            atomic_write_json(
+                Path(self.run_dir) / BRANCH_RECORD,
+                {"parent": str(parent), "step": engine.step, "checkpoint": str(path), "parent_steps": parent_steps},
+            )
         return path
 
     def branch_summary(self) -> dict:
@@ -163,12 +177,19 @@ class Trainer:
             record = read_json_object(Path(self.run_dir) / BRANCH_RECORD)
         except (OSError, UserError):
             return {}
-        return {"branch_of": record.get("parent"), "branch_step": record.get("step"),
-                "branch_parent_steps": record.get("parent_steps")}
+        return {
+            "branch_of": record.get("parent"),
+            "branch_step": record.get("step"),
+            "branch_parent_steps": record.get("parent_steps"),
+        }
 
     # -- the run ----------------------------------------------------------------------------------------
-    def run(self, stop: Optional[StopRequest] = None, on_step: Optional[Callable[[dict], None]] = None,
-            show_progress: bool = True) -> dict:  # fmt: skip
+    def run(
+        self,
+        stop: Optional[StopRequest] = None,
+        on_step: Optional[Callable[[dict], None]] = None,
+        show_progress: bool = True,
+    ) -> dict:
         """Train to ``train.steps`` and return the summary (on every rank; rank 0 also writes it and returns the
         step ``history``). ``stop``: the caller's `StopRequest`, already entered (installed early, so a signal
         during set-up still ends in a summary); else one is installed here. ``show_progress``: rank 0 prints the
@@ -191,7 +212,9 @@ class Trainer:
         except BaseException:
             if tracker is not None:
                 with contextlib.suppress(OSError):  # a full disk must not hide the error that ended the run
-                    tracker.finish({"status": FAILED, "wall_time": self.earlier_wall + time.perf_counter() - self.started})
+                    tracker.finish(
+                        {"status": FAILED, "wall_time": self.earlier_wall + time.perf_counter() - self.started}
+                    )
             raise
         finally:
             if progress is not None:
@@ -223,8 +246,10 @@ class Trainer:
             book.val_at[0] = final_val
             book.log({"step": 0, "tokens": 0, "val_loss": final_val})
         if engine.comm.any(stop.requested):  # a signal during set-up: no step runs, nothing new to save
-            say(f"{stop.signal_name or 'stop'} before the first step"
-                + (f"; resume=true continues from step {start}" if run_dir is not None else ""))  # fmt: skip
+            say(
+                f"{stop.signal_name or 'stop'} before the first step"
+                + (f"; resume=true continues from step {start}" if run_dir is not None else "")
+            )
             return INTERRUPTED, final_val
         for step in range(start + 1, t.steps + 1):
             last = step == t.steps
@@ -247,8 +272,11 @@ class Trainer:
                 path = self.save(run_dir)
                 save_s.append(time.perf_counter() - began)
             if halt:
-                where = (f"checkpoint {path} written; resume=true continues" if run_dir is not None
-                         else f"stopped after step {step} (no run dir: nothing to resume)")  # a bench's job
+                where = (
+                    f"checkpoint {path} written; resume=true continues"
+                    if run_dir is not None
+                    else f"stopped after step {step} (no run dir: nothing to resume)"
+                )  # a bench's job
                 say(f"{stop.signal_name or 'stop'}: {where}")
                 return INTERRUPTED, final_val
         return COMPLETED, final_val
@@ -278,7 +306,9 @@ class Trainer:
             "wall_time": self.earlier_wall + segment,  # every segment of the run
             **({"wall_time_this_segment": segment} if self.earlier_wall else {}),
             "exit_code": exit_code(status),
-            "epochs": done * engine.tokens_per_step / self.train_tokens,  # passes over the train split (> 1: data repeated)
+            "epochs": done
+            * engine.tokens_per_step
+            / self.train_tokens,  # passes over the train split (> 1: data repeated)
             **(self.branch_summary() if engine.rank == 0 else {}),
             **({"checkpoint_save_s": save_s} if save_s else {}),
             **extra,
@@ -297,8 +327,14 @@ def earlier_wall_time(run_dir: Path) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
 
 
-def train(cfg: DictConfig, run_dir: Optional[Path], log: Log = print, stop: Optional[StopRequest] = None,
-          on_step: Optional[Callable[[dict], None]] = None, show_progress: bool = True) -> dict:  # fmt: skip
+def train(
+    cfg: DictConfig,
+    run_dir: Optional[Path],
+    log: Log = print,
+    stop: Optional[StopRequest] = None,
+    on_step: Optional[Callable[[dict], None]] = None,
+    show_progress: bool = True,
+) -> dict:
     """Build this process's `Trainer` and run it: what every process layout calls (`asyncpipe.run`,
     `asyncpipe.rank`). Set-up errors (bad data, a foreign checkpoint) surface before any step is logged."""
     return Trainer(cfg, run_dir, log).run(stop=stop, on_step=on_step, show_progress=show_progress)

@@ -79,8 +79,9 @@ def cut_op(events: Sequence[dict]) -> str:
     return "ReduceGrads" if any(e["op"] == "CommitP2P" for e in events) else "OptimizerStep"
 
 
-def critical_path(traces: dict[int, list[dict]], t0: float, t1: float, target: Sequence[float],
-                  end_stage: int = 0) -> dict[str, Any]:  # fmt: skip
+def critical_path(
+    traces: dict[int, list[dict]], t0: float, t1: float, target: Sequence[float], end_stage: int = 0
+) -> dict[str, Any]:
     """Seconds of [t0, t1] split by `PARTS` along the path that ends on ``end_stage`` at t1 (the walk above).
     ``target``: the configured (forward, backward) seconds of one instruction. Also the path's hops and the
     messages' latencies."""

@@ -43,6 +43,8 @@ def variants_of(names: Sequence[str]) -> dict[str, list[str]]:
         out[name] = [f"pipeline.schedule={name}", f"delay={1 if spec.delay is None else spec.delay}"]
         out[name] += [] if "global" in spec.clip_modes else [f"pipeline.clip={spec.clip_modes[0]}"]
     return out
+
+
 # Defaults a user override may replace: evaluation is a collective that would sit inside the timed window.
 BENCH_DEFAULTS = ["train.eval_batches=1"]
 
@@ -57,8 +59,10 @@ def check_jobs(what: str, labels: Sequence[str], results: Sequence[dict], steps:
             done = sum(x.get("status") == "completed" for x in results)
             raise Stopped(f"{what} stopped by a signal at {label}, {done} of {len(results)} jobs done; nothing written")
         if r.get("status") != "completed" or len(r.get("history", [])) < steps:
-            raise RuntimeError(f"{what}: {label} ended {r.get('status', 'without a result')} after "
-                               f"{len(r.get('history', []))} of {steps} steps")  # fmt: skip
+            raise RuntimeError(
+                f"{what}: {label} ended {r.get('status', 'without a result')} after "
+                f"{len(r.get('history', []))} of {steps} steps"
+            )
 
 
 def bench_pipeline(
@@ -84,8 +88,9 @@ def bench_pipeline(
 
     compose = compose or default_compose
     if steps < 2 * skip + 1:
-        raise UserError(f"--steps {steps} leaves no timed step after dropping {skip} at each end;"
-                        f" use >= {2 * skip + 1}")  # fmt: skip
+        raise UserError(
+            f"--steps {steps} leaves no timed step after dropping {skip} at each end; use >= {2 * skip + 1}"
+        )
     if rounds < 1:
         raise UserError(f"--rounds {rounds} must be >= 1 (alternating rounds of every schedule)")
     plan, warm = plan_bench(overrides, rounds, steps, warmup_steps, compose, variants, modes, standin)
@@ -93,7 +98,9 @@ def bench_pipeline(
     out = summarise(plan, results, loads, overrides, rounds, steps, skip, standin)
     if simulator:
         out["simulator"] = simulator_result(overrides, simulator_rounds, log, compose, threads=plan.pipeline.threads)
-        out.setdefault("targets", {})["simulator_delay1_le_1.10"] = out["simulator"]["ratio_to_delay0"]["delay1"] <= 1.10
+        out.setdefault("targets", {})["simulator_delay1_le_1.10"] = (
+            out["simulator"]["ratio_to_delay0"]["delay1"] <= 1.10
+        )
     return out
 
 
@@ -140,9 +147,11 @@ def plan_bench(
             continue
         for mode in modes:
             cfgs[n + ("" if mode == "eager" else "+compiled")] = compose(
-                [*base, *over, *(eval_v if v_shape else []), f"train.compile={mode == 'compiled'}"])  # fmt: skip
-    warm = compose([*BENCH_DEFAULTS, *overrides, *fake, "engine=pipeline", "delay=1",
-                    f"train.steps={max(1, warmup_steps)}"])  # fmt: skip
+                [*base, *over, *(eval_v if v_shape else []), f"train.compile={mode == 'compiled'}"]
+            )
+    warm = compose(
+        [*BENCH_DEFAULTS, *overrides, *fake, "engine=pipeline", "delay=1", f"train.steps={max(1, warmup_steps)}"]
+    )
     order = [name for _ in range(rounds) for name in cfgs]
     tokens_per_step = t.micro_batch_size * m * D * t.seq_len
     return BenchPlan(cfgs, order, P, m, D, t, p, tokens_per_step, skipped), warm
@@ -161,8 +170,10 @@ def run_bench(
     from asyncpipe.spawn import Job, launch
 
     order, cfg = plan.order, next(iter(plan.cfgs.values()))
-    log(f"bench pipeline: model {cfg.model.name}, P={plan.P}, m={plan.m}, {plan.pipeline.threads} thread(s)/process, "
-        f"warm-up {warmup_steps} steps, then {rounds} x {plan.names} of {steps} steps")  # fmt: skip
+    log(
+        f"bench pipeline: model {cfg.model.name}, P={plan.P}, m={plan.m}, {plan.pipeline.threads} thread(s)/process, "
+        f"warm-up {warmup_steps} steps, then {rounds} x {plan.names} of {steps} steps"
+    )
     for name, why in plan.skipped.items():
         log(f"  {name}: {why}")
 
@@ -191,7 +202,11 @@ def simulator_result(
     from asyncpipe.bench.simulator import BASIC, bench_simulator
 
     torch.set_num_threads(threads)  # the pipeline's processes run this many each: compare like with like
-    keep = [o for o in overrides
-            if not o.split("=", 1)[0].lstrip("+~").startswith(("engine", "delay", "pipeline.", "train.compile"))]
-    return bench_simulator([*BENCH_DEFAULTS, *keep], rounds=rounds, steps_per_round=2, warmup=2, compose=compose,
-                           log=log, variants=BASIC)
+    keep = [
+        o
+        for o in overrides
+        if not o.split("=", 1)[0].lstrip("+~").startswith(("engine", "delay", "pipeline.", "train.compile"))
+    ]
+    return bench_simulator(
+        [*BENCH_DEFAULTS, *keep], rounds=rounds, steps_per_round=2, warmup=2, compose=compose, log=log, variants=BASIC
+    )

@@ -131,20 +131,30 @@ def stage_cost_model(summaries: list[dict], P: int, m: int, steps: int, batches:
     costs = {"forward": fwd, "backward": bwd, "step": upd}
 
     def per_batch(kind: str) -> float:
-        runs = [simulate([stream(kind, m, P, s, n) for s in range(P)], collective_steps=True, **costs).makespan
-                for n in (batches, batches + 1)]  # fmt: skip
+        runs = [
+            simulate([stream(kind, m, P, s, n) for s in range(P)], collective_steps=True, **costs).makespan
+            for n in (batches, batches + 1)
+        ]
         return runs[1] - runs[0]
 
     t1, t2 = per_batch("1f1b"), per_batch("2bw-deferred") if get("2bw").fits(P, m) else float("nan")
-    return {"forward_s": fwd, "backward_s": bwd, "step_s": upd, "step_time_1f1b_s": t1, "step_time_2bw_s": t2,
-            "ratio_2bw_over_1f1b": t1 / t2, "fraction_of_ideal": t1 / t2 / ideal_speedup(P, m)}  # fmt: skip
+    return {
+        "forward_s": fwd,
+        "backward_s": bwd,
+        "step_s": upd,
+        "step_time_1f1b_s": t1,
+        "step_time_2bw_s": t2,
+        "ratio_2bw_over_1f1b": t1 / t2,
+        "fraction_of_ideal": t1 / t2 / ideal_speedup(P, m),
+    }
 
 
 def _standin_records(cfgs: dict, jobs: dict, standin: tuple[float, float], P: int, m: int, skip: int) -> dict:
     from asyncpipe.bench.standin import standin_record
 
-    recs = [{"variant": n, **standin_record(cfgs[n].pipeline.schedule, P, m, *standin, js, skip)}
-            for n, js in jobs.items()]  # fmt: skip
+    recs = [
+        {"variant": n, **standin_record(cfgs[n].pipeline.schedule, P, m, *standin, js, skip)} for n, js in jobs.items()
+    ]
     return {"forward_s": standin[0], "backward_s": standin[1], "records": recs}
 
 
@@ -154,16 +164,20 @@ def _stage_memory(summaries: list[dict], mem: list[dict], P: int) -> list[dict]:
         summ = next((x for x in summaries if x.get("stage") == s and x.get("replica", 0) == 0), {})
         peak, act = int(summ.get("peak_weight_bytes", 0)), int(summ.get("peak_activation_bytes", 0))
         opt_b, ef_b = mem[s]["optimizer_state_bytes"], mem[s]["ef_buffer_bytes"]
-        out.append({
-            "param_mb": summ.get("param_bytes", 0) / 2**20, "peak_weight_mb": peak / 2**20,
-            "weight_versions_peak": summ.get("weight_versions_peak", float("nan")),
-            "optimizer_state_mb": opt_b / 2**20, "ef_buffer_mb": ef_b / 2**20,
-            "peak_weight_plus_optimizer_mb": (peak + opt_b + ef_b) / 2**20,
-            "peak_activation_mb": act / 2**20,
-            "activation_mb_per_micro_batch": summ.get("activation_bytes_per_micro_batch", 0) / 2**20,
-            # The whole process's peak resident memory since the stage was built (CUDA: allocator peak).
-            "peak_process_mb": summ.get("peak_mem_bytes", -1) / 2**20,
-        })  # fmt: skip
+        out.append(
+            {
+                "param_mb": summ.get("param_bytes", 0) / 2**20,
+                "peak_weight_mb": peak / 2**20,
+                "weight_versions_peak": summ.get("weight_versions_peak", float("nan")),
+                "optimizer_state_mb": opt_b / 2**20,
+                "ef_buffer_mb": ef_b / 2**20,
+                "peak_weight_plus_optimizer_mb": (peak + opt_b + ef_b) / 2**20,
+                "peak_activation_mb": act / 2**20,
+                "activation_mb_per_micro_batch": summ.get("activation_bytes_per_micro_batch", 0) / 2**20,
+                # The whole process's peak resident memory since the stage was built (CUDA: allocator peak).
+                "peak_process_mb": summ.get("peak_mem_bytes", -1) / 2**20,
+            }
+        )
     return out
 
 
@@ -185,13 +199,26 @@ def summarise(
     jobs = {n: [st for name, st in per_job if name == n] for n in plan.names}
     cfg = next(iter(plan.cfgs.values()))
     out: dict[str, Any] = {
-        "bench": "pipeline", "model": cfg.model.name, "optimizer": cfg.optimizer.name,
-        "ef": cfg.compensation.name == "ef", "stages": P, "micro_batches": m, "micro_batch_size": t.micro_batch_size,
-        "seq_len": t.seq_len, "data_parallel": plan.D, "threads_per_process": p.threads,
-        "tokens_per_step": plan.tokens_per_step, "rounds": rounds, "steps_per_job": steps,
-        "steps_dropped_each_end": skip, "cpu_count": os.cpu_count(), "load_avg": loads[0], "load_avg_after": loads[1],
-        "overrides": list(overrides), "skipped": plan.skipped,
-    }  # fmt: skip
+        "bench": "pipeline",
+        "model": cfg.model.name,
+        "optimizer": cfg.optimizer.name,
+        "ef": cfg.compensation.name == "ef",
+        "stages": P,
+        "micro_batches": m,
+        "micro_batch_size": t.micro_batch_size,
+        "seq_len": t.seq_len,
+        "data_parallel": plan.D,
+        "threads_per_process": p.threads,
+        "tokens_per_step": plan.tokens_per_step,
+        "rounds": rounds,
+        "steps_per_job": steps,
+        "steps_dropped_each_end": skip,
+        "cpu_count": os.cpu_count(),
+        "load_avg": loads[0],
+        "load_avg_after": loads[1],
+        "overrides": list(overrides),
+        "skipped": plan.skipped,
+    }
     # The schedule model's bubbles at this run's measured backward/forward cost ratio (2BW's stages, whole jobs).
     last_2bw = (jobs.get("2bw") or jobs[plan.names[0]])[-1]["stages"]
     fwd = sum(x.get("seconds_by_op", {}).get("ForwardPass", 0.0) for x in last_2bw)
@@ -227,8 +254,13 @@ def _variants(plan: BenchPlan, jobs: dict, analytic: dict, b_over_f: float, step
         base_name = name.split("+")[0]
         spec = resolve(cfg)
         # No flush: 2BW's steady state (paci-recompute's recomputed forwards are not in it); a flush: its own order's bubble.
-        bub = (pt.analytic_bubble(base_name, P, m, b_over_f) if pt.is_torch(base_name)
-               else analytic["2bw"] if not spec.flush else analytic.get(spec.orders or spec.name))  # fmt: skip
+        bub = (
+            pt.analytic_bubble(base_name, P, m, b_over_f)
+            if pt.is_torch(base_name)
+            else analytic["2bw"]
+            if not spec.flush
+            else analytic.get(spec.orders or spec.name)
+        )
         out[name] = {
             "schedule": pt.label(name) if pt.is_torch(name) else f"asyncpipe/DeepSpeed {base_name}",
             "synchronous": pt.is_torch(base_name) or spec.flush,
@@ -242,8 +274,9 @@ def _variants(plan: BenchPlan, jobs: dict, analytic: dict, b_over_f: float, step
             "analytic_bubble": bub,
             # Busy (not blocked) seconds per micro-batch and stage over whole jobs (evaluation and optimizer steps
             # included): the same work in every variant, so a gap between them is CPU contention, not schedule.
-            "compute_s_per_micro_batch": [statistics.median(_compute(j["stages"], s) / (steps * m) for j in js)
-                                          for s in range(P)],
+            "compute_s_per_micro_batch": [
+                statistics.median(_compute(j["stages"], s) / (steps * m) for j in js) for s in range(P)
+            ],
             "memory_per_stage": _stage_memory(summaries, mem_cache[key], P),
             # Where the time went in the last job of this variant (the profile behind a missed target).
             "seconds_by_op_per_stage": [x.get("seconds_by_op", {}) for x in first],
@@ -253,19 +286,21 @@ def _variants(plan: BenchPlan, jobs: dict, analytic: dict, b_over_f: float, step
             "recomputed_backwards_per_stage": [x.get("recomputed_backwards", 0) for x in first],
             # What measured idle / wait / compute: host clocks (CPU, trace) or CUDA events (asyncpipe.pipe.clock).
             "timing": sorted({x.get("timing", "host") for x in summaries}),
-        }  # fmt: skip
+        }
     return out
 
 
 def _ratios(variants: dict[str, dict], analytic: dict) -> None:
     """Each variant against the same mode's 1F1B (per round: paired), and a compiled one against its eager run."""
     for name, v in variants.items():
-        ref = variants["1f1b" + name[len(name.split("+")[0]):]]  # the same mode's 1F1B
+        ref = variants["1f1b" + name[len(name.split("+")[0]) :]]  # the same mode's 1F1B
         # Same work per batch: the ideal speed-up is the ratio of busy fractions, (1 - bubble) / (1 - 1F1B's bubble).
         ideal = (1 - v["analytic_bubble"]) / (1 - analytic["1f1b"]) if v["analytic_bubble"] is not None else None
         v["ratio_to_1f1b"] = v["tokens_per_s"] / ref["tokens_per_s"]
         # Paired within a round: jobs of the same round ran back to back under the same load.
-        v["ratio_to_1f1b_per_round"] = [a / b for a, b in zip(v["tokens_per_s_per_round"], ref["tokens_per_s_per_round"])]
+        v["ratio_to_1f1b_per_round"] = [
+            a / b for a, b in zip(v["tokens_per_s_per_round"], ref["tokens_per_s_per_round"])
+        ]
         v["ratio_to_1f1b_best_step"] = v["tokens_per_s_best_step"] / ref["tokens_per_s_best_step"]
         v["ideal_ratio_to_1f1b"] = ideal
         v["fraction_of_ideal"] = v["ratio_to_1f1b"] / ideal if ideal else None
@@ -282,21 +317,30 @@ def _targets(out: dict, variants: dict[str, dict], P: int, m: int) -> None:
     ideal = ideal_speedup(P, m)
     if "2bw" in variants:
         v2 = variants["2bw"]
-        out.update({
-            "ratio_2bw_over_1f1b": v2["ratio_to_1f1b"], "ratio_per_round": v2["ratio_to_1f1b_per_round"],
-            "ideal_ratio": ideal, "ratio_best_step": v2["ratio_to_1f1b_best_step"],
-            "fraction_of_ideal_best_step": v2["ratio_to_1f1b_best_step"] / ideal,
-            "fraction_of_ideal": v2["ratio_to_1f1b"] / ideal, "ideal_idle_frac_1f1b": (P - 1) / (m + P - 1),
-            "targets": {
-                "ratio_ge_0.95_ideal": v2["ratio_to_1f1b"] >= 0.95 * ideal,
-                "fastest_step_ratio_ge_0.95_ideal": v2["ratio_to_1f1b_best_step"] >= 0.95 * ideal,
-                "weights_le_two_versions": all(x["weight_versions_peak"] <= 2.0 + 1e-9 for x in v2["memory_per_stage"]),
-            },
-        })  # fmt: skip
+        out.update(
+            {
+                "ratio_2bw_over_1f1b": v2["ratio_to_1f1b"],
+                "ratio_per_round": v2["ratio_to_1f1b_per_round"],
+                "ideal_ratio": ideal,
+                "ratio_best_step": v2["ratio_to_1f1b_best_step"],
+                "fraction_of_ideal_best_step": v2["ratio_to_1f1b_best_step"] / ideal,
+                "fraction_of_ideal": v2["ratio_to_1f1b"] / ideal,
+                "ideal_idle_frac_1f1b": (P - 1) / (m + P - 1),
+                "targets": {
+                    "ratio_ge_0.95_ideal": v2["ratio_to_1f1b"] >= 0.95 * ideal,
+                    "fastest_step_ratio_ge_0.95_ideal": v2["ratio_to_1f1b_best_step"] >= 0.95 * ideal,
+                    "weights_le_two_versions": all(
+                        x["weight_versions_peak"] <= 2.0 + 1e-9 for x in v2["memory_per_stage"]
+                    ),
+                },
+            }
+        )
     if "paci" in variants:
         vp, one = variants["paci"], variants.get("1f1b")
         weights = lambda v: [x["peak_weight_mb"] for x in v["memory_per_stage"]]  # noqa: E731
-        out.setdefault("targets", {}).update({
-            "paci_weights_equal_1f1b": one is not None and weights(vp) == weights(one),
-            "paci_tokens_per_s_ge_2bw": "2bw" in variants and vp["tokens_per_s"] >= variants["2bw"]["tokens_per_s"],
-        })  # fmt: skip
+        out.setdefault("targets", {}).update(
+            {
+                "paci_weights_equal_1f1b": one is not None and weights(vp) == weights(one),
+                "paci_tokens_per_s_ge_2bw": "2bw" in variants and vp["tokens_per_s"] >= variants["2bw"]["tokens_per_s"],
+            }
+        )

@@ -39,8 +39,12 @@ def all_variants(delay: int = 1) -> dict[str, list[str]]:
 
     methods = [m for m in available() if m not in ("none", "ef")]
     k = f"delay={delay}"
-    return {"delay0": ["delay=0"], f"delay{delay}": [k], f"delay{delay}_ef": [k, "compensation=ef"],
-            **{f"delay{delay}_{m}": [k, f"compensation={m}"] for m in methods}}  # fmt: skip
+    return {
+        "delay0": ["delay=0"],
+        f"delay{delay}": [k],
+        f"delay{delay}_ef": [k, "compensation=ef"],
+        **{f"delay{delay}_{m}": [k, f"compensation={m}"] for m in methods},
+    }
 
 
 def split_delay(overrides: Sequence[str]) -> tuple[list[str], int]:
@@ -51,12 +55,16 @@ def split_delay(overrides: Sequence[str]) -> tuple[list[str], int]:
         key, _, value = o.lstrip("+~").partition("=")
         if key == "delay":
             if not value.isdigit() or int(value) < 1:
-                raise UserError(f"bench simulator: {o} — the delayed variants need delay >= 1 (delay 0 is the "
-                                "baseline every variant is compared with)")  # fmt: skip
+                raise UserError(
+                    f"bench simulator: {o} — the delayed variants need delay >= 1 (delay 0 is the "
+                    "baseline every variant is compared with)"
+                )
             delay = int(value)
         elif key == "delay_profile" or key.startswith(_VARIANT_KEYS):
-            raise UserError(f"bench simulator: {o} would be replaced by the variants (each sets delay, compensation "
-                            "and EF itself; --compile picks eager/compiled); drop it")  # fmt: skip
+            raise UserError(
+                f"bench simulator: {o} would be replaced by the variants (each sets delay, compensation "
+                "and EF itself; --compile picks eager/compiled); drop it"
+            )
         else:
             rest.append(o)
     return rest, delay
@@ -98,9 +106,18 @@ def bench_simulator(
         return _bench(overrides, delay, chosen, rounds, steps_per_round, warmup, compose, log, modes, stop)
 
 
-def _bench(overrides: list[str], delay: int, chosen: dict[str, list[str]], rounds: int, steps_per_round: int,
-           warmup: int, compose: Callable[[list[str]], DictConfig], log: Callable[[str], None],
-           modes: Sequence[str], stop: StopRequest) -> dict:  # fmt: skip
+def _bench(
+    overrides: list[str],
+    delay: int,
+    chosen: dict[str, list[str]],
+    rounds: int,
+    steps_per_round: int,
+    warmup: int,
+    compose: Callable[[list[str]], DictConfig],
+    log: Callable[[str], None],
+    modes: Sequence[str],
+    stop: StopRequest,
+) -> dict:
     import torch
 
     from asyncpipe.optim.compensation import extra_bytes
@@ -133,23 +150,35 @@ def _bench(overrides: list[str], delay: int, chosen: dict[str, list[str]], round
                 start = time.perf_counter()
                 trainer.train_step()
                 times[key].append(time.perf_counter() - start)
-        log(f"round {r + 1}/{rounds}: " + ", ".join(f"{n}{'' if m == 'eager' else '+c'} "
-                                                    f"{statistics.median(t) * 1e3:.1f} ms" for (n, m), t in times.items()))
+        log(
+            f"round {r + 1}/{rounds}: "
+            + ", ".join(
+                f"{n}{'' if m == 'eager' else '+c'} {statistics.median(t) * 1e3:.1f} ms" for (n, m), t in times.items()
+            )
+        )
     any_trainer = next(iter(trainers.values()))
     out: dict = {
-        "bench": "simulator", "model": any_trainer.cfg.model.name, "optimizer": any_trainer.cfg.optimizer.name,
-        "delay": delay, "modes": list(modes), "tokens_per_step": any_trainer.tokens_per_step,
-        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "load_avg": load_before,
-        "load_avg_after": list(os.getloadavg()), "samples_per_variant": rounds * steps_per_round,
+        "bench": "simulator",
+        "model": any_trainer.cfg.model.name,
+        "optimizer": any_trainer.cfg.optimizer.name,
+        "delay": delay,
+        "modes": list(modes),
+        "tokens_per_step": any_trainer.tokens_per_step,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_avg": load_before,
+        "load_avg_after": list(os.getloadavg()),
+        "samples_per_variant": rounds * steps_per_round,
         "param_bytes": sum(p.numel() * p.element_size() for p in any_trainer.params),
-    }  # fmt: skip
+    }
     for mode in modes:
         prefix = "" if mode == "eager" else "compiled_"
         base = times[("delay0", mode)]
         spread = {n: ratio_spread(times[(n, mode)], base) for n in chosen}
         out[f"{prefix}median_step_s"] = {n: statistics.median(times[(n, mode)]) for n in chosen}
-        out[f"{prefix}ratio_to_delay0"] = {n: statistics.median(times[(n, mode)]) / statistics.median(base)
-                                           for n in chosen}  # fmt: skip
+        out[f"{prefix}ratio_to_delay0"] = {
+            n: statistics.median(times[(n, mode)]) / statistics.median(base) for n in chosen
+        }
         out[f"{prefix}ratio_spread"] = {n: list(s) for n, s in spread.items()}
         out[f"{prefix}within_spread"] = {n: s[0] <= 1.0 <= s[1] for n, s in spread.items()}
         out[f"{prefix}first_step_s"] = {n: compile_s[(n, mode)] for n in chosen}
@@ -158,8 +187,9 @@ def _bench(overrides: list[str], delay: int, chosen: dict[str, list[str]], round
         spread = {n: ratio_spread(times[(n, "eager")], times[(n, "compiled")]) for n in chosen}
         out["compile_speedup_spread"] = {n: list(s) for n, s in spread.items()}
         out["compile_speedup_within_spread"] = {n: s[0] <= 1.0 <= s[1] for n, s in spread.items()}
-    out["extra_bytes"] = {n: t.delayed.extra_bytes + extra_bytes(t.optimizer)
-                          for (n, m), t in trainers.items() if m == modes[0]}  # fmt: skip
+    out["extra_bytes"] = {
+        n: t.delayed.extra_bytes + extra_bytes(t.optimizer) for (n, m), t in trainers.items() if m == modes[0]
+    }
     return out
 
 
@@ -167,23 +197,30 @@ def format_result(res: dict) -> str:
     """One line per variant: ms/step and the ratio to delay=0 per mode (marked ~ when within the measured
     spread), the compiled speed-up, extra memory; the load first."""
     load = f"load {res['load_avg'][0]:.2f} -> {res['load_avg_after'][0]:.2f} on {res['cpu_count']} CPUs"
-    lines = [f"bench simulator: model {res['model']}, {res['optimizer']}, delayed variants at delay {res['delay']}, "
-             f"{res['threads']} thread(s), {res['samples_per_variant']} timed steps per variant; {load}",
-             "(~ : within the measured spread of step times, not a difference)"]  # fmt: skip
+    lines = [
+        f"bench simulator: model {res['model']}, {res['optimizer']}, delayed variants at delay {res['delay']}, "
+        f"{res['threads']} thread(s), {res['samples_per_variant']} timed steps per variant; {load}",
+        "(~ : within the measured spread of step times, not a difference)",
+    ]
     params_mb = res["param_bytes"] / 2**20
     for name in res["extra_bytes"]:
         cols = []
         for mode in res["modes"]:
             p = "" if mode == "eager" else "compiled_"
             mark = "~" if res[f"{p}within_spread"][name] and name != "delay0" else " "  # delay0: the baseline itself
-            cols.append(f"{mode} {res[f'{p}median_step_s'][name] * 1e3:8.1f} ms x{res[f'{p}ratio_to_delay0'][name]:.3f}{mark}")
+            cols.append(
+                f"{mode} {res[f'{p}median_step_s'][name] * 1e3:8.1f} ms x{res[f'{p}ratio_to_delay0'][name]:.3f}{mark}"
+            )
         if "compile_speedup" in res:
             mark = "~" if res["compile_speedup_within_spread"][name] else " "
-            cols.append(f"compiled {res['compile_speedup'][name]:.2f}x faster{mark} "
-                        f"(first step {res['compiled_first_step_s'][name]:.1f} s)")
+            cols.append(
+                f"compiled {res['compile_speedup'][name]:.2f}x faster{mark} "
+                f"(first step {res['compiled_first_step_s'][name]:.1f} s)"
+            )
         extra = res["extra_bytes"][name] / 2**20
         lines.append(f"{name:26s} " + "  ".join(cols) + f"  +{extra:.2f} MiB ({extra / params_mb:.2f}x params)")
     if res["samples_per_variant"] < 4:
-        lines.append(f"only {res['samples_per_variant']} timed step(s) per variant: no spread to speak of; "
-                     "use more --rounds")
+        lines.append(
+            f"only {res['samples_per_variant']} timed step(s) per variant: no spread to speak of; use more --rounds"
+        )
     return "\n".join(lines)

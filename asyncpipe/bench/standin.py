@@ -35,10 +35,24 @@ from typing import Any, Optional, Sequence
 from asyncpipe.errors import UserError
 
 RECORD_KEYS = (
-    "schedule", "stages", "micro_batches", "forward_s", "backward_s", "weight_s", "step_time_s", "min_step_time_s",
-    "tokens_per_s", "ideal_step_s", "bubble_model_step_s", "fraction_of_ideal", "timing", "per_instruction_s",
-    "overhead_s_per_instruction", "instructions_per_step", "step_breakdown_s",
-)  # fmt: skip
+    "schedule",
+    "stages",
+    "micro_batches",
+    "forward_s",
+    "backward_s",
+    "weight_s",
+    "step_time_s",
+    "min_step_time_s",
+    "tokens_per_s",
+    "ideal_step_s",
+    "bubble_model_step_s",
+    "fraction_of_ideal",
+    "timing",
+    "per_instruction_s",
+    "overhead_s_per_instruction",
+    "instructions_per_step",
+    "step_breakdown_s",
+)
 COMPUTE = {"ForwardPass": 0, "BackwardPass": 1}  # instruction -> index of its configured time
 COMM = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad", "CommitP2P")
 
@@ -51,8 +65,10 @@ def parse_standin(text: str) -> tuple[float, float]:
     except ValueError:
         fb = ()
     if len(fb) != 2 or not all(math.isfinite(x) and 0 < x <= 60 for x in fb):
-        raise UserError(f"--standin {text!r}: give forward and backward seconds per stage and micro-batch, "
-                        "each in (0, 60], e.g. --standin 0.02,0.04")  # fmt: skip
+        raise UserError(
+            f"--standin {text!r}: give forward and backward seconds per stage and micro-batch, "
+            "each in (0, 60], e.g. --standin 0.02,0.04"
+        )
     return fb[0], fb[1]
 
 
@@ -60,7 +76,9 @@ def standin_overrides(forward_s: float, backward_s: float) -> list[str]:
     return [f"pipeline.standin.forward_s={forward_s}", f"pipeline.standin.backward_s={backward_s}"]
 
 
-def ideal_step_s(schedule: str, P: int, m: int, forward_s: float, backward_s: float, batches: int = 4) -> Optional[float]:
+def ideal_step_s(
+    schedule: str, P: int, m: int, forward_s: float, backward_s: float, batches: int = 4
+) -> Optional[float]:
     """The step time of ``schedule`` with stage costs F, B per micro-batch, a free optimizer step and free
     messages: a flushed one-batch order replayed (`asyncpipe.timelines.orders`), or what one more batch adds
     to a run of the schedule's own instruction streams (no flush: its steady state). None where it cannot run."""
@@ -72,8 +90,10 @@ def ideal_step_s(schedule: str, P: int, m: int, forward_s: float, backward_s: fl
     try:
         if spec.orders:
             return orders.replay(orders.plan(spec.orders, P, m), forward_s, backward_s).makespan
-        runs = [simulate_schedule(spec.name, m, P, n, forward=forward_s, backward=backward_s, step=0.0).makespan
-                for n in (batches, batches + 1)]  # fmt: skip
+        runs = [
+            simulate_schedule(spec.name, m, P, n, forward=forward_s, backward=backward_s, step=0.0).makespan
+            for n in (batches, batches + 1)
+        ]
     except UserError:
         return None
     return runs[1] - runs[0]
@@ -109,12 +129,21 @@ def _stage_breakdown(batches: list[dict]) -> dict[str, float]:
     wall = sum(bt["wall_s"] for bt in batches)
     compute, comm = sum(by.get(k, 0.0) for k in COMPUTE), sum(by.get(k, 0.0) for k in COMM)
     reduce, opt = by.get("ReduceGrads", 0.0), by.get("OptimizerStep", 0.0)
-    return {k: v / n for k, v in {
-        "standin": target, "compute_overhead": compute - target, "comm": comm, "reduce": reduce,
-        "optimizer_step": opt, "norm_wait": _sum(batches, "seconds_blocked_in").get("norm_allreduce", 0.0),
-        "other": sum(by.values()) - compute - comm - reduce - opt, "outside": wall - sum(by.values()), "wall": wall,
-        "cpu": sum(bt.get("cpu_s", math.nan) for bt in batches),
-    }.items()}  # fmt: skip
+    return {
+        k: v / n
+        for k, v in {
+            "standin": target,
+            "compute_overhead": compute - target,
+            "comm": comm,
+            "reduce": reduce,
+            "optimizer_step": opt,
+            "norm_wait": _sum(batches, "seconds_blocked_in").get("norm_allreduce", 0.0),
+            "other": sum(by.values()) - compute - comm - reduce - opt,
+            "outside": wall - sum(by.values()),
+            "wall": wall,
+            "cpu": sum(bt.get("cpu_s", math.nan) for bt in batches),
+        }.items()
+    }
 
 
 def instruction_figures(summaries: list[dict], P: int, skip: int = 1) -> dict[str, Any]:
@@ -142,31 +171,43 @@ def instruction_figures(summaries: list[dict], P: int, skip: int = 1) -> dict[st
         real[k] = sum(x.get("standin_real_s", {}).get(kind, 0.0) for x in by_stage.values()) / n if n else float("nan")
     batches = max(1, len(steady[0])) if steady else 1
     return {
-        "per_instruction_s": per, "overhead_s_per_instruction": over, "real_op_s_per_instruction": real,
+        "per_instruction_s": per,
+        "overhead_s_per_instruction": over,
+        "real_op_s_per_instruction": real,
         "instructions_per_step": {k: sum(c.get(k, 0) for c in count) / len(count) / batches for k in kinds},
-        "step_breakdown_s": [_stage_breakdown(b) for b in steady], "steady_batches": batches,
-        "recomputed_per_step": [x.get("recomputed_backwards", 0) / max(1, len(x.get("per_batch", [])))
-                                for x in by_stage.values()],
+        "step_breakdown_s": [_stage_breakdown(b) for b in steady],
+        "steady_batches": batches,
+        "recomputed_per_step": [
+            x.get("recomputed_backwards", 0) / max(1, len(x.get("per_batch", []))) for x in by_stage.values()
+        ],
         "weight_versions_peak": [x.get("weight_versions_peak") for x in by_stage.values()],
         "peak_weight_mb": [x.get("peak_weight_bytes", 0) / 2**20 for x in by_stage.values()],
-    }  # fmt: skip
+    }
 
 
-def standin_record(schedule: str, P: int, m: int, forward_s: float, backward_s: float, jobs: Sequence[dict],
-                   skip: int = 1) -> dict[str, Any]:  # fmt: skip
+def standin_record(
+    schedule: str, P: int, m: int, forward_s: float, backward_s: float, jobs: Sequence[dict], skip: int = 1
+) -> dict[str, Any]:
     """One (schedule, P, m) record from its jobs' stats (`asyncpipe.bench.pipeline` ``job_stats``: step
     times of the steady steps and the stage summaries; the last job's summaries give the instruction figures)."""
     step = statistics.median(j["step_time_s"] for j in jobs)
     ideal = ideal_step_s(schedule, P, m, forward_s, backward_s)
     return {
-        "schedule": schedule, "stages": P, "micro_batches": m, "forward_s": forward_s, "backward_s": backward_s,
-        "weight_s": None, "step_time_s": step, "min_step_time_s": min(j["min_step_time_s"] for j in jobs),
+        "schedule": schedule,
+        "stages": P,
+        "micro_batches": m,
+        "forward_s": forward_s,
+        "backward_s": backward_s,
+        "weight_s": None,
+        "step_time_s": step,
+        "min_step_time_s": min(j["min_step_time_s"] for j in jobs),
         "step_time_s_per_round": [j["step_time_s"] for j in jobs],
         "tokens_per_s": statistics.median(j["tokens_per_s"] for j in jobs),
-        "ideal_step_s": ideal, "bubble_model_step_s": bubble_model_step_s(schedule, P, m, forward_s, backward_s),
+        "ideal_step_s": ideal,
+        "bubble_model_step_s": bubble_model_step_s(schedule, P, m, forward_s, backward_s),
         "fraction_of_ideal": ideal / step if ideal else None,
         # Load only ever slows a step down: the fastest steady step is the least disturbed.
         "fraction_of_ideal_best_step": ideal / min(j["min_step_time_s"] for j in jobs) if ideal else None,
         "timing": sorted({x.get("timing", "host") for x in jobs[-1]["stages"]}),
         **instruction_figures(jobs[-1]["stages"], P, skip),
-    }  # fmt: skip
+    }

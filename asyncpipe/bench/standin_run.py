@@ -33,13 +33,23 @@ def bench_standin(
     from asyncpipe.spawn import Job, launch
 
     if steps < 2 * skip + 1:
-        raise UserError(f"--steps {steps} leaves no timed step after dropping {skip} at each end; use >= {2 * skip + 1}")
+        raise UserError(
+            f"--steps {steps} leaves no timed step after dropping {skip} at each end; use >= {2 * skip + 1}"
+        )
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     table = variants_of(schedules)
-    base = [*BENCH_DEFAULTS, *overrides, *standin_overrides(forward_s, backward_s), "engine=pipeline",
-            f"train.steps={steps}", f"train.eval_every={steps}"]  # fmt: skip
+    base = [
+        *BENCH_DEFAULTS,
+        *overrides,
+        *standin_overrides(forward_s, backward_s),
+        "engine=pipeline",
+        f"train.steps={steps}",
+        f"train.eval_every={steps}",
+    ]
     probe = compose([*base, "delay=0"]).pipeline
-    base.append(f"train.eval_batches={2 * probe.stages * probe.data_parallel}")  # a V evaluates >= 2P (after the timed steps)
+    base.append(
+        f"train.eval_batches={2 * probe.stages * probe.data_parallel}"
+    )  # a V evaluates >= 2P (after the timed steps)
     cfgs: dict[tuple[str, int], Any] = {}
     skipped: dict[str, str] = {}
     for m in micro_batches:
@@ -52,11 +62,21 @@ def bench_standin(
         raise UserError("no schedule runs at these micro-batch counts: " + "; ".join(skipped.values()))
     first = next(iter(cfgs.values()))
     P = first.pipeline.stages
-    warm = compose([*base, "delay=1", "pipeline.schedule=2bw", f"train.micro_batches={max(micro_batches)}",
-                    "train.steps=2", "train.eval_every=2"])  # fmt: skip
+    warm = compose(
+        [
+            *base,
+            "delay=1",
+            "pipeline.schedule=2bw",
+            f"train.micro_batches={max(micro_batches)}",
+            "train.steps=2",
+            "train.eval_every=2",
+        ]
+    )
     order = [key for _ in range(rounds) for key in cfgs]
-    log(f"bench standin: P={P}, F={forward_s}, B={backward_s} s, m in {list(micro_batches)}, "
-        f"{len(order)} jobs of {steps} steps" + "".join(f"\n  {k}: {v}" for k, v in skipped.items()))
+    log(
+        f"bench standin: P={P}, F={forward_s}, B={backward_s} s, m in {list(micro_batches)}, "
+        f"{len(order)} jobs of {steps} steps" + "".join(f"\n  {k}: {v}" for k, v in skipped.items())
+    )
     results = launch([Job(c, None, show_progress=False) for c in [warm, *[cfgs[k] for k in order]]])[1:]
     per: dict[tuple[str, int], list[dict]] = {}
     check_jobs("bench standin", [f"job {name} m={m}" for name, m in order], results, steps)
@@ -66,8 +86,13 @@ def bench_standin(
         per.setdefault(key, []).append(job_stats(r, tokens, skip))
     records = []
     for (name, m), js in per.items():
-        rec = {"variant": name, **standin_record(cfgs[(name, m)].pipeline.schedule, P, m, forward_s, backward_s, js, skip)}
-        log(f"  {name:9s} P={P} m={m:2d}: step {rec['step_time_s'] * 1e3:7.1f} ms, ideal {rec['ideal_step_s'] * 1e3:7.1f}"
-            f" ms, fraction {rec['fraction_of_ideal']:.3f}")
+        rec = {
+            "variant": name,
+            **standin_record(cfgs[(name, m)].pipeline.schedule, P, m, forward_s, backward_s, js, skip),
+        }
+        log(
+            f"  {name:9s} P={P} m={m:2d}: step {rec['step_time_s'] * 1e3:7.1f} ms, ideal {rec['ideal_step_s'] * 1e3:7.1f}"
+            f" ms, fraction {rec['fraction_of_ideal']:.3f}"
+        )
         records.append(rec)
     return {"records": records, "skipped": skipped}

@@ -22,18 +22,24 @@ def is_torch(variant: str) -> bool:
 
 def label(variant: str) -> str:
     """The schedule a variant runs, as a reader knows it: "PyTorch ScheduleZBVZeroBubble"."""
-    return f"PyTorch {SCHEDULES[variant.split('+')[0][len(PREFIX):]].cls}"
+    return f"PyTorch {SCHEDULES[variant.split('+')[0][len(PREFIX) :]].cls}"
 
 
-def skip_reasons(variants: Sequence[str], base: list[str], compose: Callable[[list[str]], DictConfig], P: int,
-                 m: int, modes: Sequence[str]) -> dict[str, str]:  # fmt: skip
+def skip_reasons(
+    variants: Sequence[str],
+    base: list[str],
+    compose: Callable[[list[str]], DictConfig],
+    P: int,
+    m: int,
+    modes: Sequence[str],
+) -> dict[str, str]:
     """variant -> one line saying why it cannot run here (torch's own refusal at this P and m, or a constraint of
     this configuration), for every ``pt_*`` variant asked for that cannot; never skipped silently."""
     from asyncpipe.errors import UserError
 
     out = {}
     for name in (v for v in variants if v in VARIANTS):
-        why = problem(SCHEDULES[name[len(PREFIX):]], P, m)
+        why = problem(SCHEDULES[name[len(PREFIX) :]], P, m)
         if why is None:
             for mode in modes:
                 try:
@@ -49,7 +55,7 @@ def skip_reasons(variants: Sequence[str], base: list[str], compose: Callable[[li
 def analytic_bubble(variant: str, P: int, m: int, backward_over_forward: float) -> Optional[float]:
     """The schedule's ideal bubble: its own `pipeline_order` replayed with free communication (B = input and
     weight gradient halves where the schedule splits them), at the measured backward/forward cost ratio."""
-    return ideal_bubble(SCHEDULES[variant.split("+")[0][len(PREFIX):]], P, m, backward_over_forward)
+    return ideal_bubble(SCHEDULES[variant.split("+")[0][len(PREFIX) :]], P, m, backward_over_forward)
 
 
 def layers_of(cfg: DictConfig, rank: int) -> list[int]:

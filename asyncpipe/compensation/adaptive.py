@@ -27,14 +27,27 @@ def check_adaptive(a: Any, cfg: Any) -> None:
             raise ConfigError(message)
 
     need(a.lam_init >= 0 and a.lam_max >= 0, "compensation.adaptive.lam_init and lam_max must be >= 0")
-    need(a.lam_init <= a.lam_max, f"compensation.adaptive.lam_init={a.lam_init} is above lam_max={a.lam_max}: every "
-         "later lambda is clamped to lam_max, so the first steps would be corrected harder than any the rule allows")
+    need(
+        a.lam_init <= a.lam_max,
+        f"compensation.adaptive.lam_init={a.lam_init} is above lam_max={a.lam_max}: every "
+        "later lambda is clamped to lam_max, so the first steps would be corrected harder than any the rule allows",
+    )
     need(0 <= a.beta < 1, f"compensation.adaptive.beta={a.beta} must be in [0, 1)")
     need(a.scope in SCOPES, f"compensation.adaptive.scope={a.scope} is not allowed; choose one of: {', '.join(SCOPES)}")
-    need(cfg.engine != "pipeline" or a.scope == "tensor",
-         "engine=pipeline computes lambda per stage: use compensation.adaptive.scope=tensor")
+    need(
+        cfg.engine != "pipeline" or a.scope == "tensor",
+        "engine=pipeline computes lambda per stage: use compensation.adaptive.scope=tensor",
+    )
 
 
-declare_method("ef_adaptive", build="asyncpipe.optim.compensation.adaptive:build_adaptive", fits_2bw=True,
-               note="two parameter-sized buffers u(t-1), d(t-1); scope=tensor in engine=pipeline",
-               buffers=3, key="adaptive", config=AdaptiveEFCompensation, check=check_adaptive, needs_delay=True)
+declare_method(
+    "ef_adaptive",
+    build="asyncpipe.optim.compensation.adaptive:build_adaptive",
+    fits_2bw=True,
+    note="two parameter-sized buffers u(t-1), d(t-1); scope=tensor in engine=pipeline",
+    buffers=3,
+    key="adaptive",
+    config=AdaptiveEFCompensation,
+    check=check_adaptive,
+    needs_delay=True,
+)

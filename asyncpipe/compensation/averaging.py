@@ -23,6 +23,13 @@ def check_averaging(c: Any, cfg: Any) -> None:
 
 
 # key "nag": the v3 run records' name for this node (the report compares every recorded key)
-declare_method("update_averaging", build="asyncpipe.optim.compensation.averaging:build_averaging", fits_2bw=True,
-               note="one parameter-sized buffer m (optimizer state, no weight version)", buffers=2, key="nag",
-               config=AveragingCompensation, check=check_averaging)  # fmt: skip
+declare_method(
+    "update_averaging",
+    build="asyncpipe.optim.compensation.averaging:build_averaging",
+    fits_2bw=True,
+    note="one parameter-sized buffer m (optimizer state, no weight version)",
+    buffers=2,
+    key="nag",
+    config=AveragingCompensation,
+    check=check_averaging,
+)

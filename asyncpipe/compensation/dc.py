@@ -32,7 +32,16 @@ def dc_bytes(cfg: Any, shapes: list) -> float:
     return 4.0 * sum(s.params for s in shapes) if cfg.compensation.dc.adaptive else 0.0
 
 
-declare_method("dc", build="asyncpipe.optim.compensation.dc:build_dc", fits_2bw=True,
-               note="W(t-k) is still in the 2BW stash at step time; DC-ASGD-a keeps one buffer v",
-               buffers=0, memory=dc_bytes, key="dc", config=DCCompensation, check=check_dc, needs_delay=True,
-               revision=2)  # r1 (to 262fe8d): eps outside the root, MeanSquare seeded with g*g (asyncpipe.report.revisions)
+declare_method(
+    "dc",
+    build="asyncpipe.optim.compensation.dc:build_dc",
+    fits_2bw=True,
+    note="W(t-k) is still in the 2BW stash at step time; DC-ASGD-a keeps one buffer v",
+    buffers=0,
+    memory=dc_bytes,
+    key="dc",
+    config=DCCompensation,
+    check=check_dc,
+    needs_delay=True,
+    revision=2,
+)  # r1 (to 262fe8d): eps outside the root, MeanSquare seeded with g*g (asyncpipe.report.revisions)

@@ -26,11 +26,24 @@ def check_ef(c: Any, cfg: Any) -> None:
     if c.lam < 0:
         raise ConfigError(f"compensation.ef.lam={c.lam} must be >= 0 (optimizer.ef.lam is its alias)")
     if c.schedule not in SCHEDULES:
-        raise ConfigError(f"compensation.ef.schedule={c.schedule} is not allowed; choose one of: {', '.join(SCHEDULES)}")
+        raise ConfigError(
+            f"compensation.ef.schedule={c.schedule} is not allowed; choose one of: {', '.join(SCHEDULES)}"
+        )
     if c.warmup_steps < 0 or (c.schedule == "warmup" and c.warmup_steps < 1):
-        raise ConfigError(f"compensation.ef.warmup_steps={c.warmup_steps} must be >= 1 with schedule=warmup (>= 0 always)")
+        raise ConfigError(
+            f"compensation.ef.warmup_steps={c.warmup_steps} must be >= 1 with schedule=warmup (>= 0 always)"
+        )
 
 
-declare_method("ef", build="asyncpipe.optim.compensation.ef:build_ef", fits_2bw=True,
-               note="one parameter-sized buffer u(t-1) (optimizer state, no weight version)", buffers=2, key="ef",
-               config=EFCompensation, check=check_ef, label=lambda c: f"EF(lam={c.ef.lam:g})", tag="_ef")  # fmt: skip
+declare_method(
+    "ef",
+    build="asyncpipe.optim.compensation.ef:build_ef",
+    fits_2bw=True,
+    note="one parameter-sized buffer u(t-1) (optimizer state, no weight version)",
+    buffers=2,
+    key="ef",
+    config=EFCompensation,
+    check=check_ef,
+    label=lambda c: f"EF(lam={c.ef.lam:g})",
+    tag="_ef",
+)

@@ -21,8 +21,10 @@ def check_prediction(c: Any, cfg: Any) -> None:
     if not 0 <= c.beta < 1:
         raise ConfigError(f"compensation.prediction.beta={c.beta} must be in [0, 1)")
     if not 0 <= c.horizon <= 16:
-        raise ConfigError(f"compensation.prediction.horizon={c.horizon} must be in [0, 16] (steps of k ahead; 1 = "
-                          "exactly the delay, 0 = no prediction)")
+        raise ConfigError(
+            f"compensation.prediction.horizon={c.horizon} must be in [0, 16] (steps of k ahead; 1 = "
+            "exactly the delay, 0 = no prediction)"
+        )
 
 
 declare_method(

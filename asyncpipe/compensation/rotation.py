@@ -39,19 +39,37 @@ def check_rotation(r: Any, cfg: Any) -> None:
     o = cfg.optimizer
     need(0 <= r.beta < 1, f"compensation.rotation.beta={r.beta} must be in [0, 1)")
     need(r.every >= 1 and r.max_dim >= 1, "compensation.rotation.every and max_dim must be >= 1")
-    need(o.name != "soap", "optimizer=soap already runs Adam in a rotated eigenbasis; use basis_rotation with adamw, nadam or muon")
-    need(o.name != "muon" or r.all_matrices, "compensation=basis_rotation under optimizer=muon rotates nothing (Muon's "
-         "matrices commute with rotation; embedding and head are skipped): set compensation.rotation.all_matrices=true")
+    need(
+        o.name != "soap",
+        "optimizer=soap already runs Adam in a rotated eigenbasis; use basis_rotation with adamw, nadam or muon",
+    )
+    need(
+        o.name != "muon" or r.all_matrices,
+        "compensation=basis_rotation under optimizer=muon rotates nothing (Muon's "
+        "matrices commute with rotation; embedding and head are skipped): set compensation.rotation.all_matrices=true",
+    )
 
 
 def rotation_bytes(cfg: Any, shapes: list) -> float:
     """L, R, Q_L, Q_R per rotated matrix (per expert), fp32, by the rule `rotates` applies."""
     r, muon = cfg.compensation.rotation, cfg.optimizer.name == "muon"
-    return 4.0 * sum(c * rotation_numbers(tuple(shape)) for s in shapes for c, shape, hidden in s.tensors
-                     if rotates(tuple(shape), hidden, muon and hidden, r.max_dim, r.all_matrices))
+    return 4.0 * sum(
+        c * rotation_numbers(tuple(shape))
+        for s in shapes
+        for c, shape, hidden in s.tensors
+        if rotates(tuple(shape), hidden, muon and hidden, r.max_dim, r.all_matrices)
+    )
 
 
-declare_method("basis_rotation", build="asyncpipe.optim.compensation.rotation:build_rotation", fits_2bw=True,
-               note="L, R, Q_L, Q_R per matrix (optimizer state, no weight version)", buffers=0,
-               memory=rotation_bytes, key="rotation", config=RotationCompensation, check=check_rotation,
-               revision=2)  # r1 (to 262fe8d): embedding and head rotated too (asyncpipe.report.revisions)
+declare_method(
+    "basis_rotation",
+    build="asyncpipe.optim.compensation.rotation:build_rotation",
+    fits_2bw=True,
+    note="L, R, Q_L, Q_R per matrix (optimizer state, no weight version)",
+    buffers=0,
+    memory=rotation_bytes,
+    key="rotation",
+    config=RotationCompensation,
+    check=check_rotation,
+    revision=2,
+)  # r1 (to 262fe8d): embedding and head rotated too (asyncpipe.report.revisions)

@@ -26,13 +26,24 @@ def check_stage_lr(c: Any, cfg: Any) -> None:
         if not ok:
             raise ConfigError(message)
 
-    need(0 <= c.power <= MAX_POWER, f"compensation.stage_lr.power={c.power:g} must be in [0, {MAX_POWER:g}] (1 = "
-         "PipeMare's: a k-step-stale parameter's lr is divided by k^power)")
+    need(
+        0 <= c.power <= MAX_POWER,
+        f"compensation.stage_lr.power={c.power:g} must be in [0, {MAX_POWER:g}] (1 = "
+        "PipeMare's: a k-step-stale parameter's lr is divided by k^power)",
+    )
     need(c.anneal_steps >= 0, f"compensation.stage_lr.anneal_steps={c.anneal_steps} must be >= 0")
     need(0 <= c.anneal_frac <= 1, f"compensation.stage_lr.anneal_frac={c.anneal_frac} must be in [0, 1]")
 
 
-declare_method("stage_lr", build="asyncpipe.optim.compensation.stage_lr:build_stage_lr", fits_2bw=True,
-               note="no buffer; under 2BW's uniform delay of 1 it changes nothing", buffers=0, key="stage_lr",
-               config=StageLRCompensation, check=check_stage_lr, needs_delay=True,
-               revision=2)  # r1 (to 262fe8d): lr / (1 + k) for the whole run (asyncpipe.report.revisions)
+declare_method(
+    "stage_lr",
+    build="asyncpipe.optim.compensation.stage_lr:build_stage_lr",
+    fits_2bw=True,
+    note="no buffer; under 2BW's uniform delay of 1 it changes nothing",
+    buffers=0,
+    key="stage_lr",
+    config=StageLRCompensation,
+    check=check_stage_lr,
+    needs_delay=True,
+    revision=2,
+)  # r1 (to 262fe8d): lr / (1 + k) for the whole run (asyncpipe.report.revisions)

@@ -40,8 +40,10 @@ def resolve_ef_alias(cfg: Any, strict: bool = True) -> Any:
     name = _get(comp, "name", "none")
     if name not in (None, "none"):
         if strict:
-            raise ConfigError(f"optimizer.ef.enabled=true (the *_ef presets) and compensation={name}: choose one "
-                              "(optimizer.ef.enabled=true is compensation=ef)")  # fmt: skip
+            raise ConfigError(
+                f"optimizer.ef.enabled=true (the *_ef presets) and compensation={name}: choose one "
+                "(optimizer.ef.enabled=true is compensation=ef)"
+            )
         return cfg
     ef = cfg["optimizer"]["ef"]
     lam = ef.get("lam", 1.0)

@@ -98,8 +98,10 @@ def _friendly(exc: Exception, overrides: Sequence[str]) -> str:
         r"Sweep parameters '([^']*)' requires --multirun", text
     )
     if sweep:
-        return (f"{sweep.group(1)} lists several values, but a run takes one; "
-                f"use `asyncpipe sweep {sweep.group(1)} ...` to run each")  # fmt: skip
+        return (
+            f"{sweep.group(1)} lists several values, but a run takes one; "
+            f"use `asyncpipe sweep {sweep.group(1)} ...` to run each"
+        )
     typed = re.search(r"Value '([^']*)' (?:of type '[^']*' )?could not be converted to (\w+)", text)
     if typed:
         full = re.search(r"full_key: ([\w.]+)", text)
@@ -197,4 +199,3 @@ class Composer:
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
-

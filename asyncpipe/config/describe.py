@@ -14,12 +14,30 @@ from asyncpipe.config.compose import GROUPS, conf_dir, group_options
 SCHEMA = Path(__file__).with_name("schema.py")
 # The keys a new user reaches for first; `asyncpipe config show` prints every key.
 MAIN_KEYS = (
-    "delay", "delay_profile", "engine", "seed", "device", "precision",
-    "optimizer.lr", "optimizer.weight_decay", "optimizer.ef.enabled", "optimizer.ef.lam",
-    "train.steps", "train.micro_batch_size", "train.micro_batches", "train.seq_len", "train.eval_every",
-    "train.warmup_frac", "train.grad_clip", "pipeline.stages", "pipeline.data_parallel",
-    "run.dir", "tracker.wandb.mode", "checkpoint.every", "resume",
-)  # fmt: skip
+    "delay",
+    "delay_profile",
+    "engine",
+    "seed",
+    "device",
+    "precision",
+    "optimizer.lr",
+    "optimizer.weight_decay",
+    "optimizer.ef.enabled",
+    "optimizer.ef.lam",
+    "train.steps",
+    "train.micro_batch_size",
+    "train.micro_batches",
+    "train.seq_len",
+    "train.eval_every",
+    "train.warmup_frac",
+    "train.grad_clip",
+    "pipeline.stages",
+    "pipeline.data_parallel",
+    "run.dir",
+    "tracker.wandb.mode",
+    "checkpoint.every",
+    "resume",
+)
 _CLASS = re.compile(r"^class (\w+)")
 _FIELD = re.compile(r"^    (\w+): ([^=#]+?)(?:\s*=\s*([^#]*?))?\s*(?:#\s*(.*))?$")
 
@@ -66,8 +84,10 @@ def help_epilog(keys: tuple[str, ...] = MAIN_KEYS) -> str:
             shown = "" if not default or "field(" in default or default == "MISSING" or len(default) > 24 else default
             rows.append(f"{key}={shown.strip(chr(34))}  ({kind})" + (f"\n      {comment}" if comment else ""))
     return (
-        "Config groups (GROUP=OPTION):\n\n\b\n" + groups
-        + "\n\nMain keys (KEY=VALUE; every key: asyncpipe config show):\n\n\b\n" + "\n".join(rows)
+        "Config groups (GROUP=OPTION):\n\n\b\n"
+        + groups
+        + "\n\nMain keys (KEY=VALUE; every key: asyncpipe config show):\n\n\b\n"
+        + "\n".join(rows)
     )
 
 
@@ -100,4 +120,3 @@ def schema_defaults() -> dict[str, Any]:
 
     walk(Config, "")
     return out
-

@@ -85,7 +85,9 @@ class TokenizerConfig:
 @dataclass
 class DataConfig:
     name: str = MISSING  # corpus: hamlet, shakespeare, kjv, docs, mix
-    sources: List[str] = field(default_factory=list)  # docs: Debian packages; mix: its parts (shakespeare, kjv, torchdoc)
+    sources: List[str] = field(
+        default_factory=list
+    )  # docs: Debian packages; mix: its parts (shakespeare, kjv, torchdoc)
     val_fraction: float = 0.1  # share of documents held out for validation
     root: str = "${oc.env:ASYNCPIPE_DATA,data_cache}"  # prepared token files live under here
     split_seed: int = 0  # seed of the document-level train/val split
@@ -98,7 +100,9 @@ class DataConfig:
     subset: str = ""  # hf: the dataset's config name
     split: str = "train"  # hf: the dataset split read
     workers: int = 1  # files, tokens, hf: processes preparing shards in parallel
-    shard_mb: float = 64.0  # files, tokens, hf: input megabytes per shard (files are never split: the unit of work and of resuming)
+    shard_mb: float = (
+        64.0  # files, tokens, hf: input megabytes per shard (files are never split: the unit of work and of resuming)
+    )
 
 
 @dataclass
@@ -111,14 +115,22 @@ class TrainConfig:
     eval_batches: int = 8  # micro-batches per evaluation
     warmup_frac: float = 0.1  # linear warm-up share of steps
     min_lr_frac: float = 0.1  # the schedule decays to this fraction of the peak lr (at the last step)
-    lr_schedule: str = "cosine"  # cosine: warm-up, cosine decay; wsd: warm-up, constant, linear decay (asyncpipe/lr_schedule.py)
+    lr_schedule: str = (
+        "cosine"  # cosine: warm-up, cosine decay; wsd: warm-up, constant, linear decay (asyncpipe/lr_schedule.py)
+    )
     decay_frac: float = 0.2  # wsd: share of train.steps in the final linear decay (rounded to whole steps)
-    warmup_steps: Optional[int] = None  # warm-up in steps (None = warmup_frac x steps); wsd needs it: every length then shares warm-up and stable phase
+    warmup_steps: Optional[int] = (
+        None  # warm-up in steps (None = warmup_frac x steps); wsd needs it: every length then shares warm-up and stable phase
+    )
     grad_clip: float = 1.0  # global gradient-norm clip (0 = off)
     diverge_loss: float = 20.0  # a train loss above this (or NaN/inf) ends the run as diverged
     log_every: int = 10  # progress line every N steps when not on a terminal
-    compile: str = "auto"  # torch.compile the model / stage layers: auto (per device, asyncpipe.model.compile), true, false
-    compile_backend: str = "inductor"  # torch.compile backend: inductor, or aot_eager (graphs traced, kernels eager: a quick check)
+    compile: str = (
+        "auto"  # torch.compile the model / stage layers: auto (per device, asyncpipe.model.compile), true, false
+    )
+    compile_backend: str = (
+        "inductor"  # torch.compile backend: inductor, or aot_eager (graphs traced, kernels eager: a quick check)
+    )
     deterministic: bool = False  # torch.use_deterministic_algorithms: same bits run to run and on resume on CUDA too (slower; an op without a deterministic kernel stops the run)
 
 
@@ -137,13 +149,17 @@ class PipelineConfig:
     data_parallel: int = 1  # replicas D per stage: world = P * D
     clip: str = "global"  # global: one norm over all stages; stage: each stage clips its own
     trace: bool = False  # record per-instruction events (RUN/trace-rank{r}.json) for `asyncpipe schedule`
-    defer_step: Optional[bool] = None  # 2BW: step just before W(b+1) is first read, hiding the norm all-reduce (None = when needed)
+    defer_step: Optional[bool] = (
+        None  # 2BW: step just before W(b+1) is first read, hiding the norm all-reduce (None = when needed)
+    )
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     threads: int = 1  # torch threads per process
     standin: StandinConfig = field(default_factory=StandinConfig)  # 0, 0: off (real compute only)
     # 1f1b, 2bw, dualpipev, pipedream, paci (asyncpipe.schedules) or pkg.module; auto: 1f1b at delay 0, 2bw above
     schedule: str = "auto"
-    torch_schedule: Optional[str] = None  # run PyTorch's own schedule instead (torch.distributed.pipelining: 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev; delay 0)
+    torch_schedule: Optional[str] = (
+        None  # run PyTorch's own schedule instead (torch.distributed.pipelining: 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev; delay 0)
+    )
     cut: Any = "balanced"  # stage cut: balanced (slowest stage least, by FLOPs), even, or [blocks per stage] (asyncpipe.partition)
 
 
@@ -151,8 +167,12 @@ class PipelineConfig:
 class RunConfig:
     dir: str = "runs/${now:%Y%m%d-%H%M%S}-${model.name}-${run_tag:${optimizer.name},${compensation.name}}-d${delay}"  # run directory
     name: Optional[str] = None  # display name (default: the run dir's name)
-    variant: Optional[str] = None  # the sweep file variant this run belongs to (set by `asyncpipe sweep`; report columns)
-    branch_from: Optional[str] = None  # wsd: a longer run's dir; start from its checkpoint at this run's decay start (sweep budgets:)
+    variant: Optional[str] = (
+        None  # the sweep file variant this run belongs to (set by `asyncpipe sweep`; report columns)
+    )
+    branch_from: Optional[str] = (
+        None  # wsd: a longer run's dir; start from its checkpoint at this run's decay start (sweep budgets:)
+    )
 
 
 @dataclass
@@ -173,7 +193,9 @@ class TrackerConfig:
 class CheckpointConfig:
     every: int = 0  # steps between checkpoints (0 = only when SIGTERM/SIGUSR1/SIGUSR2 arrives)
     keep: int = 2  # complete checkpoints kept
-    branches: List[int] = field(default_factory=list)  # wsd: train.steps of shorter runs branching off this one; their decay starts are checkpointed and kept
+    branches: List[int] = field(
+        default_factory=list
+    )  # wsd: train.steps of shorter runs branching off this one; their decay starts are checkpointed and kept
 
 
 @dataclass
@@ -261,11 +283,14 @@ _BUILT: dict[tuple, type] = {}
 
 def _build(registry: Any) -> type:
     opt = _merged(OptimizerBase, [("", s.config) for s in registry.optimizers() if s.config], "OptimizerConfig")
-    comp = _merged(CompensationBase, [(m.key, m.config) for m in registry.methods() if m.key and m.config],
-                   "CompensationConfig")  # fmt: skip
+    comp = _merged(
+        CompensationBase, [(m.key, m.config) for m in registry.methods() if m.key and m.config], "CompensationConfig"
+    )
     hints = {**typing.get_type_hints(Config), "optimizer": opt, "compensation": comp}
-    fields = [(f.name, hints[f.name], field(default_factory=comp) if f.name == "compensation" else _default(f))
-              for f in dataclasses.fields(Config)]  # fmt: skip
+    fields = [
+        (f.name, hints[f.name], field(default_factory=comp) if f.name == "compensation" else _default(f))
+        for f in dataclasses.fields(Config)
+    ]
     return dataclasses.make_dataclass("Config", fields)
 
 

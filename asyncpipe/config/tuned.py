@@ -60,8 +60,16 @@ def regimes(model_name: str) -> list[Regime]:
         return []
     if isinstance(entry, dict):
         return [Regime(None, None, None, {k: float(v) for k, v in entry.items()})]
-    return [Regime(r.get("data"), r.get("steps"), r.get("tokens_per_step"),
-                   {k: float(v) for k, v in (r.get("lr") or {}).items()}, r.get("source", "")) for r in entry]  # fmt: skip
+    return [
+        Regime(
+            r.get("data"),
+            r.get("steps"),
+            r.get("tokens_per_step"),
+            {k: float(v) for k, v in (r.get("lr") or {}).items()},
+            r.get("source", ""),
+        )
+        for r in entry
+    ]
 
 
 @lru_cache(maxsize=4)
@@ -70,8 +78,13 @@ def _table(path: str, mtime_ns: int) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path))
 
 
-def tuned_regime(model_name: str, optimizer_name: str, data: Optional[str] = None, steps: Optional[int] = None,
-                 tokens_per_step: Optional[int] = None) -> Optional[Regime]:  # fmt: skip
+def tuned_regime(
+    model_name: str,
+    optimizer_name: str,
+    data: Optional[str] = None,
+    steps: Optional[int] = None,
+    tokens_per_step: Optional[int] = None,
+) -> Optional[Regime]:
     """The regime whose lr a run gets: one that fits it, else the nearest (same data first); None without one."""
     own = [r for r in regimes(model_name) if str(optimizer_name) in r.lrs]
     if not own:
@@ -80,8 +93,13 @@ def tuned_regime(model_name: str, optimizer_name: str, data: Optional[str] = Non
     return min(fitting or own, key=lambda r: r.distance(data, steps, tokens_per_step))
 
 
-def tuned_lr(model_name: str, optimizer_name: str, data: Optional[str] = None, steps: Optional[int] = None,
-             tokens_per_step: Optional[int] = None) -> Optional[float]:  # fmt: skip
+def tuned_lr(
+    model_name: str,
+    optimizer_name: str,
+    data: Optional[str] = None,
+    steps: Optional[int] = None,
+    tokens_per_step: Optional[int] = None,
+) -> Optional[float]:
     """The tuned peak lr of ``optimizer_name`` on the preset ``model_name`` for that regime (None when the table has
     no entry: the optimizer then runs at its YAML's fallback, which nobody tuned for this model)."""
     regime = tuned_regime(model_name, optimizer_name, data, steps, tokens_per_step)
@@ -116,8 +134,14 @@ def regime_warning(cfg: Any) -> Optional[str]:
     name, model = str(cfg.optimizer.name), str(cfg.model.name)
     regime = run_regime(cfg)
     found = tuned_regime(model, name, **regime)
-    if found is None or found.fits(**regime) or abs(float(cfg.optimizer.lr) - found.lrs[name]) > 1e-12 * found.lrs[name]:
+    if (
+        found is None
+        or found.fits(**regime)
+        or abs(float(cfg.optimizer.lr) - found.lrs[name]) > 1e-12 * found.lrs[name]
+    ):
         return None
-    return (f"warning: optimizer.lr={found.lrs[name]:g} is {name}'s tuned lr on {model} for {found.describe()}, not for "
-            f"this run's {regime['steps']} steps x {regime['tokens_per_step']} tokens on {regime['data']} "
-            f"(conf/tuned_lr.yaml): set optimizer.lr, or tune it for this regime")  # fmt: skip
+    return (
+        f"warning: optimizer.lr={found.lrs[name]:g} is {name}'s tuned lr on {model} for {found.describe()}, not for "
+        f"this run's {regime['steps']} steps x {regime['tokens_per_step']} tokens on {regime['data']} "
+        f"(conf/tuned_lr.yaml): set optimizer.lr, or tune it for this regime"
+    )

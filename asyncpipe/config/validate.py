@@ -50,8 +50,11 @@ def validate(cfg: DictConfig) -> None:
     _need(cfg.delay >= 0, f"delay={cfg.delay} must be >= 0 (0 = synchronous, 1 = PipeDream-2BW)")
     _need(o.lr > 0, f"optimizer.lr={o.lr} must be > 0")
     _need(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay} must be >= 0")
-    _need(o.lr * o.weight_decay < 1, f"optimizer.lr={o.lr:g} x optimizer.weight_decay={o.weight_decay:g} >= 1: decoupled "
-          "decay multiplies every weight by 1 - lr x weight_decay <= 0 each step (weights zeroed or sign-flipped)")
+    _need(
+        o.lr * o.weight_decay < 1,
+        f"optimizer.lr={o.lr:g} x optimizer.weight_decay={o.weight_decay:g} >= 1: decoupled "
+        "decay multiplies every weight by 1 - lr x weight_decay <= 0 each step (weights zeroed or sign-flipped)",
+    )
     for key in ("steps", "micro_batch_size", "micro_batches", "seq_len", "eval_every", "eval_batches", "log_every"):
         _need(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
     _need(0 <= t.warmup_frac < 1, f"train.warmup_frac={t.warmup_frac} must be in [0, 1)")
@@ -70,11 +73,19 @@ def validate(cfg: DictConfig) -> None:
     moe = m.moe
     if moe.experts:
         _need(moe.experts >= 1, f"model.moe.experts={moe.experts} must be >= 0 (0 = dense)")
-        _need(1 <= moe.top_k <= moe.experts, f"model.moe.top_k={moe.top_k} must be in [1, model.moe.experts={moe.experts}]")
-        _need(moe.d_expert is None or moe.d_expert >= 1, f"model.moe.d_expert={moe.d_expert} must be >= 1 (or null = d_ff)")
+        _need(
+            1 <= moe.top_k <= moe.experts,
+            f"model.moe.top_k={moe.top_k} must be in [1, model.moe.experts={moe.experts}]",
+        )
+        _need(
+            moe.d_expert is None or moe.d_expert >= 1,
+            f"model.moe.d_expert={moe.d_expert} must be >= 1 (or null = d_ff)",
+        )
         _need(moe.aux_loss_coef >= 0 and moe.z_loss_coef >= 0, "model.moe.aux_loss_coef and z_loss_coef must be >= 0")
-        _need(moe.capacity_factor is None or moe.capacity_factor > 0,
-              f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (or null = dropless)")  # fmt: skip
+        _need(
+            moe.capacity_factor is None or moe.capacity_factor > 0,
+            f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (or null = dropless)",
+        )
         check_capacity(cfg)
     _need(p.stages >= 1 and p.data_parallel >= 1, "pipeline.stages and pipeline.data_parallel must be >= 1")
     _need(p.threads >= 1, f"pipeline.threads={p.threads} must be >= 1")
@@ -83,9 +94,11 @@ def validate(cfg: DictConfig) -> None:
         v = float(standin.get(key, 0.0))
         _need(math.isfinite(v) and 0 <= v <= 60, f"pipeline.standin.{key}={v} must be a time in [0, 60] seconds")
     if any(float(standin.get(k, 0.0)) > 0 for k in ("forward_s", "backward_s")):
-        _need(cfg.engine == "pipeline" and p.get("torch_schedule") is None,
-              "pipeline.standin runs only in engine=pipeline on a declared schedule (not engine=simulate, "
-              "not pipeline.torch_schedule)")  # fmt: skip
+        _need(
+            cfg.engine == "pipeline" and p.get("torch_schedule") is None,
+            "pipeline.standin runs only in engine=pipeline on a declared schedule (not engine=simulate, "
+            "not pipeline.torch_schedule)",
+        )
     _need(cfg.checkpoint.every >= 0 and cfg.checkpoint.keep >= 1, "checkpoint.every must be >= 0, checkpoint.keep >= 1")
     _need(cfg.diagnostics.fresh_grad_every >= 0, "diagnostics.fresh_grad_every must be >= 0")
     _validate_compensation(cfg)
@@ -137,13 +150,18 @@ def check_ranges(cfg: DictConfig) -> None:
     _need(0 < cfg.data.val_fraction < 1, f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
     for key in ("d_ff", "max_seq_len"):
         _need(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
-    _need(m.vocab_size is None or m.vocab_size >= 1, f"model.vocab_size={m.vocab_size} must be >= 1 (or null = the tokenizer's)")
+    _need(
+        m.vocab_size is None or m.vocab_size >= 1,
+        f"model.vocab_size={m.vocab_size} must be >= 1 (or null = the tokenizer's)",
+    )
     for key in ("rope_theta", "norm_eps", "init_std"):
         _need(m[key] > 0, f"model.{key}={m[key]} must be > 0")
     for key in ("parallel", "nodes", "tasks_per_node", "cpus_per_task", "timeout_min", "array_parallelism"):
         _need(ln[key] >= 1, f"launcher.{key}={ln[key]} must be >= 1")
     _need(ln.gpus_per_node >= 0, f"launcher.gpus_per_node={ln.gpus_per_node} must be >= 0")
-    _need(ln.mem_gb is None or ln.mem_gb >= 1, f"launcher.mem_gb={ln.mem_gb} must be >= 1 (or null = the cluster default)")
+    _need(
+        ln.mem_gb is None or ln.mem_gb >= 1, f"launcher.mem_gb={ln.mem_gb} must be >= 1 (or null = the cluster default)"
+    )
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -158,9 +176,11 @@ def check_lr_schedule(t: DictConfig) -> None:
     _choice("train.lr_schedule", t.lr_schedule, SCHEDULES)
     _need(0 < t.decay_frac < 1, f"train.decay_frac={t.decay_frac} must be in (0, 1)")
     _need(t.warmup_steps is None or t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be >= 0 (or null)")
-    _need(t.lr_schedule != "wsd" or t.warmup_steps is not None,
-          "train.lr_schedule=wsd needs train.warmup_steps (its warm-up in steps, e.g. 10% of the shortest run's "
-          "steps), so runs of every train.steps share warm-up and stable phase")  # fmt: skip
+    _need(
+        t.lr_schedule != "wsd" or t.warmup_steps is not None,
+        "train.lr_schedule=wsd needs train.warmup_steps (its warm-up in steps, e.g. 10% of the shortest run's "
+        "steps), so runs of every train.steps share warm-up and stable phase",
+    )
     try:
         LRSchedule.of(t)
     except UserError as err:
@@ -172,12 +192,21 @@ def check_branches(cfg: DictConfig) -> None:
     t, branches = cfg.train, list(cfg.checkpoint.branches)
     if cfg.run.branch_from is not None or branches:
         key = "run.branch_from" if cfg.run.branch_from is not None else "checkpoint.branches"
-        _need(t.lr_schedule == "wsd", f"{key} needs train.lr_schedule=wsd (runs of different lengths share only a "
-              f"wsd schedule's steps before its decay; got {t.lr_schedule})")  # fmt: skip
-        _need(str(t.compile).lower() != "auto", f"{key} needs train.compile=true or false: auto compiles by the "
-              "run's length (CPU runs of 2000 steps or more), so a branch and its parent could differ")  # fmt: skip
+        _need(
+            t.lr_schedule == "wsd",
+            f"{key} needs train.lr_schedule=wsd (runs of different lengths share only a "
+            f"wsd schedule's steps before its decay; got {t.lr_schedule})",
+        )
+        _need(
+            str(t.compile).lower() != "auto",
+            f"{key} needs train.compile=true or false: auto compiles by the "
+            "run's length (CPU runs of 2000 steps or more), so a branch and its parent could differ",
+        )
     bad = [b for b in branches if not 1 <= b < t.steps]
-    _need(not bad, f"checkpoint.branches={branches}: each is the train.steps of a shorter run, in [1, train.steps={t.steps})")
+    _need(
+        not bad,
+        f"checkpoint.branches={branches}: each is the train.steps of a shorter run, in [1, train.steps={t.steps})",
+    )
     for steps in branches:
         try:
             LRSchedule.of(t).at_steps(steps)
@@ -229,9 +258,12 @@ def check_capacity(cfg: DictConfig) -> None:
         return
     n, k, e = t.micro_batch_size * t.seq_len, moe.top_k, moe.experts
     kept = min(1.0, e * max(1, math.ceil(moe.capacity_factor * n * k / e)) / (n * k))
-    _need(kept >= MIN_KEPT, f"model.moe.capacity_factor={moe.capacity_factor:g} keeps at most {kept:.2%} of each "
-          f"micro-batch's {n} x {k} token-expert assignments (> 99% dropped); use >= {MIN_KEPT:g} "
-          f"(1 = a balanced load), or null = dropless")  # fmt: skip
+    _need(
+        kept >= MIN_KEPT,
+        f"model.moe.capacity_factor={moe.capacity_factor:g} keeps at most {kept:.2%} of each "
+        f"micro-batch's {n} x {k} token-expert assignments (> 99% dropped); use >= {MIN_KEPT:g} "
+        f"(1 = a balanced load), or null = dropless",
+    )
 
 
 def check_declared(cfg: DictConfig) -> None:
@@ -246,11 +278,15 @@ def check_declared(cfg: DictConfig) -> None:
         opt.check(o, cfg)
     comp = cfg.compensation
     method = method_spec(comp.name, target_of(comp))
-    _need(cfg.delay > 0 or not method.needs_delay,
-          f"compensation={method.name} at delay=0 computes exactly the plain optimizer (there is no staleness to correct): use it with "
-          f"delay >= 1, or compensation=none")  # fmt: skip
-    _need(cfg.engine != "pipeline" or method.fits_2bw,
-          f"compensation={method.name} does not run in engine=pipeline: {method.note}; use engine=simulate")
+    _need(
+        cfg.delay > 0 or not method.needs_delay,
+        f"compensation={method.name} at delay=0 computes exactly the plain optimizer (there is no staleness to correct): use it with "
+        f"delay >= 1, or compensation=none",
+    )
+    _need(
+        cfg.engine != "pipeline" or method.fits_2bw,
+        f"compensation={method.name} does not run in engine=pipeline: {method.note}; use engine=simulate",
+    )
     if method.check is not None:
         method.check(comp[method.key] if method.key else comp, cfg)
 
@@ -261,8 +297,11 @@ def _validate_compensation(cfg: DictConfig) -> None:
     still holds it is refused rather than run without EF."""
     from asyncpipe.config.alias import uses_ef_alias
 
-    _need(not uses_ef_alias(cfg), "optimizer.ef.enabled=true was not resolved: compose the config with "
-          "asyncpipe.config.compose (or resolve_ef_alias), which makes it compensation=ef")  # fmt: skip
+    _need(
+        not uses_ef_alias(cfg),
+        "optimizer.ef.enabled=true was not resolved: compose the config with "
+        "asyncpipe.config.compose (or resolve_ef_alias), which makes it compensation=ef",
+    )
     check_declared(cfg)
 
 
@@ -270,5 +309,8 @@ def check_delay_fits(cfg: DictConfig) -> None:
     """A run (`asyncpipe train`, a sweep's runs) whose delay reaches train.steps is no study of staleness: every
     update would use gradients of the initial weights. Not part of `validate`: a benchmark's one-step warm-up job
     runs at delay 1 on purpose."""
-    _need(cfg.delay < cfg.train.steps, f"delay={cfg.delay} with train.steps={cfg.train.steps}: every update would use "
-          "gradients of the initial weights (the first `delay` steps do); use a delay below train.steps")
+    _need(
+        cfg.delay < cfg.train.steps,
+        f"delay={cfg.delay} with train.steps={cfg.train.steps}: every update would use "
+        "gradients of the initial weights (the first `delay` steps do); use a delay below train.steps",
+    )

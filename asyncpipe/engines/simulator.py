@@ -138,8 +138,9 @@ class SimulatorEngine:
             x, y = to_device(x, self.device), to_device(y, self.device)
             if self.staged is not None:
                 # Numbered per replica, as each replica's pipeline numbers its own (PACI's a = m per replica).
-                total += self.staged.micro_batch(step * m + j, x, y, lm_loss,
-                                                 lambda: autocast_context(self.device, self.cfg.precision))
+                total += self.staged.micro_batch(
+                    step * m + j, x, y, lm_loss, lambda: autocast_context(self.device, self.cfg.precision)
+                )
                 continue
             with autocast_context(self.device, self.cfg.precision):
                 loss = self.train_forward(x, y)
@@ -167,8 +168,16 @@ class SimulatorEngine:
             if staged is not None:
                 staged.before_step()
 
-        norms = apply_update(self.optimizer, self.step, self.lr_schedule, t.grad_clip, [(g, None) for g in self.clip_groups],
-                             self.delayed.stale_weights(), before_step, staged.after_step if staged else None)
+        norms = apply_update(
+            self.optimizer,
+            self.step,
+            self.lr_schedule,
+            t.grad_clip,
+            [(g, None) for g in self.clip_groups],
+            self.delayed.stale_weights(),
+            before_step,
+            staged.after_step if staged else None,
+        )
         sq = norms[0].double() * norms[0].double()  # on the device, summed left to right as Python floats would be
         for n in norms[1:]:
             sq = sq + n.double() * n.double()
@@ -239,7 +248,9 @@ class SimulatorEngine:
         import torch.distributed as tdist
 
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.as_tensor(loss, device=self.device).reshape(1).to(grads[0].dtype)])
+        flat = torch.cat(
+            [g.reshape(-1) for g in grads] + [torch.as_tensor(loss, device=self.device).reshape(1).to(grads[0].dtype)]
+        )
         tdist.all_reduce(flat)
         flat /= self.world
         offset = 0

@@ -96,7 +96,9 @@ class StagedStaleness:
             h = layer(h)
         return h
 
-    def micro_batch(self, k: int, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable, autocast: Callable[[], Any]) -> float:
+    def micro_batch(
+        self, k: int, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable, autocast: Callable[[], Any]
+    ) -> float:
         """Forward and backward of micro-batch ``k`` (numbered over the run); gradients accumulate (loss / m)."""
         P = self.P
         versions = [self.spec.versions(P, self.m, s, k) for s in range(P)]
@@ -122,7 +124,9 @@ class StagedStaleness:
         for s in reversed(range(P)):
             fwd, bwd = versions[s]
             if bwd != self.version:
-                raise RuntimeError(f"stage {s}: micro-batch {k}'s backward reads W{bwd}, the stage holds W{self.version}")
+                raise RuntimeError(
+                    f"stage {s}: micro-batch {k}'s backward reads W{bwd}, the stage holds W{self.version}"
+                )
             out = outputs[s]
             if fwd != bwd:
                 self.straddled += 1

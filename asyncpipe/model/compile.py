@@ -118,4 +118,3 @@ class CompileClock:
 
     def summary(self) -> dict:
         return {"compiled": self.compiled, **({"compile_s": self.compile_s} if self.compile_s is not None else {})}
-

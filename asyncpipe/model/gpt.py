@@ -47,8 +47,16 @@ class Block(nn.Module):
     """Pre-norm transformer block: causal GQA attention with RoPE, then a SwiGLU MLP or a mixture of SwiGLU
     experts (`MoE`). Its 2-D weights and its experts' matrices are the 'hidden matrices' that Muon optimises."""
 
-    def __init__(self, d_model: int, n_head: int, n_kv_head: int, d_ff: int, rope_theta: float, eps: float,
-                 moe: Optional[MoE] = None):  # fmt: skip
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        n_kv_head: int,
+        d_ff: int,
+        rope_theta: float,
+        eps: float,
+        moe: Optional[MoE] = None,
+    ):
         super().__init__()
         if d_model % n_head or n_head % n_kv_head:
             raise ValueError(f"d_model {d_model}, n_head {n_head}, n_kv_head {n_kv_head} do not divide evenly")
@@ -146,8 +154,16 @@ def _moe(cfg: Any) -> Optional[MoE]:
     moe = getattr(cfg, "moe", None)
     if moe is None or not moe.experts:
         return None
-    return MoE(cfg.d_model, moe.d_expert or cfg.d_ff, moe.experts, moe.top_k, moe.shared_expert,
-               moe.aux_loss_coef, moe.z_loss_coef, moe.capacity_factor)  # fmt: skip
+    return MoE(
+        cfg.d_model,
+        moe.d_expert or cfg.d_ff,
+        moe.experts,
+        moe.top_k,
+        moe.shared_expert,
+        moe.aux_loss_coef,
+        moe.z_loss_coef,
+        moe.capacity_factor,
+    )
 
 
 class GPT(nn.Module):

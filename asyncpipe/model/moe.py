@@ -53,9 +53,17 @@ class MoE(nn.Module):
     and clears them) and attaches ``aux_loss_coef * lb + z_loss_coef * z`` to the output through `AddAuxLoss`.
     """
 
-    def __init__(self, d_model: int, d_expert: int, experts: int, top_k: int, shared_expert: bool = False,
-                 aux_loss_coef: float = 0.01, z_loss_coef: float = 0.001,
-                 capacity_factor: Optional[float] = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        d_model: int,
+        d_expert: int,
+        experts: int,
+        top_k: int,
+        shared_expert: bool = False,
+        aux_loss_coef: float = 0.01,
+        z_loss_coef: float = 0.001,
+        capacity_factor: Optional[float] = None,
+    ) -> None:
         super().__init__()
         if not 1 <= top_k <= experts:
             raise ValueError(f"moe.top_k={top_k} must be in [1, moe.experts={experts}]")
@@ -66,10 +74,16 @@ class MoE(nn.Module):
         self.w_gate = nn.Parameter(torch.empty(experts, d_expert, d_model))
         self.w_up = nn.Parameter(torch.empty(experts, d_expert, d_model))
         self.w_down = nn.Parameter(torch.empty(experts, d_model, d_expert))
-        self.shared = nn.ModuleDict(
-            {n: nn.Linear(i, o, bias=False) for n, i, o in
-             (("gate", d_model, d_expert), ("up", d_model, d_expert), ("down", d_expert, d_model))}
-        ) if shared_expert else None  # fmt: skip
+        self.shared = (
+            nn.ModuleDict(
+                {
+                    n: nn.Linear(i, o, bias=False)
+                    for n, i, o in (("gate", d_model, d_expert), ("up", d_model, d_expert), ("down", d_expert, d_model))
+                }
+            )
+            if shared_expert
+            else None
+        )
         self.stats = {"lb_loss": 0.0, "z_loss": 0.0, "count": 0}
 
     def init_weights(self, std: float, out_std: float, gen: torch.Generator) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from asyncpipe.optim.closure import evaluate_closure
 
+
 class _MergedState(Mapping):
     """Read view of the inner optimizers' ``state`` dicts (never creates entries, unlike a defaultdict)."""
 

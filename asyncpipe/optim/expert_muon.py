@@ -50,10 +50,24 @@ def lr_scale(rows: int, cols: int, adjust_lr_fn: Optional[str]) -> float:
 class ExpertMuon(torch.optim.Optimizer):
     """Muon over 3-D parameters whose leading dimension indexes independent matrices (MoE experts)."""
 
-    def __init__(self, params: Any, lr: float = 0.02, weight_decay: float = 0.1, momentum: float = 0.95,
-                 nesterov: bool = True, ns_steps: int = 5, adjust_lr_fn: Optional[str] = None) -> None:  # fmt: skip
-        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
-                        adjust_lr_fn=adjust_lr_fn)  # fmt: skip
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 0.02,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        adjust_lr_fn: Optional[str] = None,
+    ) -> None:
+        defaults = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            adjust_lr_fn=adjust_lr_fn,
+        )
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:

@@ -20,12 +20,15 @@ from asyncpipe.registry import declare_optimizer, names, optimizer_spec, optimiz
 HiddenFn = Callable[[str, nn.Parameter], bool]
 Builder = Callable[[nn.Module, Any, Optional[HiddenFn]], torch.optim.Optimizer]
 
+
 def register(name: str, memory: Any = None, **declaration: Any) -> Callable[[Builder], Builder]:
     """Decorator: make ``builder`` available as ``optimizer.name=<name>`` (`asyncpipe.registry.declare_optimizer`;
     ``memory`` is required: for Adam-like state pass `asyncpipe.optimizers.adamw.adam_bytes`)."""
     if memory is None:
-        raise TypeError(f"optimizer {name!r}: declare its memory model (memory=adam_bytes for Adam-like state, "
-                        "asyncpipe.optimizers.adamw)")
+        raise TypeError(
+            f"optimizer {name!r}: declare its memory model (memory=adam_bytes for Adam-like state, "
+            "asyncpipe.optimizers.adamw)"
+        )
     return declare_optimizer(name, memory=memory, **declaration)
 
 
@@ -46,9 +49,12 @@ def block_matrices(module: nn.Module, routers: bool = False) -> HiddenFn:
 
     skip = set() if routers else {id(p) for m in module.modules() if isinstance(m, Router) for p in m.parameters()}
     ids = {
-        id(p) for m in module.modules() if isinstance(m, Block) for p in m.parameters()
+        id(p)
+        for m in module.modules()
+        if isinstance(m, Block)
+        for p in m.parameters()
         if p.dim() in (2, 3) and id(p) not in skip
-    }  # fmt: skip
+    }
     return lambda name, p: id(p) in ids
 
 

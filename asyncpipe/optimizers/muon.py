@@ -40,11 +40,15 @@ def check_muon(o: Any, cfg: Any) -> None:
 
     need(o.aux_lr is None or o.aux_lr > 0, f"optimizer.aux_lr={o.aux_lr} must be > 0 (or null = optimizer.lr)")
     need(0 <= o.momentum < 1, f"optimizer.momentum={o.momentum} must be in [0, 1)")
-    need(o.adjust_lr_fn in (None, "null") + ADJUST_LR_FNS,
-         f"optimizer.adjust_lr_fn={o.adjust_lr_fn} is not allowed; choose one of: null, {', '.join(ADJUST_LR_FNS)}")
+    need(
+        o.adjust_lr_fn in (None, "null") + ADJUST_LR_FNS,
+        f"optimizer.adjust_lr_fn={o.adjust_lr_fn} is not allowed; choose one of: null, {', '.join(ADJUST_LR_FNS)}",
+    )
     need(1 <= o.ns_steps <= 100, f"optimizer.ns_steps={o.ns_steps} must be >= 1 (and <= 100: 5 already converges)")
-    need(not o.muon_router or cfg.model.moe.experts > 0,
-         f"optimizer.muon_router=true does nothing: model '{cfg.model.name}' is dense (no MoE router)")
+    need(
+        not o.muon_router or cfg.model.moe.experts > 0,
+        f"optimizer.muon_router=true does nothing: model '{cfg.model.name}' is dense (no MoE router)",
+    )
 
 
 def muon_bytes(cfg: Any, shapes: list) -> float:
@@ -65,7 +69,9 @@ def build_muon(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn]) -> torch
     from asyncpipe.optim.registry import block_matrices, decay_groups, trainable
 
     adjust = cfg.adjust_lr_fn  # values checked by asyncpipe.config.validate
-    is_hidden = hidden if hidden is not None else block_matrices(module, routers=bool(getattr(cfg, "muon_router", False)))
+    is_hidden = (
+        hidden if hidden is not None else block_matrices(module, routers=bool(getattr(cfg, "muon_router", False)))
+    )
     named = trainable(module)
     matrices = [(n, p) for n, p in named if p.dim() == 2 and is_hidden(n, p)]
     experts = [(n, p) for n, p in named if p.dim() == 3 and is_hidden(n, p)]
@@ -88,8 +94,15 @@ def build_muon(module: nn.Module, cfg: Any, hidden: Optional[HiddenFn]) -> torch
     if experts:  # MoE experts: each expert's matrix orthogonalised on its own, batched over experts
         group = {"params": [p for _, p in experts], "lr": cfg.lr, "base_lr": cfg.lr, "group": "muon_experts"}
         optimizers.append(
-            ExpertMuon([group], lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
-                       nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, adjust_lr_fn=adjust)  # fmt: skip
+            ExpertMuon(
+                [group],
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                momentum=cfg.momentum,
+                nesterov=cfg.nesterov,
+                ns_steps=cfg.ns_steps,
+                adjust_lr_fn=adjust,
+            )
         )
     if rest:
         aux_lr = cfg.aux_lr if cfg.aux_lr is not None else cfg.lr

@@ -23,7 +23,9 @@ MAX_PRECOND_DIM = 10000  # pytorch-optimizer's default
 
 def soap_bytes(cfg: Any, shapes: list) -> float:
     params = sum(s.params for s in shapes)
-    precond = sum(2 * c * sum(n * n for n in shape if n <= MAX_PRECOND_DIM) for s in shapes for c, shape, _ in s.tensors)
+    precond = sum(
+        2 * c * sum(n * n for n in shape if n <= MAX_PRECOND_DIM) for s in shapes for c, shape, _ in s.tensors
+    )
     return 4.0 * (2 * params + precond)
 
 

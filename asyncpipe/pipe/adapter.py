@@ -41,7 +41,9 @@ def val_share(n: int, replicas: int, replica: int) -> list[int]:
     return list(range(replica, n, replicas)) if n % replicas == 0 else list(range(n))
 
 
-def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, compiled: bool = False) -> tuple[Any, int, int]:
+def build_deepspeed_engine(
+    cfg: DictConfig, rank: int, device: Any, vocab: int, compiled: bool = False
+) -> tuple[Any, int, int]:
     """This rank's `ScheduledPipelineEngine` over its stage of the model; returns (engine, stage, replica)."""
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
@@ -76,16 +78,27 @@ def build_deepspeed_engine(cfg: DictConfig, rank: int, device: Any, vocab: int, 
     optimizer = build_optimizer(module, cfg.optimizer, compensation=cfg.compensation, delays=cfg.delay, pipeline=True)
     ds_config = deepspeed_config(t.micro_batch_size, t.micro_batches, p.data_parallel, use_bf16(device, cfg.precision))
     settings = PipeSettings(
-        schedule=spec.name, total_steps=t.steps, max_norm=t.grad_clip, clip=p.clip,
-        lr_schedule=LRSchedule.of(t), trace=p.trace, defer_step=p.defer_step,
+        schedule=spec.name,
+        total_steps=t.steps,
+        max_norm=t.grad_clip,
+        clip=p.clip,
+        lr_schedule=LRSchedule.of(t),
+        trace=p.trace,
+        defer_step=p.defer_step,
         standin=(float(p.standin.forward_s), float(p.standin.backward_s)) if p.get("standin") else (0.0, 0.0),
         tied=bool(cfg.model.tie_embeddings) and spec.chunks == 1 and p.stages > 1,
-    )  # fmt: skip
+    )
     mpu = module.mpu()
     engine = engine_cls(
-        args=None, model=module, optimizer=optimizer, mpu=mpu, dist_init_required=False, config=ds_config,
-        config_class=DeepSpeedConfig(ds_config, mpu), settings=settings,
-    )  # fmt: skip
+        args=None,
+        model=module,
+        optimizer=optimizer,
+        mpu=mpu,
+        dist_init_required=False,
+        config=ds_config,
+        config_class=DeepSpeedConfig(ds_config, mpu),
+        settings=settings,
+    )
     engine.memory_baseline = baseline
     return engine, coord.pipe, coord.data
 
@@ -131,8 +144,9 @@ class PipelineEngineAdapter:
     def train_step(self, sync: bool, save: bool = False) -> None:
         if not self._streaming:  # from the first step to run (after a resume: its checkpoint's step)
             t = self.cfg.train
-            stream = _train_stream(self.train_data, t.micro_batches, self.cfg.pipeline.data_parallel, self.replica,
-                                   t.steps, self.step)  # fmt: skip
+            stream = _train_stream(
+                self.train_data, t.micro_batches, self.cfg.pipeline.data_parallel, self.replica, t.steps, self.step
+            )
             self.engine.set_dataiterator(stream)
             self._streaming, self._ran = True, self.step
         began = time.perf_counter()
@@ -176,8 +190,10 @@ class PipelineEngineAdapter:
         tail = Agreement(seen.stop, seen.loss, self._ran)
         if self.cfg.pipeline.trace and self.run_dir is not None:
             # One file per rank: (instruction, micro-batch, start, end) on this host's monotonic clock.
-            events = [{"stage": self.stage, "replica": self.replica, "op": n, "micro_batch": k, "start": a, "end": e}
-                      for n, k, a, e in self.engine.trace]  # fmt: skip
+            events = [
+                {"stage": self.stage, "replica": self.replica, "op": n, "micro_batch": k, "start": a, "end": e}
+                for n, k, a, e in self.engine.trace
+            ]
             (Path(self.run_dir) / f"trace-rank{self.rank}.json").write_text(json.dumps(events))
         summary = self.engine.stage_summary()
         summary.update(cut_control_wait_s=self.control.wait_s, cuts=self.control.cuts, **self.clock.summary())

@@ -9,6 +9,7 @@ forward on the current weights (paci-recompute) or back-propagates through its o
 a batch with the same `ReduceGrads` / `OptimizerStep` handlers (`asyncpipe.optim`: clipping, lr schedule, update), so
 the math is the simulator's; gradient norms cross stages by an all-reduce that, deferred, overlaps the next batch.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,14 @@ def _sq_norm_of(norms: torch.Tensor) -> torch.Tensor:
     return grad_sq_norm([SimpleNamespace(grad=n) for n in norms.unbind()])
 
 
-_WAIT = (ds_schedule.SendActivation, ds_schedule.RecvActivation, ds_schedule.SendGrad, ds_schedule.RecvGrad,
-         sched.CommitP2P, ds_schedule.CommitP2P)  # fmt: skip
+_WAIT = (
+    ds_schedule.SendActivation,
+    ds_schedule.RecvActivation,
+    ds_schedule.SendGrad,
+    ds_schedule.RecvGrad,
+    sched.CommitP2P,
+    ds_schedule.CommitP2P,
+)
 _FORWARD, _BACKWARD = (sched.ForwardPass, ds_schedule.ForwardPass), (sched.BackwardPass, ds_schedule.BackwardPass)
 
 
@@ -191,8 +198,9 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         """The declared stream from batch ``start`` to the run's end (no flush); `train_batch` runs it cut by cut."""
         if self.spec.stream is None:
             return
-        ticks = self.spec.stream(self.micro_batches, self.num_stages, self.stage_id, self.settings.total_steps,
-                                 start, self.defer_step)  # fmt: skip
+        ticks = self.spec.stream(
+            self.micro_batches, self.num_stages, self.stage_id, self.settings.total_steps, start, self.defer_step
+        )
         self._cmds = (cmd for tick in ticks for cmd in tick)
 
     def _stream_buffers(self) -> int:
@@ -242,12 +250,16 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         PipelineEngine._exec_load_micro_batch(self, buffer_id)
 
     def _tb_forward(self, buffer_id: int, micro_batch: int, version: int) -> None:
-        inplace = self.spec.inplace and self.spec.straddles(self.num_stages, self.micro_batches, self.stage_id,
-                                                            micro_batch)  # fmt: skip
+        inplace = self.spec.inplace and self.spec.straddles(
+            self.num_stages, self.micro_batches, self.stage_id, micro_batch
+        )
         older = self.previous.needed and version < self.stash.latest  # a resumed PACI warm-up: W(latest-1)
         used = self.stash.latest if older else version
-        with (self.previous.applied() if older else contextlib.nullcontext()), self.stash.use(used), \
-                (keep_saved_tensors() if inplace else contextlib.nullcontext()):
+        with (
+            self.previous.applied() if older else contextlib.nullcontext(),
+            self.stash.use(used),
+            keep_saved_tensors() if inplace else contextlib.nullcontext(),
+        ):
             PipelineEngine._exec_forward_pass(self, buffer_id)
         self._fwd_version[buffer_id] = (version, used)
         if self.is_last_stage():
@@ -283,8 +295,10 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         saved stage input on the current weights and back-propagate through that graph; the old graph is dropped
         unused, so autograd's version check never fires (the stage's gradient at W(version) for its input)."""
         if not self.spec.straddle or version != self.stash.latest or self.is_last_stage():
-            raise RuntimeError(f"stage {self.stage_id}: backward on W{version} of a forward on W{read} "
-                               f"(schedule {self.spec.name} declares no straddlers)")  # fmt: skip
+            raise RuntimeError(
+                f"stage {self.stage_id}: backward on W{version} of a forward on W{read} "
+                f"(schedule {self.spec.name} declares no straddlers)"
+            )
         self.straddled += 1
         if self.spec.inplace:
             return
@@ -331,8 +345,9 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
             work = tdist.all_reduce(norms, group=self._pipe_group, async_op=True)
         self._pending[b] = (grads, stage_sq, norms, work)
 
-    def _exec_step(self, batch: Optional[int] = None, src_version: Optional[int] = None,
-                   dst_version: Optional[int] = None) -> None:  # fmt: skip
+    def _exec_step(
+        self, batch: Optional[int] = None, src_version: Optional[int] = None, dst_version: Optional[int] = None
+    ) -> None:
         b = self.global_steps
         if batch is not None and batch != b:
             raise RuntimeError(f"stage {self.stage_id}: optimizer step for batch {batch} but {b} is next")
@@ -349,11 +364,15 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         src = self.stash.latest if src_version is None else src_version
         # Compensation reads the batch's weight version while it is still stashed; the step writes a fresh one.
         (norm,) = apply_update(
-            self.optimizer, b, s.lr_schedule, s.max_norm,
-            [(params, total_sq.sqrt())], dict(zip(params, self.stash.weights(self._batch_version(b)))),
+            self.optimizer,
+            b,
+            s.lr_schedule,
+            s.max_norm,
+            [(params, total_sq.sqrt())],
+            dict(zip(params, self.stash.weights(self._batch_version(b)))),
             before_step=lambda: self.stash.begin_update(src, src + 1 if dst_version is None else dst_version),
             after_step=lambda: self.stash.end_update(self.stash.latest + 1),
-        )  # fmt: skip
+        )
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
         self._record(b, float(stage_sq), norm if self._global_norm else math.nan)

@@ -50,6 +50,9 @@ class DualPipeVRunEngine(ScheduledPipelineEngine, ds_dualpipev.DualPipeVEngine):
 
     _INSTRUCTION_MAP = {
         **ScheduledPipelineEngine._INSTRUCTION_MAP,
-        **{k: v for k, v in ds_dualpipev.DualPipeVEngine._INSTRUCTION_MAP.items()
-           if k not in (ds_schedule.ReduceGrads, ds_schedule.OptimizerStep, ds_schedule.ReduceTiedGrads)},
-    }  # fmt: skip
+        **{
+            k: v
+            for k, v in ds_dualpipev.DualPipeVEngine._INSTRUCTION_MAP.items()
+            if k not in (ds_schedule.ReduceGrads, ds_schedule.OptimizerStep, ds_schedule.ReduceTiedGrads)
+        },
+    }

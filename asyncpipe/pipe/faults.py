@@ -41,8 +41,9 @@ class CutControl:
     def exchange(self, stop: bool, loss: float) -> CutView:
         """At a cut: read the previous cut's agreement, then post this one's."""
         seen = self._take()
-        vec = torch.tensor([float(stop), loss if self.is_last_stage else 0.0, float(self.is_last_stage)],
-                           dtype=torch.float64)  # fmt: skip
+        vec = torch.tensor(
+            [float(stop), loss if self.is_last_stage else 0.0, float(self.is_last_stage)], dtype=torch.float64
+        )
         self._posted = (vec, tdist.all_reduce(vec, group=self.group, async_op=True))
         self.cuts += 1
         return seen

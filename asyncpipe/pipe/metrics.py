@@ -12,10 +12,25 @@ import torch.distributed as tdist
 
 # The numbers every rank reports per optimizer step, in vector order.
 FIELDS = (
-    "step", "stage", "replica", "loss_sum", "loss_count", "stage_sq_norm", "global_norm", "lr", "wait_s",
-    "compute_s", "weight_bytes", "peak_weight_bytes", "update_sq", "correction_sq", "moe_lb_sum", "moe_z_sum",
-    "moe_count", "norm_wait_s",
-)  # fmt: skip
+    "step",
+    "stage",
+    "replica",
+    "loss_sum",
+    "loss_count",
+    "stage_sq_norm",
+    "global_norm",
+    "lr",
+    "wait_s",
+    "compute_s",
+    "weight_bytes",
+    "peak_weight_bytes",
+    "update_sq",
+    "correction_sq",
+    "moe_lb_sum",
+    "moe_z_sum",
+    "moe_count",
+    "norm_wait_s",
+)
 
 
 def combine_step(recs: list[dict[str, float]], step_time: float) -> dict[str, float]:

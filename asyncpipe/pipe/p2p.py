@@ -55,8 +55,10 @@ class BatchedP2P:
         if ahead is not None:
             k, buf, work = ahead
             if k != micro_batch:
-                raise RuntimeError(f"{kind} receive of micro-batch {micro_batch}, but {k}'s was posted ahead: "
-                                   "a stream posted ahead must receive each kind in micro-batch order")  # fmt: skip
+                raise RuntimeError(
+                    f"{kind} receive of micro-batch {micro_batch}, but {k}'s was posted ahead: "
+                    "a stream posted ahead must receive each kind in micro-batch order"
+                )
             self._claimed.append(work)
         else:
             buf = make()
@@ -95,8 +97,10 @@ class BatchedP2P:
         make = lambda: torch.empty(shape, dtype=dtype, device=self.device)  # noqa: E731
         grad = self._recv("grad", micro_batch, make, self.p2p_peer(self.next_stage))
         if grad.shape != shape or grad.dtype != dtype:
-            raise RuntimeError(f"micro-batch {micro_batch}: gradient posted ahead as {tuple(grad.shape)} "
-                               f"{grad.dtype}, the output is {tuple(shape)} {dtype}")  # fmt: skip
+            raise RuntimeError(
+                f"micro-batch {micro_batch}: gradient posted ahead as {tuple(grad.shape)} "
+                f"{grad.dtype}, the output is {tuple(shape)} {dtype}"
+            )
         self.pipe_buffers["grads"][buffer_id] = grad
 
     def p2p_commit(self) -> None:

@@ -118,7 +118,9 @@ class WeightStash:
         dst_slot = dst % 2
         old = self.slot_version[dst_slot]
         if old is not None and self.in_flight.get(old, 0) > 0:
-            raise RuntimeError(f"version {old} is still used by {self.in_flight[old]} micro-batches; cannot overwrite it")
+            raise RuntimeError(
+                f"version {old} is still used by {self.in_flight[old]} micro-batches; cannot overwrite it"
+            )
         src_params = self.slots[self._slot(src)]
         assert src_params is not None
         if self.slots[dst_slot] is None:

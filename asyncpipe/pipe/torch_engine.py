@@ -127,8 +127,9 @@ class TorchPipeliningEngine:
         self.holds_input, self.holds_loss = 0 in self.chunks, n - 1 in self.chunks
         # Norms in model order: each rank's tensors at the global offset of its chunks' tensors.
         counts: list = [None] * self.world
-        tdist.all_gather_object(counts, {c: self._chunk_params(per_chunk[c]) - (c == n - 1 and self.tied.is_copy)
-                                         for c in self.chunks})  # a tied copy: out of the norm list
+        tdist.all_gather_object(
+            counts, {c: self._chunk_params(per_chunk[c]) - (c == n - 1 and self.tied.is_copy) for c in self.chunks}
+        )  # a tied copy: out of the norm list
         sizes = {c: k for d in counts for c, k in d.items()}
         self._offsets = {c: sum(sizes[x] for x in range(c)) for c in self.chunks}
         self._n_tensors = sum(sizes.values())
@@ -151,9 +152,11 @@ class TorchPipeliningEngine:
 
     def describe(self) -> str:
         cfg, s = self.cfg, self.sched
-        return (f"pipeline: PyTorch {s.cls} over {cfg.pipeline.stages} ranks x {s.chunks} chunk(s), {describe(cfg)}, "
-                f"model {cfg.model.name}, {cfg.train.steps} steps x {self.tokens_per_step} tokens"
-                f"{', compiled' if self.compiled else ''}")  # fmt: skip
+        return (
+            f"pipeline: PyTorch {s.cls} over {cfg.pipeline.stages} ranks x {s.chunks} chunk(s), {describe(cfg)}, "
+            f"model {cfg.model.name}, {cfg.train.steps} steps x {self.tokens_per_step} tokens"
+            f"{', compiled' if self.compiled else ''}"
+        )
 
     # -- one batch ----------------------------------------------------------------------------------------
     def train_step(self, sync: bool = True, save: bool = False) -> None:
@@ -177,15 +180,29 @@ class TorchPipeliningEngine:
         compute = self.clock["compute"] - compute0
         self.clock["wait"] += wall - compute
         self._walls[self.step] = wall
-        self.reporter.send(self.step, {
-            "step": self.step, "stage": self.rank, "replica": 0,
-            "loss_sum": self.last_loss * self.m if self.holds_loss else math.nan,
-            "loss_count": self.m if self.holds_loss else 0, "stage_sq_norm": stage_sq,
-            "global_norm": norm if self._global_norm else math.nan, "lr": self.optimizer.param_groups[0]["lr"],
-            "wait_s": wall - compute, "compute_s": compute, "norm_wait_s": self._norm_wait_last,
-            "weight_bytes": self.param_bytes, "peak_weight_bytes": self.param_bytes, "update_sq": math.nan,
-            "correction_sq": math.nan, "moe_lb_sum": 0.0, "moe_z_sum": 0.0, "moe_count": 0,
-        })  # fmt: skip
+        self.reporter.send(
+            self.step,
+            {
+                "step": self.step,
+                "stage": self.rank,
+                "replica": 0,
+                "loss_sum": self.last_loss * self.m if self.holds_loss else math.nan,
+                "loss_count": self.m if self.holds_loss else 0,
+                "stage_sq_norm": stage_sq,
+                "global_norm": norm if self._global_norm else math.nan,
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "wait_s": wall - compute,
+                "compute_s": compute,
+                "norm_wait_s": self._norm_wait_last,
+                "weight_bytes": self.param_bytes,
+                "peak_weight_bytes": self.param_bytes,
+                "update_sq": math.nan,
+                "correction_sq": math.nan,
+                "moe_lb_sum": 0.0,
+                "moe_z_sum": 0.0,
+                "moe_count": 0,
+            },
+        )
         self.step += 1
 
     def _update(self, t: Any) -> tuple[float, float]:
@@ -200,8 +217,12 @@ class TorchPipeliningEngine:
         if self._global_norm:
             everywhere = torch.zeros(self._n_tensors, dtype=torch.float32, device=grads[0].device)
             for c in self.chunks:
-                ps = [q for i in self._per_chunk[c] for q in getattr(self.module, str(i)).parameters()
-                      if q is not self.tied.copy]
+                ps = [
+                    q
+                    for i in self._per_chunk[c]
+                    for q in getattr(self.module, str(i)).parameters()
+                    if q is not self.tied.copy
+                ]
                 norms = torch._foreach_norm([q.grad for q in ps], 2, dtype=torch.float32)
                 everywhere[self._offsets[c] : self._offsets[c] + len(ps)] = torch.stack(norms)
             waited = time.perf_counter()
@@ -219,8 +240,16 @@ class TorchPipeliningEngine:
             self.clock["by_op"]["OptimizerStep"] = self.clock["by_op"].get("OptimizerStep", 0.0) + took
 
         # Synchronous (delay 0): nothing stale to compensate for.
-        (norm,) = apply_update(self.optimizer, self.step, self.lr_schedule, t.grad_clip, [(self.params, total)], {},
-                               before_step=lambda: began.__setitem__(0, time.perf_counter()), after_step=done)
+        (norm,) = apply_update(
+            self.optimizer,
+            self.step,
+            self.lr_schedule,
+            t.grad_clip,
+            [(self.params, total)],
+            {},
+            before_step=lambda: began.__setitem__(0, time.perf_counter()),
+            after_step=done,
+        )
         return norm, stage_sq
 
     @property
@@ -283,16 +312,24 @@ class TorchPipeliningEngine:
         tail = Agreement(seen.stop, seen.loss, self.step)
         c = self.clock
         summary = {
-            "stage": self.rank, "replica": 0, "wait_s": c["wait"], "compute_s": c["compute"],
+            "stage": self.rank,
+            "replica": 0,
+            "wait_s": c["wait"],
+            "compute_s": c["compute"],
             "idle_frac": c["wait"] / (c["wait"] + c["compute"]) if c["wait"] + c["compute"] > 0 else 0.0,
-            "param_bytes": self.param_bytes, "peak_weight_bytes": self.param_bytes, "weight_versions_peak": 1.0,
-            "seconds_by_op": dict(c["by_op"]), "seconds_blocked_in": dict(c["blocked"]),
+            "param_bytes": self.param_bytes,
+            "peak_weight_bytes": self.param_bytes,
+            "weight_versions_peak": 1.0,
+            "seconds_by_op": dict(c["by_op"]),
+            "seconds_blocked_in": dict(c["blocked"]),
             "peak_mem_bytes": memory.peak_since(self.memory_baseline, self.device),
             "peak_activation_bytes": self.meter.peak_bytes,
             "activation_bytes_per_micro_batch": self.meter.max_micro_batch_bytes,
-            "torch_schedule": self.sched.cls, "chunks": self.chunks,
-            "cut_control_wait_s": self.control.wait_s, "cuts": self.control.cuts,
-        }  # fmt: skip
+            "torch_schedule": self.sched.cls,
+            "chunks": self.chunks,
+            "cut_control_wait_s": self.control.wait_s,
+            "cuts": self.control.cuts,
+        }
         return tail, {"stages": self.comm.gather(summary)}
 
 

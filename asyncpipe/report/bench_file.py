@@ -20,8 +20,10 @@ def _number(value: Any) -> bool:
 
 
 def _refuse(path: str, key: str, value: Any, allowed: str) -> UserError:
-    return UserError(f"--bench {path}: {key} = {value!r} {allowed} (a `bench pipeline` result file; re-run the "
-                     "bench or give another file)")  # fmt: skip
+    return UserError(
+        f"--bench {path}: {key} = {value!r} {allowed} (a `bench pipeline` result file; re-run the "
+        "bench or give another file)"
+    )
 
 
 def check(data: dict, path: str) -> None:
@@ -74,8 +76,11 @@ def per_round(variants: dict, measured: dict[str, dict]) -> dict[str, list[float
     for name, v in measured.items():
         if isinstance(v.get("ratio_to_1f1b_per_round"), list):
             out[name] = [float(x) for x in v["ratio_to_1f1b_per_round"]]
-        elif isinstance(v.get("tokens_per_s_per_round"), list) and isinstance(base, list) and len(base) == len(
-                v["tokens_per_s_per_round"]):  # fmt: skip
+        elif (
+            isinstance(v.get("tokens_per_s_per_round"), list)
+            and isinstance(base, list)
+            and len(base) == len(v["tokens_per_s_per_round"])
+        ):
             out[name] = [a / b for a, b in zip(v["tokens_per_s_per_round"], base)]
     return out
 

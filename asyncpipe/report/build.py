@@ -67,10 +67,19 @@ class Report:
 
 
 def assemble(
-    runs: pd.DataFrame, curves: pd.DataFrame, source: str, out_dir: Path | None,
-    named: list[str] | None = None, reference: str | None = None, command: str = "", sweeps: list[dict] | None = None,
-    plots: bool = True, target: float | str | None = None, bench: list[dict] | None = None,
-    best_of: str | None = None, select_seeds: Sequence[str] | None = None,
+    runs: pd.DataFrame,
+    curves: pd.DataFrame,
+    source: str,
+    out_dir: Path | None,
+    named: list[str] | None = None,
+    reference: str | None = None,
+    command: str = "",
+    sweeps: list[dict] | None = None,
+    plots: bool = True,
+    target: float | str | None = None,
+    bench: list[dict] | None = None,
+    best_of: str | None = None,
+    select_seeds: Sequence[str] | None = None,
     wallclock_at: tuple[int, int] | None = None,
 ) -> Report:
     """Tables from the frames, then (when out_dir is given) every report file (the plots only with `plots`).
@@ -81,10 +90,14 @@ def assemble(
     tuning = None
     if best_of:
         runs, tuning = best_of_runs(runs, curves, best_of, select_seeds)
-    grouping = classify(list(zip(runs["run"], runs["config"], runs["optimizer"], runs["variant"], runs["variant_named"])))
+    grouping = classify(
+        list(zip(runs["run"], runs["config"], runs["optimizer"], runs["variant"], runs["variant_named"]))
+    )
     if reference is not None and reference not in set(runs["variant"]):
-        raise UserError(f"--reference {reference!r} is not a column of this report; columns: "
-                        + ", ".join(dict.fromkeys(runs["variant"])))
+        raise UserError(
+            f"--reference {reference!r} is not a column of this report; columns: "
+            + ", ".join(dict.fromkeys(runs["variant"]))
+        )
     named = named or (sorted(dict.fromkeys(runs["variant"]), key=natural) if runs["variant_named"].any() else None)
     cells, groups, warnings = compute_cells(runs, curves, grouping, named, reference, target)
     warnings += [f"run {r}: {n}" for r, n in zip(runs["run"], runs["note"]) if n]
@@ -93,10 +106,22 @@ def assemble(
     warnings += repeated_data_warnings(runs)
     codes = runs["code"].astype(object).fillna("unrecorded") if "code" in runs else pd.Series(dtype=object)
     if codes.nunique() > 1:
-        warnings.append(f"the runs come from {codes.nunique()} different code states (commit, dirty flag or library "
-                        "versions; see Provenance): their differences may be the code's, not the settings'")
-    report = Report(source, runs, curves, cells, grouping, groups, warnings, out_dir,
-                    command=command or f"asyncpipe report {source}", sweeps=sweeps or [])  # fmt: skip
+        warnings.append(
+            f"the runs come from {codes.nunique()} different code states (commit, dirty flag or library "
+            "versions; see Provenance): their differences may be the code's, not the settings'"
+        )
+    report = Report(
+        source,
+        runs,
+        curves,
+        cells,
+        grouping,
+        groups,
+        warnings,
+        out_dir,
+        command=command or f"asyncpipe report {source}",
+        sweeps=sweeps or [],
+    )
     report.claims = [c for g in groups for c in g.claims]
     report.target = target
     report.bench = bench or []
@@ -120,8 +145,10 @@ def repeated_data_warnings(runs: pd.DataFrame) -> list[str]:
     if over.empty:
         return []
     names = ", ".join(over["run"].head(5)) + (", ..." if len(over) > 5 else "")
-    return [f"{len(over)} run(s) repeated data: up to {epochs.max():.2f} epochs of their train split ({names}); "
-            "compare them with care, or train on a larger corpus (data=mix)"]
+    return [
+        f"{len(over)} run(s) repeated data: up to {epochs.max():.2f} epochs of their train split ({names}); "
+        "compare them with care, or train on a larger corpus (data=mix)"
+    ]
 
 
 def target_arg(target: float | str) -> str:
@@ -140,8 +167,10 @@ def parse_target(text: str | None) -> float | str | None:
     except ValueError:
         value = float("nan")
     if not 0 < value <= 100:
-        raise UserError(f"--target {text}: give a percentage in (0, 100] (e.g. 85) or 'paper' (each optimizer's "
-                        "closure in the paper's table)")  # fmt: skip
+        raise UserError(
+            f"--target {text}: give a percentage in (0, 100] (e.g. 85) or 'paper' (each optimizer's "
+            "closure in the paper's table)"
+        )
     return value / 100
 
 
@@ -171,11 +200,15 @@ def untuned_lr_warnings(runs: pd.DataFrame) -> list[str]:
             continue
         tuned = found.lrs[opt]
         if abs(lr - tuned) > 1e-9 * tuned:
-            line = (f"{opt} on {model} ran at lr {lr:g}, not its tuned {tuned:g} (conf/tuned_lr.yaml): optimizers "
-                    "compared at untuned lrs may differ by their lrs")  # fmt: skip
+            line = (
+                f"{opt} on {model} ran at lr {lr:g}, not its tuned {tuned:g} (conf/tuned_lr.yaml): optimizers "
+                "compared at untuned lrs may differ by their lrs"
+            )
         elif regime and not found.fits(**regime):
-            line = (f"{opt} on {model} ran at lr {lr:g}, tuned for {found.describe()}, not for these runs' "
-                    f"{regime['steps']} steps x {regime['tokens_per_step']} tokens on {regime['data']}")  # fmt: skip
+            line = (
+                f"{opt} on {model} ran at lr {lr:g}, tuned for {found.describe()}, not for these runs' "
+                f"{regime['steps']} steps x {regime['tokens_per_step']} tokens on {regime['data']}"
+            )
         else:
             continue
         if line not in out:
@@ -200,16 +233,26 @@ def _same_length(base: pd.DataFrame, others: pd.DataFrame, baseline: Path) -> No
     theirs = steps(gaps)
     if ours and theirs and ours.isdisjoint(theirs):
         show = lambda s: "/".join(map(str, sorted(s, key=str)))  # noqa: E731
-        raise UserError(f"--baseline {baseline} trains train.steps={show(ours)}, the compared runs "
-                        f"train.steps={show(theirs)}: runs of other lengths make no gap; compare runs of one length, "
-                        "or pass --other-length to put them side by side anyway")  # fmt: skip
+        raise UserError(
+            f"--baseline {baseline} trains train.steps={show(ours)}, the compared runs "
+            f"train.steps={show(theirs)}: runs of other lengths make no gap; compare runs of one length, "
+            "or pass --other-length to put them side by side anyway"
+        )
 
 
 def build_report(
-    sweep_dir: Path | Sequence[Path], out_dir: Path | None = None, baseline: Path | None = None,
-    reference: str | None = None, plots: bool = True, merge: bool = False, target: float | str | None = None,
-    bench: Sequence[Path] = (), best_of: str | None = None, select_seeds: Sequence[str] | None = None,
-    other_length: bool = False, wallclock_at: tuple[int, int] | None = None,
+    sweep_dir: Path | Sequence[Path],
+    out_dir: Path | None = None,
+    baseline: Path | None = None,
+    reference: str | None = None,
+    plots: bool = True,
+    merge: bool = False,
+    target: float | str | None = None,
+    bench: Sequence[Path] = (),
+    best_of: str | None = None,
+    select_seeds: Sequence[str] | None = None,
+    other_length: bool = False,
+    wallclock_at: tuple[int, int] | None = None,
 ) -> Report:
     """The report of every run under `sweep_dir` (default out_dir: sweep_dir/report).
 
@@ -230,8 +273,11 @@ def build_report(
         raise UserError("give at least one sweep directory")
     sources = list(dict.fromkeys(([Path(baseline)] if baseline is not None else []) + dirs))
     if out_dir is None:
-        out_dir = dirs[0] / REPORT_DIR if len(sources) == 1 else sources[0].parent / (
-            "report-" + "-vs-".join(sweep_label(d) for d in sources))
+        out_dir = (
+            dirs[0] / REPORT_DIR
+            if len(sources) == 1
+            else sources[0].parent / ("report-" + "-vs-".join(sweep_label(d) for d in sources))
+        )
     out_dir = Path(out_dir)
     command = "asyncpipe report " + " ".join(map(str, dirs)) + (f" --baseline {baseline}" if baseline else "")
     command += f" --reference '{reference}'" if reference else ""
@@ -242,15 +288,22 @@ def build_report(
     command += f" --select-seeds {','.join(map(str, select_seeds))}" if best_of and select_seeds else ""
     command += f" --wallclock-at {wallclock_at[0]},{wallclock_at[1]}" if wallclock_at else ""
     manifests = [m for m in map(read_manifest, sources) if m]
-    extra = {"plots": plots, "target": target, "bench": load_bench(list(bench)), "best_of": best_of,
-             "select_seeds": select_seeds, "wallclock_at": wallclock_at}
+    extra = {
+        "plots": plots,
+        "target": target,
+        "bench": load_bench(list(bench)),
+        "best_of": best_of,
+        "select_seeds": select_seeds,
+        "wallclock_at": wallclock_at,
+    }
     if len(sources) == 1 or merge:
         if merge:
             runs, curves, named = load_merged(sources, exclude=out_dir)
         else:
             (runs, curves), named = load_sweep(dirs[0], exclude=out_dir), named_variants(dirs[0])
-        report = assemble(runs, curves, " + ".join(map(str, sources)), out_dir, named, reference, command, manifests,
-                          **extra)  # fmt: skip
+        report = assemble(
+            runs, curves, " + ".join(map(str, sources)), out_dir, named, reference, command, manifests, **extra
+        )
         report.sweep_dirs = sources
         return report
     labels: list[str] = []
@@ -269,8 +322,9 @@ def build_report(
     runs = concat_runs([p[0] for p in parts])
     curves = pd.concat([p[1] for p in parts], ignore_index=True)
     reference = reference or order[0]
-    report = assemble(runs, curves, " + ".join(map(str, sources)), out_dir, order, reference, command, manifests,
-                      **extra)  # fmt: skip
+    report = assemble(
+        runs, curves, " + ".join(map(str, sources)), out_dir, order, reference, command, manifests, **extra
+    )
     report.sweep_dirs = sources
     return report
 
@@ -303,12 +357,18 @@ def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
             for path in plot(report.runs, report.curves, report.groups, order, out_dir / name):
                 files[path.name] = path
         if report.ladders:
-            for path in plot_wallclock(report.runs, report.curves, report.groups, report.ladders, report.bench,
-                                       out_dir / "wallclock.png", at=report.wallclock_at, order=order):  # fmt: skip
+            for path in plot_wallclock(
+                report.runs,
+                report.curves,
+                report.groups,
+                report.ladders,
+                report.bench,
+                out_dir / "wallclock.png",
+                at=report.wallclock_at,
+                order=order,
+            ):
                 files[path.name] = path
             for path in plot_verdict(speedups, order, out_dir / "verdict.png"):  # the table's cells, as written
                 files[path.name] = path
     report.files = files
     atomic_write_text(files["report.md"], to_markdown(report))
-
-

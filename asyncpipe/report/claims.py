@@ -22,8 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncpipe.report.paper import PAPER, Goal, gap_ratio, goal
-from asyncpipe.report.stats import (Interval, fieller_ratio, diff_seeds_needed, ratio_resolved, ratio_seeds_needed,
-                                    t_interval, verdict)
+from asyncpipe.report.stats import (
+    Interval,
+    fieller_ratio,
+    diff_seeds_needed,
+    ratio_resolved,
+    ratio_seeds_needed,
+    t_interval,
+    verdict,
+)
 
 NO_COMPENSATION = (None, "none", "ef")  # compensation=ef is EF itself (the *_ef presets), not another method
 
@@ -67,10 +74,24 @@ class Claim:
 
     def row(self) -> dict[str, Any]:
         iv = self.interval
-        return {"table": self.table, "optimizer": self.optimizer, "kind": self.kind, "claim": self.label,
-                "variant": self.variant, "value": iv.value, "lo": iv.lo, "hi": iv.hi, "n": iv.n, "method": iv.kind,
-                "target": self.target, "goal": self.goal, "resolved": not self.note, "seeds_to_resolve": self.needed,
-                "note": self.note, "versus": self.versus}
+        return {
+            "table": self.table,
+            "optimizer": self.optimizer,
+            "kind": self.kind,
+            "claim": self.label,
+            "variant": self.variant,
+            "value": iv.value,
+            "lo": iv.lo,
+            "hi": iv.hi,
+            "n": iv.n,
+            "method": iv.kind,
+            "target": self.target,
+            "goal": self.goal,
+            "resolved": not self.note,
+            "seeds_to_resolve": self.needed,
+            "note": self.note,
+            "versus": self.versus,
+        }
 
 
 def meta_of(cell_runs: Any) -> dict[str, Any]:
@@ -78,10 +99,13 @@ def meta_of(cell_runs: Any) -> dict[str, Any]:
     first = cell_runs.iloc[0]
     lam = first.get("ef_lam")
     return {
-        "delay": int(first["delay"] or 0), "profile": first.get("delay_profile"), "ef": bool(first["ef"]),
+        "delay": int(first["delay"] or 0),
+        "profile": first.get("delay_profile"),
+        "ef": bool(first["ef"]),
         "lam": 1.0 if lam is None or (isinstance(lam, float) and math.isnan(lam)) else float(lam),
-        "comp": first.get("compensation"), "steps": (first.get("config") or {}).get("train.steps"),
-    }  # fmt: skip
+        "comp": first.get("compensation"),
+        "steps": (first.get("config") or {}).get("train.steps"),
+    }
 
 
 def _same_schedule(a: dict, b: dict) -> bool:
@@ -132,8 +156,9 @@ def _diff_claim(table: str, opt: str, kind: str, label: str, variant: str, a: di
     return Claim(table, opt, kind, label, variant, iv, 0.0, needed, verdict(iv, 0.0, needed))
 
 
-def closure_claim(table: str, opt: str, variant: str, plain: str, by_seed: dict[str, dict], reference: str,
-                  target: Goal | None) -> Claim | None:  # fmt: skip
+def closure_claim(
+    table: str, opt: str, variant: str, plain: str, by_seed: dict[str, dict], reference: str, target: Goal | None
+) -> Claim | None:
     """% of `plain`'s gap that `variant` closes, over the seeds all three columns share, judged against 0 and
     `target` (a stated fraction or the paper's figure for this optimizer)."""
     ref, base, own = by_seed.get(reference, {}), by_seed[plain], by_seed[variant]
@@ -152,21 +177,39 @@ def closure_claim(table: str, opt: str, variant: str, plain: str, by_seed: dict[
             needed = ratio_seeds_needed(num, den, goal_)
             note = verdict(iv, goal_, needed, 100, "%", resolved=False)
             notes.append(note.replace("not resolved (", "not resolved vs 0% (") if goal_ == 0.0 else note)
-    return Claim(table, opt, "closed", f"{variant} closes of {plain}'s gap", variant, iv,
-                 target.value if target is not None else 0.0, needed, "; ".join(notes),
-                 ratio_resolved(num, den, 0.0), target.name() if target is not None else "",
-                 seeds=tuple(seeds))  # fmt: skip
+    return Claim(
+        table,
+        opt,
+        "closed",
+        f"{variant} closes of {plain}'s gap",
+        variant,
+        iv,
+        target.value if target is not None else 0.0,
+        needed,
+        "; ".join(notes),
+        ratio_resolved(num, den, 0.0),
+        target.name() if target is not None else "",
+        seeds=tuple(seeds),
+    )
 
 
-def group_claims(table: str, stats: dict[str, dict[str, dict]], meta: dict[str, dict[str, dict]], reference: str,
-                 order: list[str], target: float | str | None = None,
-                 model: str | None = None) -> list[Claim]:  # fmt: skip
+def group_claims(
+    table: str,
+    stats: dict[str, dict[str, dict]],
+    meta: dict[str, dict[str, dict]],
+    reference: str,
+    order: list[str],
+    target: float | str | None = None,
+    model: str | None = None,
+) -> list[Claim]:
     """Claims of one table. stats[optimizer][variant] has `_by_seed` ({seed: compared val loss}; empty when the
     cell has runs sharing a seed); meta[optimizer][variant] the column's settings (meta_of). `target`: a fraction
     or `paper` (each optimizer's closure in the paper's table, on `model`'s kind: dense or MoE)."""
     claims: list[Claim] = []
-    stats = {opt: {v: row for v, row in cells.items() if not other_budget(meta[opt], v, reference)}
-             for opt, cells in stats.items()}  # fmt: skip
+    stats = {
+        opt: {v: row for v, row in cells.items() if not other_budget(meta[opt], v, reference)}
+        for opt, cells in stats.items()
+    }
     for opt, cells in stats.items():
         by_seed = {v: row["_by_seed"] for v, row in cells.items()}
         ref = by_seed.get(reference)
@@ -204,21 +247,28 @@ def versus_paper(num: list[float], den: list[float], iv: Interval, top: str, bot
     return f"{'below' if iv.value < paper else 'above'} {where}"
 
 
-def gap_ratio_claims(table: str, stats: dict[str, dict[str, dict]], reference: str, paper: bool = False,
-                     model: str | None = None) -> list[Claim]:  # fmt: skip
+def gap_ratio_claims(
+    table: str, stats: dict[str, dict[str, dict]], reference: str, paper: bool = False, model: str | None = None
+) -> list[Claim]:
     """For each column two optimizers share: the larger mean gap over the smaller, seeds paired by number (with
     `paper`, set against the paper's ratio of the two)."""
     opts = list(stats)
     out = []
     for i, a in enumerate(opts):
-        for b in opts[i + 1:]:
+        for b in opts[i + 1 :]:
             for v in stats[a]:
                 if v == reference or v not in stats[b] or reference not in stats[a] or reference not in stats[b]:
                     continue
-                ga = {s: x - stats[a][reference]["_by_seed"][s] for s, x in stats[a][v]["_by_seed"].items()
-                      if s in stats[a][reference]["_by_seed"]}  # fmt: skip
-                gb = {s: x - stats[b][reference]["_by_seed"][s] for s, x in stats[b][v]["_by_seed"].items()
-                      if s in stats[b][reference]["_by_seed"]}  # fmt: skip
+                ga = {
+                    s: x - stats[a][reference]["_by_seed"][s]
+                    for s, x in stats[a][v]["_by_seed"].items()
+                    if s in stats[a][reference]["_by_seed"]
+                }
+                gb = {
+                    s: x - stats[b][reference]["_by_seed"][s]
+                    for s, x in stats[b][v]["_by_seed"].items()
+                    if s in stats[b][reference]["_by_seed"]
+                }
                 seeds = [s for s in ga if s in gb]
                 if len(seeds) < 1:
                     continue
@@ -229,9 +279,18 @@ def gap_ratio_claims(table: str, stats: dict[str, dict[str, dict]], reference: s
                 iv = fieller_ratio(num, den)
                 ok = ratio_resolved(num, den, 1.0)
                 needed = None if ok else ratio_seeds_needed(num, den, 1.0)
-                claim = Claim(table, f"{names[0]}/{names[1]}", "gap ratio", f"{v}: {names[0]}'s gap / {names[1]}'s",
-                              v, iv, 1.0, needed, verdict(iv, 1.0, needed, 1, "x", ok),
-                              seeds=tuple(seeds))  # fmt: skip
+                claim = Claim(
+                    table,
+                    f"{names[0]}/{names[1]}",
+                    "gap ratio",
+                    f"{v}: {names[0]}'s gap / {names[1]}'s",
+                    v,
+                    iv,
+                    1.0,
+                    needed,
+                    verdict(iv, 1.0, needed, 1, "x", ok),
+                    seeds=tuple(seeds),
+                )
                 if paper:
                     claim.versus = versus_paper(num, den, iv, str(names[0]), str(names[1]), model)
                 out.append(claim)

@@ -13,9 +13,16 @@ from asyncpipe.report.wandb_log import log_report_to_wandb
 from asyncpipe.report.wandb_source import build_report_from_wandb
 
 
-def report_command(sweep_dirs: Sequence[Path], out: Optional[Path], *, wandb_project: Optional[str] = None,
-                   group: Optional[str] = None, log_wandb: bool = True, say: Callable[[str], Any] = print,
-                   **options: Any) -> Report:  # fmt: skip
+def report_command(
+    sweep_dirs: Sequence[Path],
+    out: Optional[Path],
+    *,
+    wandb_project: Optional[str] = None,
+    group: Optional[str] = None,
+    log_wandb: bool = True,
+    say: Callable[[str], Any] = print,
+    **options: Any,
+) -> Report:
     """Build the report (from W&B with ``wandb_project`` and ``group``, else from ``sweep_dirs`` with the
     `build_report` ``options``), print it, `say` each file written and, with ``log_wandb``, where its W&B copy went."""
     if wandb_project:

@@ -53,8 +53,7 @@ def plot_glance(claims: list[Claim], ladders: list[Ladder], order: list[str], pa
     height = max(3.5, 1.8 + ROW_IN * max(len(rows), 1) * (1 + 0.15 * len({c.variant for c in drawn})))
     fig, axes = plt.subplots(1, ncols, figsize=(12, height), dpi=DPI, squeeze=False, layout="constrained")
     ax = axes[0, 0]
-    variants = [v for v in order if v in {c.variant for c in drawn}] + sorted(
-        {c.variant for c in drawn} - set(order))  # fmt: skip
+    variants = [v for v in order if v in {c.variant for c in drawn}] + sorted({c.variant for c in drawn} - set(order))
     legend: dict[str, Line2D] = {}
     step = 0.8 / max(len(variants), 1)
     for c in drawn:
@@ -62,11 +61,26 @@ def plot_glance(claims: list[Claim], ladders: list[Ladder], order: list[str], pa
         colour, marker = variant_key(order, c.variant)
         iv = c.interval
         err = [[iv.value - iv.lo], [iv.hi - iv.value]] if iv.known else None
-        ax.errorbar([iv.value], [y], xerr=err, color=colour, marker=marker, markersize=6, capsize=4, linewidth=1.6,
-                    linestyle="none")  # fmt: skip
+        ax.errorbar(
+            [iv.value],
+            [y],
+            xerr=err,
+            color=colour,
+            marker=marker,
+            markersize=6,
+            capsize=4,
+            linewidth=1.6,
+            linestyle="none",
+        )
         text = c.shown() if iv.n >= 2 else f"{iv.value:+.4f} (one seed)"
-        ax.annotate(text + ("" if iv.n < 2 or not c.note else "  not resolved"), (iv.hi if iv.known else iv.value, y),
-                    textcoords="offset points", xytext=(6, -3), fontsize=8, color=colour)  # fmt: skip
+        ax.annotate(
+            text + ("" if iv.n < 2 or not c.note else "  not resolved"),
+            (iv.hi if iv.known else iv.value, y),
+            textcoords="offset points",
+            xytext=(6, -3),
+            fontsize=8,
+            color=colour,
+        )
         legend.setdefault(c.variant, Line2D([], [], color=colour, marker=marker, linestyle="none", markersize=6))
     ax.axvline(0.0, color=NEUTRAL["black"], linewidth=0.8)
     ax.set_yticks(range(len(rows)), [_label(r, tables) for r in rows])
@@ -103,18 +117,32 @@ def _plot_time_to_target(ax: plt.Axes, ladders: list[Ladder], tables: int, palet
             known = math.isfinite(iv.lo) and math.isfinite(iv.hi)
             err = [[iv.value - iv.lo], [iv.hi - iv.value]] if known else None
             ax.errorbar([iv.value], [i], xerr=err, color=colour, marker=marker, capsize=4, linestyle="none")
-            ax.annotate(lad.tokens_text(), (iv.hi if known else iv.value, i), textcoords="offset points",
-                        xytext=(6, -3), fontsize=8)  # fmt: skip
+            ax.annotate(
+                lad.tokens_text(),
+                (iv.hi if known else iv.value, i),
+                textcoords="offset points",
+                xytext=(6, -3),
+                fontsize=8,
+            )
         else:
             ax.plot([lad.bound], [i], marker=">", color=colour, linestyle="none")  # a lower bound: open to the right
-            ax.annotate(f"≥ {lad.bound:.2f}x (not reached)", (lad.bound, i), textcoords="offset points",
-                        xytext=(6, -3), fontsize=8)  # fmt: skip
+            ax.annotate(
+                f"≥ {lad.bound:.2f}x (not reached)",
+                (lad.bound, i),
+                textcoords="offset points",
+                xytext=(6, -3),
+                fontsize=8,
+            )
         labels.append(f"{lad.optimizer} {lad.columns[0]}" + (f"\n{lad.table}" if tables > 1 else ""))
     ax.axvline(1.0, color=NEUTRAL["black"], linewidth=0.8)
     ax.set_yticks(range(len(labels)), labels)
     ax.set_ylim(len(labels) - 0.5, -0.5)
-    xs = [v for lad in ladders for v in ((lad.ratio.lo, lad.ratio.hi, lad.ratio.value) if lad.ratio else (lad.bound,))
-          if v is not None and math.isfinite(v)]  # fmt: skip
+    xs = [
+        v
+        for lad in ladders
+        for v in ((lad.ratio.lo, lad.ratio.hi, lad.ratio.value) if lad.ratio else (lad.bound,))
+        if v is not None and math.isfinite(v)
+    ]
     if xs:
         lo, hi = min(xs + [1.0]), max(xs + [1.0])
         ax.set_xlim(lo - 0.05 * (hi - lo or 1), hi + 0.6 * (hi - lo or 1))

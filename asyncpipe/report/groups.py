@@ -93,11 +93,16 @@ class Grouping:
             f"Columns are variants ({how}); they differ in: {cols}.",
             f"Rows are `{ROW}`" + (f"; rows also differ in: {rows} (the settings column)." if rows else "."),
             "Averaged over: `seed` only. Keys that cannot change a result are not compared: "
-            + ", ".join(f"`{p}*`" for p in IGNORED_PREFIXES) + ", " + ", ".join(f"`{k}`" for k in sorted(IGNORED_KEYS)) + ".",
+            + ", ".join(f"`{p}*`" for p in IGNORED_PREFIXES)
+            + ", "
+            + ", ".join(f"`{k}`" for k in sorted(IGNORED_KEYS))
+            + ".",
         ]
         if self.unrecorded:
-            lines.append("Keys some runs do not record (their configs predate them), taken at their schema default "
-                         "there: " + ", ".join(f"`{k}`" for k in self.unrecorded) + ".")
+            lines.append(
+                "Keys some runs do not record (their configs predate them), taken at their schema default "
+                "there: " + ", ".join(f"`{k}`" for k in self.unrecorded) + "."
+            )
         return lines
 
 
@@ -111,8 +116,13 @@ def fill_unrecorded(values: Iterable[dict[str, Any]]) -> list[str]:
     values = list(values)
     defaults = schema_defaults()
     keys = sorted({k for v in values for k in v} - {ROW})
-    unrecorded = [k for k in keys if k in defaults and k != "pipeline.stages"  # dropped on purpose by comparable()
-                  and any(k not in v for v in values)]
+    unrecorded = [
+        k
+        for k in keys
+        if k in defaults
+        and k != "pipeline.stages"  # dropped on purpose by comparable()
+        and any(k not in v for v in values)
+    ]
     for v in values:
         v.update({k: defaults[k] for k in unrecorded if k not in v})
     return unrecorded

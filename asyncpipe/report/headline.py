@@ -46,7 +46,11 @@ def headline(claims: list[Claim]) -> list[str]:
         gaps = [c for c in own if c.kind == "gap" and c.variant == variant]
         ratios = [c for c in own if c.kind == "gap ratio" and c.variant == variant]
         seeds = sorted({c.interval.n for c in gaps + ratios})
-        n = f"{seeds[0]} seed{'s' if seeds[0] != 1 else ''}" if len(seeds) == 1 else "seeds " + "/".join(map(str, seeds))
+        n = (
+            f"{seeds[0]} seed{'s' if seeds[0] != 1 else ''}"
+            if len(seeds) == 1
+            else "seeds " + "/".join(map(str, seeds))
+        )
         parts = [f"{c.optimizer} {_shown(c)} {_status(c)}" for c in gaps]
         parts += [f"{c.optimizer} gap ratio {_shown(c)} {_status(c)}" for c in ratios]
         where = f" [{table}]" if len(tables) > 1 else ""

@@ -42,8 +42,25 @@ AXES = {
     "engine": "engine",
     "seed": "seed",
 }
-RUN_COLUMNS = ["run", "path", *AXES, "variant", "variant_named", "sweep", "status", "final_tokens", "summary_val_loss",
-               "note", "config", "train", "code", "epochs", "branch_of", "revision_note", "schedule"]
+RUN_COLUMNS = [
+    "run",
+    "path",
+    *AXES,
+    "variant",
+    "variant_named",
+    "sweep",
+    "status",
+    "final_tokens",
+    "summary_val_loss",
+    "note",
+    "config",
+    "train",
+    "code",
+    "epochs",
+    "branch_of",
+    "revision_note",
+    "schedule",
+]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
 
 
@@ -94,8 +111,12 @@ def run_record(
     row["delay"] = int(row["delay"] or 0)
     named = lookup(config, "run.variant")
     row["variant_named"] = named is not None
-    row["variant"] = str(named) if named is not None else variant_label(
-        row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"], row["compensation"]
+    row["variant"] = (
+        str(named)
+        if named is not None
+        else variant_label(
+            row["delay"], row["ef"], row["ef_lam"], row["delay_profile"], row["stages"], row["compensation"]
+        )
     )
     row["config"] = flat_config(config)
     row["schedule"] = str(row["config"].get("pipeline.schedule") or "auto")  # by today's name: `name_revisions`
@@ -144,8 +165,11 @@ def exact_branch(config: dict, summary: dict) -> tuple[str | None, str]:
         exact = False
     if exact:
         return parent, ""
-    return None, f"recorded as a branch of {parent!s:.200} from step {step!s:.20}, not at or before a decay start: " \
-                 "not shown as a branch"
+    return (
+        None,
+        f"recorded as a branch of {parent!s:.200} from step {step!s:.20}, not at or before a decay start: "
+        "not shown as a branch",
+    )
 
 
 def frames(records: list[tuple[dict, list[dict]]]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -210,8 +234,11 @@ def name_revisions(row: dict, prov: dict | None) -> None:
     method = "ef" if row["ef"] else str(row["compensation"] or "none")
     schedule = str(row["schedule"])
     notes = []
-    for kind, name, column in (("compensation", method, "variant"), ("optimizer", str(row["optimizer"]), "optimizer"),
-                               ("schedule", schedule, "variant")):  # fmt: skip
+    for kind, name, column in (
+        ("compensation", method, "variant"),
+        ("optimizer", str(row["optimizer"]), "optimizer"),
+        ("schedule", schedule, "variant"),
+    ):
         tag, note = revisions.suffix(kind, name, prov)
         if tag:
             row[column] = f"{row[column]}{tag}"
@@ -298,10 +325,18 @@ def load_runs(sweep_dir: Path, exclude: Path | None = None, label: str | None = 
         except UserError as exc:
             skipped.append(Skipped(name_of(run), str(run), str(exc)))
         except (ValueError, TypeError) as exc:  # a setting of a type no run writes (e.g. delay: abc)
-            skipped.append(Skipped(name_of(run), str(run), f"{run / CONFIG_FILE}: a setting has the wrong type ({exc})"))
+            skipped.append(
+                Skipped(name_of(run), str(run), f"{run / CONFIG_FILE}: a setting has the wrong type ({exc})")
+            )
     for run, holder in nested:
-        skipped.append(Skipped(name_of(run), str(run), f"it lies inside run dir {name_of(holder)}; a run dir inside "
-                               "another run's is not read (move it out to report it)"))  # fmt: skip
+        skipped.append(
+            Skipped(
+                name_of(run),
+                str(run),
+                f"it lies inside run dir {name_of(holder)}; a run dir inside "
+                "another run's is not read (move it out to report it)",
+            )
+        )
     if label:
         for row, curve in records:
             row["run"], row["sweep"], row["variant"] = f"{label}/{row['run']}", label, f"{label}:{row['variant']}"

@@ -45,7 +45,9 @@ def refuse_shared_seeds(runs: pd.DataFrame) -> None:
     for run, variant, seed, flat in zip(runs["run"], runs["variant"], runs["seed"], runs["config"]):
         key = (variant, repr(seed), repr(sorted((k, repr(v)) for k, v in comparable(flat).items())))
         if key in seen:
-            raise UserError(f"--merge: {seen[key]} and {run} are both column {variant!r} at seed {fmt_value(seed)} "
-                            "with every compared setting equal; they are never averaged: leave one sweep out or "
-                            "remove one run")  # fmt: skip
+            raise UserError(
+                f"--merge: {seen[key]} and {run} are both column {variant!r} at seed {fmt_value(seed)} "
+                "with every compared setting equal; they are never averaged: leave one sweep out or "
+                "remove one run"
+            )
         seen[key] = run

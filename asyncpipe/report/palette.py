@@ -20,8 +20,19 @@ FIXED = {  # family -> (colour, marker)
     "PACI": ("#9467bd", "^"),
     "PACI+EF": ("#ff7f0e", "v"),
 }
-SPARE = ["#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79", "#ad494a", "#637939", "#7b4173",
-         "#3182bd", "#e6550d"]  # fmt: skip
+SPARE = [
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+    "#393b79",
+    "#ad494a",
+    "#637939",
+    "#7b4173",
+    "#3182bd",
+    "#e6550d",
+]
 SPARE_MARKERS = "P*Xh<>pd8H"
 NEUTRAL = {"black": "black", "grey": "grey", "dark": "#555555"}  # reference lines, targets, generic legend keys
 RUNG = re.compile(r"\(x\d+(?:\.\d+)?\)")

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SOURCE = ("Zmushko et al., ICML 2026 (PMLR 306; arXiv:2606.30634), val loss sync / 1-step / 1-step+EF "
-          "(asyncpipe.report.paper)")  # fmt: skip
+SOURCE = (
+    "Zmushko et al., ICML 2026 (PMLR 306; arXiv:2606.30634), val loss sync / 1-step / 1-step+EF "
+    "(asyncpipe.report.paper)"
+)
 PAPER = "paper"  # the value of `--target` that asks for these
 
 
@@ -84,11 +86,18 @@ class Goal:
 
 def table_lines() -> list[str]:
     """The paper's table and what a report derives from it, one line per row (report.md's Targets section)."""
-    lines = [f"{r.optimizer}, {r.model}: sync / 1-step / 1-step+EF {r.losses()}; 1-step gap {r.gap:.3f}, EF closes "
-             f"{r.closure:.0%} of it" for r in TABLE]  # fmt: skip
+    lines = [
+        f"{r.optimizer}, {r.model}: sync / 1-step / 1-step+EF {r.losses()}; 1-step gap {r.gap:.3f}, EF closes "
+        f"{r.closure:.0%} of it"
+        for r in TABLE
+    ]
     dense = [r for r in TABLE if r.model == DENSE]
-    lines += [f"gap ratio {a.optimizer} / {b.optimizer} ({DENSE}): {a.gap / b.gap:.1f}x" for a in dense for b in dense
-              if a.gap > b.gap]  # fmt: skip
+    lines += [
+        f"gap ratio {a.optimizer} / {b.optimizer} ({DENSE}): {a.gap / b.gap:.1f}x"
+        for a in dense
+        for b in dense
+        if a.gap > b.gap
+    ]
     return lines
 
 

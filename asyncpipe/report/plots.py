@@ -87,8 +87,15 @@ def _figure(n: int) -> tuple[plt.Figure, np.ndarray]:
     MAX_COLUMNS the columns wrap onto further pairs of rows (8 inches high each)."""
     n = max(n, 1)
     cols, bands = min(n, MAX_COLUMNS), -(-n // MAX_COLUMNS)
-    fig, grid = plt.subplots(2 * bands, cols, figsize=(max(12, 6 * cols), 8 * bands), dpi=DPI, squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 2] * bands}, layout="constrained")  # fmt: skip
+    fig, grid = plt.subplots(
+        2 * bands,
+        cols,
+        figsize=(max(12, 6 * cols), 8 * bands),
+        dpi=DPI,
+        squeeze=False,
+        gridspec_kw={"height_ratios": [3, 2] * bands},
+        layout="constrained",
+    )
     axes = np.empty((2, n), dtype=object)
     for i in range(n):
         band, col = divmod(i, MAX_COLUMNS)
@@ -136,7 +143,7 @@ def legend_columns(labels: list[str], width_px: float) -> int:
     """The most legend columns whose labels fit `width_px` at LEGEND_SIZE (matplotlib fills column by column)."""
     for ncol in range(min(len(labels), 6), 1, -1):
         rows = -(-len(labels) // ncol)
-        cols = [labels[i * rows:(i + 1) * rows] for i in range(ncol)]
+        cols = [labels[i * rows : (i + 1) * rows] for i in range(ncol)]
         need = sum(max(map(len, c)) * LEGEND_SIZE * DPI / 72 * 0.6 + 50 for c in cols if c)  # ~0.6 em a character
         if need <= 0.95 * width_px:
             return ncol
@@ -147,8 +154,14 @@ def figure_legend(fig: plt.Figure, entries: dict[str, Line2D]) -> None:
     """One legend for the whole figure, below the panels (never over data), one entry per label."""
     if entries:
         ncol = legend_columns(list(entries), fig.get_figwidth() * DPI)
-        fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=ncol, fontsize=LEGEND_SIZE,
-                   frameon=False)  # fmt: skip
+        fig.legend(
+            list(entries.values()),
+            list(entries),
+            loc="outside lower center",
+            ncol=ncol,
+            fontsize=LEGEND_SIZE,
+            frameon=False,
+        )
 
 
 def variant_key(order: list[str], variant: str) -> tuple[str, str]:
@@ -161,8 +174,9 @@ def variant_key(order: list[str], variant: str) -> tuple[str, str]:
     return colour, marker
 
 
-def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[GroupTable], order: list[str],
-                     path: Path) -> list[Path]:  # fmt: skip
+def plot_loss_curves(
+    runs: pd.DataFrame, curves: pd.DataFrame, groups: list[GroupTable], order: list[str], path: Path
+) -> list[Path]:
     """Val loss (mean, min–max band over seeds, markers at evaluations) and smoothed train loss, full and zoomed."""
     cols = _columns(runs, groups)
     fig, axes = _figure(len(cols))
@@ -184,8 +198,9 @@ def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Grou
                 mean = wide.mean(axis=1)
                 ax.plot(mean.index, mean.values, color=colour, marker=marker, markersize=4, linewidth=1.5)
                 if wide.shape[1] > 1:
-                    ax.fill_between(wide.index, wide.min(axis=1), wide.max(axis=1), color=colour, alpha=0.18,
-                                    linewidth=0)  # fmt: skip
+                    ax.fill_between(
+                        wide.index, wide.min(axis=1), wide.max(axis=1), color=colour, alpha=0.18, linewidth=0
+                    )
             if not train.empty:
                 zoom_ys.append(train[train.index >= lo_x].to_numpy())
             if not wide.empty:
@@ -200,17 +215,21 @@ def plot_loss_curves(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Grou
     share_y(axes[1])
     grey = NEUTRAL["dark"]
     legend["val: mean over seeds, markers at evaluations (band: min–max)"] = Line2D(
-        [], [], color=grey, marker="o", markersize=4, linewidth=1.5)
+        [], [], color=grey, marker="o", markersize=4, linewidth=1.5
+    )
     legend["train: mean over seeds, EMA (light)"] = Line2D([], [], color=grey, alpha=0.35, linewidth=1)
     legend["compared here"] = Line2D([], [], color=NEUTRAL["grey"], linewidth=0.8, linestyle="-.")
     figure_legend(fig, legend)
-    fig.suptitle("Loss vs tokens, one colour per variant (a longer budget: its own marker); each row of panels "
-                 "shares one y-range", fontsize=10)
+    fig.suptitle(
+        "Loss vs tokens, one colour per variant (a longer budget: its own marker); each row of panels "
+        "shares one y-range",
+        fontsize=10,
+    )
     return save_figure(fig, path)
 
 
 def seed_note(seeds: list[int]) -> str:
-    """" | 3 seeds" (or " | 1-8 seeds per column") for a panel's title."""
+    """ " | 3 seeds" (or " | 1-8 seeds per column") for a panel's title."""
     if not seeds:
         return ""
     lo, hi = min(seeds), max(seeds)
@@ -234,11 +253,15 @@ def paired_gap(curves: pd.DataFrame, cell: pd.DataFrame, ref: pd.DataFrame) -> p
     return pd.DataFrame({"mean": diffs.mean(axis=1), "std": std, "n": n, "half95": half})
 
 
-def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[GroupTable], order: list[str],
-                       path: Path) -> list[Path]:  # fmt: skip
+def plot_gap_vs_tokens(
+    runs: pd.DataFrame, curves: pd.DataFrame, groups: list[GroupTable], order: list[str], path: Path
+) -> list[Path]:
     """Val loss minus the reference's, same seed: the mean with error bars of its 95% t-interval (the text's)."""
-    cols = [(g, o, done) for g, o, done in _columns(runs, groups)  # a panel needs its reference and another column
-            if (done["variant"] == g.reference).any() and (done["variant"] != g.reference).any()]
+    cols = [
+        (g, o, done)
+        for g, o, done in _columns(runs, groups)  # a panel needs its reference and another column
+        if (done["variant"] == g.reference).any() and (done["variant"] != g.reference).any()
+    ]
     if not cols:
         return []
     fig, axes = _figure(len(cols))
@@ -250,8 +273,11 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
         references.add(group.reference)
         end = max([float(t) for t in curves.loc[curves["run"].isin(done["run"]), "tokens"]] or [0.0])
         lo_x, zoom_ys, seeds = end * (1 - ZOOM_FRAC), [], []
-        drawn = [(v, paired_gap(curves, done[done["variant"] == v], ref)) for v in order
-                 if v in set(done["variant"]) and v != group.reference and not ref.empty]  # fmt: skip
+        drawn = [
+            (v, paired_gap(curves, done[done["variant"] == v], ref))
+            for v in order
+            if v in set(done["variant"]) and v != group.reference and not ref.empty
+        ]
         drawn = [(v, gap) for v, gap in drawn if not gap.empty]
         several = any(int(gap["n"].iloc[0]) > 1 for _, gap in drawn)  # then one-seed lines get no end label
         for variant, gap in drawn:
@@ -259,8 +285,17 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
             n = int(gap["n"].iloc[0])
             err = gap["half95"].fillna(0.0) if n > 1 else None
             for ax in (top, bottom):
-                ax.errorbar(gap.index, gap["mean"], yerr=err, color=colour, marker=marker, markersize=4, capsize=3,
-                            linewidth=1.5 if n > 1 else 1.0, linestyle="-" if n > 1 else ":")  # fmt: skip
+                ax.errorbar(
+                    gap.index,
+                    gap["mean"],
+                    yerr=err,
+                    color=colour,
+                    marker=marker,
+                    markersize=4,
+                    capsize=3,
+                    linewidth=1.5 if n > 1 else 1.0,
+                    linestyle="-" if n > 1 else ":",
+                )
             tail = gap[gap.index >= lo_x]
             half = tail["half95"].fillna(0.0)
             zoom_ys += [(tail["mean"] - half).to_numpy(), (tail["mean"] + half).to_numpy()]
@@ -270,8 +305,15 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
             last = gap.iloc[-1]
             if several and n < 2:
                 continue
-            bottom.annotate(f"{last['mean']:+.4f}", (gap.index[-1], last["mean"]), textcoords="offset points",
-                            xytext=(-4, 6), ha="right", fontsize=8, color=colour)  # fmt: skip
+            bottom.annotate(
+                f"{last['mean']:+.4f}",
+                (gap.index[-1], last["mean"]),
+                textcoords="offset points",
+                xytext=(-4, 6),
+                ha="right",
+                fontsize=8,
+                color=colour,
+            )
         for ax in (top, bottom):
             ax.axhline(0.0, color=NEUTRAL["black"], linewidth=0.8)
         _zoom_limits(bottom, lo_x, end, zoom_ys, include=(0.0,))  # every bar and 0 stay in view
@@ -290,8 +332,10 @@ def plot_gap_vs_tokens(runs: pd.DataFrame, curves: pd.DataFrame, groups: list[Gr
     return save_figure(fig, path)
 
 
-GAP_CAPTION = ("Loss gap to the reference vs tokens, paired by seed: mean over seeds, error bars = the 95% t-interval "
-               "the report's text uses; each row of panels shares one y-range")
+GAP_CAPTION = (
+    "Loss gap to the reference vs tokens, paired by seed: mean over seeds, error bars = the 95% t-interval "
+    "the report's text uses; each row of panels shares one y-range"
+)
 
 
 def share_y(axes: np.ndarray) -> None:

@@ -18,18 +18,22 @@ from asyncpipe.report.tables import GroupTable, matched_values
 from asyncpipe.report.target import speedup_table, tokens_table
 from asyncpipe.report.verdict import paper_basis, takeaway_lines
 
-NOISE = ("Every ± and interval covers seed-to-seed variation only: a seed fixes the initialisation and the data "
-         "order. It does not cover numerical differences between machines (another CPU model or thread count "
-         "changes the last bits at step 2 and the runs drift apart after), so a run is deterministic given its seed "
-         "on one machine only.")  # fmt: skip
-CONVENTION = ("Intervals are 95%, paired by seed over the seeds the compared columns share: a difference (a gap, "
-              "an effect, method − EF) is the mean of the per-seed differences with a t-interval; a ratio (% of a gap "
-              "closed, one optimizer's gap over another's, a token ratio) is the ratio of the means with Fieller's "
-              "interval (every r for which the paired t-interval of numerator − r × denominator contains 0; "
-              "'unbounded' when the denominator's own interval reaches 0). \"Not resolved\": the interval contains 0 "
-              "(or 1x, or the stated target). The seeds that would resolve a claim: the smallest n at which the "
-              "paired two-sided 5% t-test rejects 0 (or the target) with 80% power if the observed mean and spread "
-              "were the truth.")
+NOISE = (
+    "Every ± and interval covers seed-to-seed variation only: a seed fixes the initialisation and the data "
+    "order. It does not cover numerical differences between machines (another CPU model or thread count "
+    "changes the last bits at step 2 and the runs drift apart after), so a run is deterministic given its seed "
+    "on one machine only."
+)
+CONVENTION = (
+    "Intervals are 95%, paired by seed over the seeds the compared columns share: a difference (a gap, "
+    "an effect, method − EF) is the mean of the per-seed differences with a t-interval; a ratio (% of a gap "
+    "closed, one optimizer's gap over another's, a token ratio) is the ratio of the means with Fieller's "
+    "interval (every r for which the paired t-interval of numerator − r × denominator contains 0; "
+    "'unbounded' when the denominator's own interval reaches 0). \"Not resolved\": the interval contains 0 "
+    "(or 1x, or the stated target). The seeds that would resolve a claim: the smallest n at which the "
+    "paired two-sided 5% t-test rejects 0 (or the target) with 80% power if the observed mean and spread "
+    "were the truth."
+)
 
 
 def _cell(value: object) -> str:
@@ -39,8 +43,10 @@ def _cell(value: object) -> str:
 
 def md_table(frame: pd.DataFrame) -> str:
     names = list(frame.index.names) if isinstance(frame.index, pd.MultiIndex) else [frame.index.name or ""]
-    lines = ["| " + " | ".join([*map(_cell, names), *map(_cell, frame.columns)]) + " |",
-             "|" + "---|" * (len(names) + len(frame.columns))]  # fmt: skip
+    lines = [
+        "| " + " | ".join([*map(_cell, names), *map(_cell, frame.columns)]) + " |",
+        "|" + "---|" * (len(names) + len(frame.columns)),
+    ]
     for idx, row in frame.iterrows():
         keys = idx if isinstance(idx, tuple) else (idx,)
         lines.append("| " + " | ".join([*map(_cell, keys), *(_cell(v) for v in row)]) + " |")
@@ -85,15 +91,25 @@ def run_table(report: Any) -> pd.DataFrame:
 def provenance_table(report: Any) -> pd.DataFrame:
     codes = report.runs["code"].astype(object).fillna("unrecorded")
     table = pd.DataFrame({"code (commit; versions)": codes.values, "runs": 1}).groupby("code (commit; versions)").sum()
-    table["dirty tree"] = ["yes: uncommitted changes" if "(dirty)" in c else ("unknown" if c == "unrecorded" else "no")
-                           for c in table.index]  # fmt: skip
+    table["dirty tree"] = [
+        "yes: uncommitted changes" if "(dirty)" in c else ("unknown" if c == "unrecorded" else "no")
+        for c in table.index
+    ]
     return table
 
 
 def claims_table(report: Any) -> pd.DataFrame:
-    rows = [{"table": c.table, "optimizer": c.optimizer, "claim": c.label, "95% interval": c.shown(),
-             "n": c.interval.n, "resolved": (c.note or "yes") + (f"; {c.versus}" if c.versus else "")}
-            for c in report.claims]  # fmt: skip
+    rows = [
+        {
+            "table": c.table,
+            "optimizer": c.optimizer,
+            "claim": c.label,
+            "95% interval": c.shown(),
+            "n": c.interval.n,
+            "resolved": (c.note or "yes") + (f"; {c.versus}" if c.versus else ""),
+        }
+        for c in report.claims
+    ]
     return pd.DataFrame(rows).set_index("table") if rows else pd.DataFrame()
 
 
@@ -107,7 +123,11 @@ def printed_takeaways(report: Any) -> list[str]:
 def dirty_note(report: Any) -> str:
     codes = report.runs["code"].astype(object).fillna("unrecorded")
     dirty = int(codes.str.contains("(dirty)", regex=False).sum())
-    return f"{dirty} of {len(codes)} runs came from a working tree with uncommitted changes (see Provenance)." if dirty else ""
+    return (
+        f"{dirty} of {len(codes)} runs came from a working tree with uncommitted changes (see Provenance)."
+        if dirty
+        else ""
+    )
 
 
 def runs_note(report: Any) -> str:
@@ -124,8 +144,11 @@ def to_markdown(report: Any) -> str:
         if "glance.png" in report.files:
             parts.append(GLANCE_CAPTION + "\n\n![each optimizer's gap at a glance](glance.png)\n")
     if report.takeaways:
-        parts.append("## Takeaways\n\n" + "\n".join(
-            line if line.startswith(" ") else f"- {line}" for line in printed_takeaways(report)) + "\n")
+        parts.append(
+            "## Takeaways\n\n"
+            + "\n".join(line if line.startswith(" ") else f"- {line}" for line in printed_takeaways(report))
+            + "\n"
+        )
     for group in report.groups:
         parts += [f"## {group.title}\n", md_table(group.table) + "\n", matched_note(group) + "\n"]
     parts.append("## What was compared\n\n" + "\n".join(f"- {line}" for line in report.grouping.describe()) + "\n")
@@ -136,20 +159,29 @@ def to_markdown(report: Any) -> str:
     if not claims.empty:
         parts += ["## Intervals\n", CONVENTION + "\n", md_table(claims) + "\n"]
     if report.tuning is not None:
-        parts += [f"## Tuned against tuned: `{report.tuning.key}`\n",
-                  f"Each column at its own best `{report.tuning.key}`, {report.tuning.seeds_text()}: mean final val "
-                  "loss over the selection seeds per value (a value with a selection run that did not complete is "
-                  "'incomplete'), and the value chosen. Every other number in this report is from the measurement "
-                  "seeds only.\n", md_table(report.tuning.table.set_index("optimizer")) + "\n"]  # fmt: skip
+        parts += [
+            f"## Tuned against tuned: `{report.tuning.key}`\n",
+            f"Each column at its own best `{report.tuning.key}`, {report.tuning.seeds_text()}: mean final val "
+            "loss over the selection seeds per value (a value with a selection run that did not complete is "
+            "'incomplete'), and the value chosen. Every other number in this report is from the measurement "
+            "seeds only.\n",
+            md_table(report.tuning.table.set_index("optimizer")) + "\n",
+        ]
     if report.target == PAPER:
-        parts += ["## Targets: the paper's own figures\n", f"Closures and gap ratios are judged against {SOURCE}, "
-                  "derived in code from its table (a closure is (1-step − EF) / (1-step − sync)):\n",
-                  "\n".join(f"- {line}" for line in table_lines()) + "\n"]  # fmt: skip
+        parts += [
+            "## Targets: the paper's own figures\n",
+            f"Closures and gap ratios are judged against {SOURCE}, "
+            "derived in code from its table (a closure is (1-step − EF) / (1-step − sync)):\n",
+            "\n".join(f"- {line}" for line in table_lines()) + "\n",
+        ]
     if report.ladders:
-        parts += ["## Time to target\n", TARGET_RULE + "\n",
-                  md_table(tokens_table(report.ladders, report.bench)) + "\n",
-                  SPEEDUP_RULE + " Its columns, with each number apart: speedups.csv.\n",
-                  md_table(speedup_table(report.ladders, report.bench)) + "\n"]  # fmt: skip
+        parts += [
+            "## Time to target\n",
+            TARGET_RULE + "\n",
+            md_table(tokens_table(report.ladders, report.bench)) + "\n",
+            SPEEDUP_RULE + " Its columns, with each number apart: speedups.csv.\n",
+            md_table(speedup_table(report.ladders, report.bench)) + "\n",
+        ]
         if "verdict.png" in report.files:
             parts.append(VERDICT_CAPTION + "\n\n![net speed-up over the strongest synchronous schedule](verdict.png)\n")
         if "wallclock.png" in report.files:
@@ -172,23 +204,28 @@ def to_markdown(report: Any) -> str:
     if "loss_curves.png" not in report.files:
         parts.append("Not drawn (`asyncpipe report --no-plots`).\n")
     parts += [
-        "## Runs\n", md_table(run_table(report)) + "\n",
+        "## Runs\n",
+        md_table(run_table(report)) + "\n",
         "## Provenance\n",
         "The code each run came from (its `provenance.json`: git commit, dirty flag, library versions).\n",
         md_table(provenance_table(report)) + "\n",
         "Long-form numbers (full precision): `gaps.csv` (cells) and `intervals.csv` (every interval). "
         f"Regenerate: `{report.command}`.\n",
-    ]  # fmt: skip
+    ]
     return "\n".join(parts)
 
 
-GLANCE_CAPTION = ("Each optimizer's final gap to the reference (the point: the mean over seeds; the error bar: the same "
-                  "95% interval as the text) and, with several budgets, the tokens each column needs to reach sync's "
-                  "final val loss.")
+GLANCE_CAPTION = (
+    "Each optimizer's final gap to the reference (the point: the mean over seeds; the error bar: the same "
+    "95% interval as the text) and, with several budgets, the tokens each column needs to reach sync's "
+    "final val loss."
+)
 
-VERDICT_CAPTION = ("The verdict figure: the table's net speed-up of each variant over the strongest synchronous "
-                   "schedule at each P and m (its `vs` column, else `vs 1F1B`), with its interval; filled markers are "
-                   "resolved (the interval excludes 1x), hollow ones are not.")
+VERDICT_CAPTION = (
+    "The verdict figure: the table's net speed-up of each variant over the strongest synchronous "
+    "schedule at each P and m (its `vs` column, else `vs 1F1B`), with its interval; filled markers are "
+    "resolved (the interval excludes 1x), hollow ones are not."
+)
 
 TARGET_RULE = (
     "Target: each seed's sync run's final val loss. A variant run at several token budgets (same settings but "
@@ -211,8 +248,16 @@ def print_report(report: Any, stream: Any = None) -> None:
     width = None
     if not stream.isatty():
         probe = Console(file=stream, width=10_000)
-        width = max([100, *(Measurement.get(probe, probe.options, r).maximum for r in renderable.renderables
-                             if not hasattr(r, "plain"))])  # fmt: skip
+        width = max(
+            [
+                100,
+                *(
+                    Measurement.get(probe, probe.options, r).maximum
+                    for r in renderable.renderables
+                    if not hasattr(r, "plain")
+                ),
+            ]
+        )
     Console(file=stream, width=width).print(renderable)
 
 

@@ -37,8 +37,12 @@ class Revision:
 HISTORY: dict[tuple[str, str], tuple[Revision, ...]] = {
     ("compensation", "stage_lr"): (
         Revision(1, "", "", "lr / (1 + k) for the whole run (halves the lr at k = 1)"),
-        Revision(2, "262fe8de190e", "2026-12-02T04:43:56+00:00",
-                 "PipeMare's lr / k^p(t), p annealed from 1 to 0 over 14% of the run (a no-op at k = 1)"),
+        Revision(
+            2,
+            "262fe8de190e",
+            "2026-12-02T04:43:56+00:00",
+            "PipeMare's lr / k^p(t), p annealed from 1 to 0 over 14% of the run (a no-op at k = 1)",
+        ),
     ),
     ("compensation", "dc"): (
         Revision(1, "", "", "lam / (sqrt(v) + eps), v = EMA(g*g) seeded with g*g"),
@@ -49,10 +53,19 @@ HISTORY: dict[tuple[str, str], tuple[Revision, ...]] = {
         Revision(2, "262fe8de190e", "2026-12-02T04:43:56+00:00", "rotates hidden (block) matrices only"),
     ),
     ("schedule", "paci"): (
-        Revision(1, "", "", "a straddler's forward recomputed on the stepped weights before its backward (today's "
-                 "paci-recompute)", now="paci-recompute"),
-        Revision(2, "e5e0d6136327", "2026-12-03T14:45:39+00:00",
-                 "a straddler back-propagates through its own forward's graph on the stepped weights (in place)"),
+        Revision(
+            1,
+            "",
+            "",
+            "a straddler's forward recomputed on the stepped weights before its backward (today's paci-recompute)",
+            now="paci-recompute",
+        ),
+        Revision(
+            2,
+            "e5e0d6136327",
+            "2026-12-03T14:45:39+00:00",
+            "a straddler back-propagates through its own forward's graph on the stepped weights (in place)",
+        ),
     ),
 }
 HEX = re.compile(r"^[0-9a-f]{7,40}$")
@@ -67,8 +80,11 @@ def current(kind: str, name: str) -> int:
 def _is_ancestor(older: str, newer: str) -> bool | None:
     """Whether git commit `older` is an ancestor of `newer` (both hex), or None when git cannot tell."""
     try:
-        out = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "merge-base", "--is-ancestor",
-                              older, newer], capture_output=True, timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent), "merge-base", "--is-ancestor", older, newer],
+            capture_output=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return {0: True, 1: False}.get(out.returncode)  # 128: a commit git does not know
@@ -146,8 +162,12 @@ def suffix(kind: str, name: str, prov: dict | None) -> tuple[str, str]:
         return "@r?", f"{name}@r?: which revision of {name} ran is unknown ({how}); today's is r{now}"
     known = {r.number: r for r in HISTORY.get((kind, name), ())}
     if number not in known:
-        return f"@r{number}", (f"{name}@r{number} ran {kind} {name} revision {number}, which this checkout does not "
-                               f"know (it knows r1 to r{now}; a newer checkout's record?): kept apart from r{now}")
+        return f"@r{number}", (
+            f"{name}@r{number} ran {kind} {name} revision {number}, which this checkout does not "
+            f"know (it knows r1 to r{now}; a newer checkout's record?): kept apart from r{now}"
+        )
     today = HISTORY[(kind, name)][-1]
-    return f"@r{number}", (f"{name}@r{number} ran {kind} {name} revision {number}: {known[number].rule} ({how}); "
-                           f"today's {name} is r{now} (since {today.since[:7]}): {today.rule}")
+    return f"@r{number}", (
+        f"{name}@r{number} ran {kind} {name} revision {number}: {known[number].rule} ({how}); "
+        f"today's {name} is r{now} (since {today.since[:7]}): {today.rule}"
+    )

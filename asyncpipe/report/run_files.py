@@ -13,8 +13,16 @@ from typing import Any
 
 from asyncpipe.errors import UserError
 from asyncpipe.track.files import (
-    CONFIG_FILE, MAX_METRICS_FILE, METRICS_FILE, PROVENANCE_FILE, SUMMARY_FILE, load_untrusted_yaml,
-    parse_metrics_lines, read_json_object, read_untrusted, read_untrusted_gz,
+    CONFIG_FILE,
+    MAX_METRICS_FILE,
+    METRICS_FILE,
+    PROVENANCE_FILE,
+    SUMMARY_FILE,
+    load_untrusted_yaml,
+    parse_metrics_lines,
+    read_json_object,
+    read_untrusted,
+    read_untrusted_gz,
 )
 
 

@@ -33,7 +33,8 @@ SPEEDUP_RULE = (
     "cost model) the model's worst validated error on a throughput ratio over the same synchronous schedule "
     "('modelled, ±x%', from benchmarks/results/cost-table.json); the analytic ideal is taken as exact. A cell is "
     "resolved only when that interval excludes 1; a bench file with one round (or none recorded) resolves nothing. "
-    "Each column's throughput comes from bench files that timed its own optimizer's step, or says whose it is.")
+    "Each column's throughput comes from bench files that timed its own optimizer's step, or says whose it is."
+)
 
 
 def net(sp: Speedup, ratio: Interval | None) -> str:
@@ -63,18 +64,36 @@ def _row(P: int, m: int, lad: Ladder, thr: Throughput, best: bool) -> dict[str, 
     sp, spread = ladder_speedup(lad, thr, best)
     iv = lad.ratio
     return {
-        "P": P, "m": m, "table": lad.table, "optimizer": lad.optimizer, "variant": lad.columns[0],
-        "ladder": lad.name, "schedule": lad.schedule, "ef": lad.ef, "own": (P, m) == (lad.stages, lad.micro_batches),
-        "against": thr.best_sync if best else "1f1b", "against_label": thr.best_sync_label if best else "1f1b",
-        "throughput": thr.vs_best_sync if best else thr.vs_1f1b, "throughput_lo": spread.lo,
-        "throughput_hi": spread.hi, "throughput_source": spread.how, "throughput_detail": thr.source,
-        "rounds": spread.rounds, "band": spread.band,
-        "token_ratio": iv.value if iv is not None else math.nan, "token_lo": iv.lo if iv is not None else math.nan,
+        "P": P,
+        "m": m,
+        "table": lad.table,
+        "optimizer": lad.optimizer,
+        "variant": lad.columns[0],
+        "ladder": lad.name,
+        "schedule": lad.schedule,
+        "ef": lad.ef,
+        "own": (P, m) == (lad.stages, lad.micro_batches),
+        "against": thr.best_sync if best else "1f1b",
+        "against_label": thr.best_sync_label if best else "1f1b",
+        "throughput": thr.vs_best_sync if best else thr.vs_1f1b,
+        "throughput_lo": spread.lo,
+        "throughput_hi": spread.hi,
+        "throughput_source": spread.how,
+        "throughput_detail": thr.source,
+        "rounds": spread.rounds,
+        "band": spread.band,
+        "token_ratio": iv.value if iv is not None else math.nan,
+        "token_lo": iv.lo if iv is not None else math.nan,
         "token_hi": iv.hi if iv is not None else math.nan,
-        "token_bound": lad.bound if lad.bound is not None else math.nan, "seeds": len(lad.per_seed),
-        "speedup": sp.value, "lo": sp.lo, "hi": sp.hi, "resolved": sp.resolved, "bounded": sp.bounded,
+        "token_bound": lad.bound if lad.bound is not None else math.nan,
+        "seeds": len(lad.per_seed),
+        "speedup": sp.value,
+        "lo": sp.lo,
+        "hi": sp.hi,
+        "resolved": sp.resolved,
+        "bounded": sp.bounded,
         "direction": sp.direction,
-    }  # fmt: skip
+    }
 
 
 def points(ladders: list[Ladder]) -> list[tuple[int, int]]:

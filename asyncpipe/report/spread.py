@@ -117,8 +117,10 @@ def validated_errors(path: Path = VALIDATION) -> tuple[tuple[float, str, str], .
         out += _pairs(at, sync, f"real compute, P = {P}, m = {m}")
     standin: dict = {}
     for row in table.get("standin", {}).get("rows", []):  # stand-in compute at P = 2, 4, 8: throughput = 1 / step
-        standin.setdefault((row["P"], row["m"]), {})[row["schedule"]] = (1 / row["measured_step_s"],
-                                                                       1 / row["predicted_step_s"])  # fmt: skip
+        standin.setdefault((row["P"], row["m"]), {})[row["schedule"]] = (
+            1 / row["measured_step_s"],
+            1 / row["predicted_step_s"],
+        )
     for (P, m), at in standin.items():
         out += _pairs(at, sync, f"stand-in compute, P = {P}, m = {m}")
     return tuple(out)

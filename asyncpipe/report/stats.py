@@ -86,7 +86,9 @@ def fieller_ratio(num: Sequence[float], den: Sequence[float], level: float = LEV
     paired t-test of num - r·den does not reject 0. It is the set of ratios the t-criterion of `ratio_resolved`
     cannot rule out, so the interval shown and the verdict agree; it is unbounded (lo = -inf, hi = inf) when the
     denominator's own interval reaches 0."""
-    pairs = [(a, b) for a, b in zip(num, den) if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
+    pairs = [
+        (a, b) for a, b in zip(num, den) if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)
+    ]
     n = len(pairs)
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0, "fieller")
@@ -96,7 +98,9 @@ def fieller_ratio(num: Sequence[float], den: Sequence[float], level: float = LEV
         return Interval(point, math.nan, math.nan, n, "fieller")
     q2 = t_quantile(n, level) ** 2 / n
     cov = np.cov(a, b, ddof=1)
-    qa = b.mean() ** 2 - q2 * cov[1, 1]  # (mean a - r mean b)^2 <= q2 (s_aa - 2 r s_ab + r^2 s_bb), as A r^2 - 2 B r + C <= 0
+    qa = (
+        b.mean() ** 2 - q2 * cov[1, 1]
+    )  # (mean a - r mean b)^2 <= q2 (s_aa - 2 r s_ab + r^2 s_bb), as A r^2 - 2 B r + C <= 0
     qb = a.mean() * b.mean() - q2 * cov[0, 1]
     qc = a.mean() ** 2 - q2 * cov[0, 0]
     disc = qb * qb - qa * qc
@@ -114,8 +118,9 @@ def power_at(n: int, effect: float, level: float = LEVEL) -> float:
     return float(nct.sf(crit, n - 1, nc) + nct.cdf(-crit, n - 1, nc))
 
 
-def seeds_to_resolve(mean: float, sd: float, target: float = 0.0, level: float = LEVEL,
-                     power: float = POWER) -> int | None:  # fmt: skip
+def seeds_to_resolve(
+    mean: float, sd: float, target: float = 0.0, level: float = LEVEL, power: float = POWER
+) -> int | None:
     """The smallest n (>= 2) at which the two-sided paired t-test at `level` rejects `target` with probability
     `power`, if the observed mean and spread were the true ones. None when nothing would (mean at the target, no
     spread measured, or more than MAX_SEEDS)."""
@@ -154,9 +159,15 @@ def ratio_seeds_needed(num: Sequence[float], den: Sequence[float], target: float
     return diff_seeds_needed([a - target * b for a, b in zip(num, den)])
 
 
-def verdict(interval: Interval, target: float = 0.0, needed: int | None = None, scale: float = 1.0,
-            unit: str = "", resolved: bool | None = None) -> str:  # fmt: skip
-    """"" when the claim clears `target` (`resolved`, default: the interval excludes it); else "not resolved[ vs
+def verdict(
+    interval: Interval,
+    target: float = 0.0,
+    needed: int | None = None,
+    scale: float = 1.0,
+    unit: str = "",
+    resolved: bool | None = None,
+) -> str:
+    """ "" when the claim clears `target` (`resolved`, default: the interval excludes it); else "not resolved[ vs
     TARGET] (~N seeds would resolve it)"."""
     shown = f"{target * scale:.0f}" if unit == "%" else f"{target * scale:g}"
     where = f" vs {shown}{unit}" if target != 0 else ""
@@ -166,6 +177,9 @@ def verdict(interval: Interval, target: float = 0.0, needed: int | None = None, 
         return ""
     if not interval.known:
         return f"not resolved{where} (n={interval.n}: no spread measured)"
-    more = (f"; ~{needed} seeds would resolve it with {POWER:.0%} power at this mean and spread" if needed
-            else "; more seeds would not resolve it")
+    more = (
+        f"; ~{needed} seeds would resolve it with {POWER:.0%} power at this mean and spread"
+        if needed
+        else "; more seeds would not resolve it"
+    )
     return f"not resolved{where} ({interval.n} seeds{more})"

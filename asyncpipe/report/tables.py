@@ -101,7 +101,11 @@ def _cell(runs: pd.DataFrame, values: dict[str, float]) -> dict:
 
 
 def compute_cells(
-    runs: pd.DataFrame, curves: pd.DataFrame, grouping: Grouping, named: list[str] | None, reference: str | None = None,
+    runs: pd.DataFrame,
+    curves: pd.DataFrame,
+    grouping: Grouping,
+    named: list[str] | None,
+    reference: str | None = None,
     target: float | str | None = None,
 ) -> tuple[pd.DataFrame, list[GroupTable], list[str]]:
     """The long-form table (gaps.csv: one row per table, optimizer and variant), the display tables (with their
@@ -132,10 +136,14 @@ def compute_cells(
                 all_meta[optimizer][variant] = meta_of(cell)
                 stats[variant] = {
                     **{k: grouping.value(cell["run"].iloc[0], k) for k in grouping.group_keys},
-                    "optimizer": optimizer, "settings": settings, "variant": variant,
-                    "delay": int(cell["delay"].iloc[0]), "ef": bool(cell["ef"].iloc[0]), "matched_tokens": matched,
+                    "optimizer": optimizer,
+                    "settings": settings,
+                    "variant": variant,
+                    "delay": int(cell["delay"].iloc[0]),
+                    "ef": bool(cell["ef"].iloc[0]),
+                    "matched_tokens": matched,
                     **_cell(cell, values),
-                }  # fmt: skip
+                }
                 if stats[variant]["shared_seeds"]:
                     warnings.append(
                         f"{optimizer} {variant} ({', '.join(f'{k}={fmt_value(v)}' for k, v in key.items())}): runs share "
@@ -167,10 +175,22 @@ def compute_cells(
             row.pop("_by_seed")
         rows.extend(group_rows)
         tables.append(
-            GroupTable(key, matched, display_table(group_rows, order, reference, bool(grouping.row_keys), claims,
-                                                   {(o, v) for o, m in all_meta.items() for v in m if other_budget(m, v, reference)}),
-                       list(group["run"]), reference, claims)
-        )  # fmt: skip
+            GroupTable(
+                key,
+                matched,
+                display_table(
+                    group_rows,
+                    order,
+                    reference,
+                    bool(grouping.row_keys),
+                    claims,
+                    {(o, v) for o, m in all_meta.items() for v in m if other_budget(m, v, reference)},
+                ),
+                list(group["run"]),
+                reference,
+                claims,
+            )
+        )
     return pd.DataFrame(rows), tables, warnings
 
 
@@ -196,15 +216,25 @@ def fmt_cell(row: dict | None) -> str:
     return f"{row['mean']:.4f}{spread} (n={row['n']}{extra})"
 
 
-def display_table(rows: list[dict], order: list[str], reference: str, settings: bool,
-                  claims: list[Claim] | None = None, budgets: set | None = None) -> pd.DataFrame:  # fmt: skip
+def display_table(
+    rows: list[dict],
+    order: list[str],
+    reference: str,
+    settings: bool,
+    claims: list[Claim] | None = None,
+    budgets: set | None = None,
+) -> pd.DataFrame:
     """Rows = optimizers; columns = [settings], each variant present, each non-reference variant's gap with its
     95% interval, and % of a plain delayed column's gap each mitigation closes (ratio of means, Fieller interval).
     A column trained for another train.steps in every row (a budget rung) is left out: at the matched token count
     its loss says nothing of its own budget (a cooldown branch there is still its trunk); Time to target has it."""
     other = budgets or set()
-    variants = [v for v in order if any(r["variant"] == v for r in rows)
-                and not all((r["optimizer"], v) in other for r in rows if r["variant"] == v)]  # fmt: skip
+    variants = [
+        v
+        for v in order
+        if any(r["variant"] == v for r in rows)
+        and not all((r["optimizer"], v) in other for r in rows if r["variant"] == v)
+    ]
     found = {(c.optimizer, c.kind, c.variant): c for c in claims or []}
     closers = [v for v in variants if any(k == (o, "closed", v) for o in (r["optimizer"] for r in rows) for k in found)]
     table_rows = {}
@@ -214,8 +244,11 @@ def display_table(rows: list[dict], order: list[str], reference: str, settings: 
         row.update({v: fmt_cell(by_variant.get(v)) for v in variants})
         for v in variants:
             if v != reference:
-                row[f"gap {v}"] = ("another train.steps: see Time to target" if (optimizer, v) in other else
-                                   fmt_gap(by_variant.get(v), found.get((optimizer, "gap", v))))  # fmt: skip
+                row[f"gap {v}"] = (
+                    "another train.steps: see Time to target"
+                    if (optimizer, v) in other
+                    else fmt_gap(by_variant.get(v), found.get((optimizer, "gap", v)))
+                )
         for v in closers:
             claim = found.get((optimizer, "closed", v))
             row[f"% gap closed {v}"] = claim.shown() if claim is not None else "—"

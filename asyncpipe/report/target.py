@@ -44,8 +44,9 @@ def along_curve(points: Sequence[tuple[float, float]], target: float) -> float |
     return None
 
 
-def seed_tokens(target: float, budgets: Sequence[tuple[float, float]],
-                first_curve: Sequence[tuple[float, float]] = ()) -> tuple[float, bool]:  # fmt: skip
+def seed_tokens(
+    target: float, budgets: Sequence[tuple[float, float]], first_curve: Sequence[tuple[float, float]] = ()
+) -> tuple[float, bool]:
     """(tokens needed, reached) for one seed; budgets are (final tokens, final val loss) of each budget's run."""
     budgets = sorted(budgets)
     for i, (tokens, loss) in enumerate(budgets):
@@ -80,8 +81,9 @@ class Ladder:
 
     @property
     def name(self) -> str:
-        return self.columns[0] + (f" ({', '.join(f'{x:.2f}x' for x in self.multiples)} budgets)"
-                                  if len(self.columns) > 1 else "")  # fmt: skip
+        return self.columns[0] + (
+            f" ({', '.join(f'{x:.2f}x' for x in self.multiples)} budgets)" if len(self.columns) > 1 else ""
+        )
 
     @property
     def reached(self) -> int:
@@ -130,10 +132,13 @@ def ladders(runs: pd.DataFrame, curves: pd.DataFrame, grouping: Grouping, groups
     return [lad for lad in out if lad is not None]
 
 
-def _ladder(group: Any, optimizer: str, opt_runs: pd.DataFrame, curves: pd.DataFrame, columns: list[str],
-            sync: dict) -> Ladder | None:  # fmt: skip
-    finals = {v: {s: _final(curves, r) for s, r in zip(c["seed"], c["run"])}
-              for v, c in opt_runs[opt_runs["variant"].isin(columns)].groupby("variant")}  # fmt: skip
+def _ladder(
+    group: Any, optimizer: str, opt_runs: pd.DataFrame, curves: pd.DataFrame, columns: list[str], sync: dict
+) -> Ladder | None:
+    finals = {
+        v: {s: _final(curves, r) for s, r in zip(c["seed"], c["run"])}
+        for v, c in opt_runs[opt_runs["variant"].isin(columns)].groupby("variant")
+    }
     ends = {v: max(f[0] for f in fs.values() if f) for v, fs in finals.items() if any(fs.values())}
     columns = sorted(ends, key=ends.get)
     sync_end = [f[0] for f in sync.values() if f]
@@ -141,9 +146,16 @@ def _ladder(group: Any, optimizer: str, opt_runs: pd.DataFrame, curves: pd.DataF
         return None
     first = opt_runs[opt_runs["variant"] == columns[0]].iloc[0]
     cfg = first["config"] or {}
-    lad = Ladder(group.title, optimizer, columns, [ends[v] / max(sync_end) for v in columns], bool(first["ef"]),
-                 int(cfg.get("pipeline.stages") or 2), int(cfg.get("train.micro_batches") or 1),
-                 _async_schedule(first))  # fmt: skip
+    lad = Ladder(
+        group.title,
+        optimizer,
+        columns,
+        [ends[v] / max(sync_end) for v in columns],
+        bool(first["ef"]),
+        int(cfg.get("pipeline.stages") or 2),
+        int(cfg.get("train.micro_batches") or 1),
+        _async_schedule(first),
+    )
     for seed, ref in sync.items():
         budgets = [finals[v][seed] for v in columns if finals[v].get(seed)]
         if ref is None or not budgets:
@@ -209,13 +221,17 @@ def tokens_table(ladders_: list[Ladder], bench: list[dict]) -> pd.DataFrame:
     rows = []
     for lad in ladders_:
         thr = lad.throughput(bench)
-        rows.append({
-            "table": lad.table, "optimizer": lad.optimizer, "variant (budgets)": lad.name,
-            "seeds reached": f"{lad.reached}/{len(lad.per_seed)}",
-            "tokens to sync's final val loss, / sync's": lad.tokens_text(),
-            "net speed-up at its P, m": f"{lad.net(thr)} (P={lad.stages}, m={lad.micro_batches}: "
-                                        f"{thr.vs_1f1b:.3f}x throughput, {thr.error().how})",
-        })  # fmt: skip
+        rows.append(
+            {
+                "table": lad.table,
+                "optimizer": lad.optimizer,
+                "variant (budgets)": lad.name,
+                "seeds reached": f"{lad.reached}/{len(lad.per_seed)}",
+                "tokens to sync's final val loss, / sync's": lad.tokens_text(),
+                "net speed-up at its P, m": f"{lad.net(thr)} (P={lad.stages}, m={lad.micro_batches}: "
+                f"{thr.vs_1f1b:.3f}x throughput, {thr.error().how})",
+            }
+        )
     return pd.DataFrame(rows).set_index("table") if rows else pd.DataFrame()
 
 
@@ -227,9 +243,11 @@ def phrase(lad: Ladder, bench: list[dict]) -> str:
     where = f"at P={lad.stages}, m={lad.micro_batches} ({thr.vs_1f1b:.2f}x throughput, {spread.how})"
     if lad.bound is not None:
         top = f" ({sp.hi:.2f}x at the throughput's high end)" if math.isfinite(sp.hi) and sp.hi > sp.value else ""
-        return (f"{lad.columns[0]} does not reach sync's loss within {max(lad.multiples):.2f}x its tokens "
-                f"({len(lad.per_seed) - lad.reached} of {len(lad.per_seed)} seeds), so {where} it is at most "
-                f"{sp.value:.2f}x sync's speed{top}" + _versus_strongest(thr, lad))  # fmt: skip
+        return (
+            f"{lad.columns[0]} does not reach sync's loss within {max(lad.multiples):.2f}x its tokens "
+            f"({len(lad.per_seed) - lad.reached} of {len(lad.per_seed)} seeds), so {where} it is at most "
+            f"{sp.value:.2f}x sync's speed{top}" + _versus_strongest(thr, lad)
+        )
     iv = lad.ratio
     if iv is None or not iv.known:
         return ""

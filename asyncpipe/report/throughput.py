@@ -82,20 +82,37 @@ def load_bench(paths: Sequence[Path]) -> list[dict]:
         except ValueError:
             raise UserError(f"--bench {path}: not JSON (give a result file of `asyncpipe bench pipeline`)") from None
         variants = data.get("variants") if isinstance(data, dict) else None
-        if not isinstance(variants, dict) or "2bw" not in variants or not all(
-            isinstance(data.get(k), int) for k in ("stages", "micro_batches")
+        if (
+            not isinstance(variants, dict)
+            or "2bw" not in variants
+            or not all(isinstance(data.get(k), int) for k in ("stages", "micro_batches"))
         ):
-            raise UserError(f"--bench {path}: not a `bench pipeline` result (needs stages, micro_batches and a "
-                            "measured 2bw variant)")  # fmt: skip
+            raise UserError(
+                f"--bench {path}: not a `bench pipeline` result (needs stages, micro_batches and a "
+                "measured 2bw variant)"
+            )
         check(data, str(path))
         measured = {k: v for k, v in variants.items() if isinstance(v, dict) and "ratio_to_1f1b" in v}
         flagged = any("synchronous" in v for v in measured.values())
-        sync = [k for k, v in measured.items() if "+" not in k  # eager rows: the 2BW ratios read are eager too
-                and (v.get("synchronous") is True if flagged else k in sync_schedules())]  # fmt: skip
-        out.append({"path": str(path), "P": data["stages"], "m": data["micro_batches"], "sync": sync, "record": data,
-                    "optimizer": data.get("optimizer"), "rounds": per_round(variants, measured),
-                    "labels": {k: str(v.get("schedule", k)) for k, v in measured.items()},
-                    "ratios": {k: float(v["ratio_to_1f1b"]) for k, v in measured.items()}})
+        sync = [
+            k
+            for k, v in measured.items()
+            if "+" not in k  # eager rows: the 2BW ratios read are eager too
+            and (v.get("synchronous") is True if flagged else k in sync_schedules())
+        ]
+        out.append(
+            {
+                "path": str(path),
+                "P": data["stages"],
+                "m": data["micro_batches"],
+                "sync": sync,
+                "record": data,
+                "optimizer": data.get("optimizer"),
+                "rounds": per_round(variants, measured),
+                "labels": {k: str(v.get("schedule", k)) for k, v in measured.items()},
+                "ratios": {k: float(v["ratio_to_1f1b"]) for k, v in measured.items()},
+            }
+        )
     return out
 
 
@@ -114,8 +131,14 @@ def for_optimizer(bench: list[dict], optimizer: str | None) -> tuple[list[dict],
     return bench, f"{name}: no bench file timed it, {' / '.join(timed)}'s step"
 
 
-def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = False,
-               schedule: str = "2bw", optimizer: str | None = None) -> Throughput:  # fmt: skip
+def throughput(
+    stages: int,
+    micro_batches: int,
+    bench: list[dict],
+    ef: bool = False,
+    schedule: str = "2bw",
+    optimizer: str | None = None,
+) -> Throughput:
     """The asynchronous ``schedule``'s (2BW's, or PACI's; + EF's when `ef` and measured) throughput ratio at (P, m),
     from the bench files of `optimizer` (`for_optimizer`); see the module docstring. A bench file without that
     schedule does not count as measuring it."""
@@ -133,8 +156,18 @@ def throughput(stages: int, micro_batches: int, bench: list[dict], ef: bool = Fa
         over_best = ratio / syncs[best] if syncs else None
         best_rounds = paired_over(rounds.get(name), rounds.get(best)) if best != "1f1b" else rounds.get(name)
         spread_best = rounds_spread(best_rounds, over_best, f"measured{at}") if over_best else None
-        return Throughput(stages, micro_batches, ratio, over_best, best, where, b.get("labels", {}).get(best, best),
-                          rounds_spread(rounds.get(name), ratio, f"measured{at}"), spread_best, note)
+        return Throughput(
+            stages,
+            micro_batches,
+            ratio,
+            over_best,
+            best,
+            where,
+            b.get("labels", {}).get(best, best),
+            rounds_spread(rounds.get(name), ratio, f"measured{at}"),
+            spread_best,
+            note,
+        )
     modelled = modelled_ratio(stages, micro_batches, bench, ef, schedule)
     if modelled is not None:
         value, where, sync = modelled
@@ -155,8 +188,9 @@ _MODELS: dict[str, object] = {}  # calibrations already made, by file
 _RATIOS: dict[tuple, tuple[float, tuple[str, float] | None] | None] = {}
 
 
-def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool = False, schedule: str = "2bw"
-                   ) -> tuple[float, str, tuple[str, float] | None] | None:  # fmt: skip
+def modelled_ratio(
+    stages: int, micro_batches: int, bench: list[dict], ef: bool = False, schedule: str = "2bw"
+) -> tuple[float, str, tuple[str, float] | None] | None:
     """(``schedule``'s (+ EF's) modelled throughput over 1F1B, its source label, ("dualpipev", DualPipeV's modelled
     throughput over 1F1B) or None where the model cannot run DualPipeV here: m < 2P or fewer than 2P blocks), from
     the model calibrated on `calibration(bench)` (most micro-batches: the most work per timed instruction); None
@@ -172,20 +206,32 @@ def modelled_ratio(stages: int, micro_batches: int, bench: list[dict], ef: bool 
         return None
     value, sync = _RATIOS[key]
     name = f"{schedule}_ef" if ef else schedule
-    return value, (f"modelled, {name} (cost model calibrated on {Path(b['path']).name}: 1F1B at P=2, "
-                   f"m={b['m']}, {rec.get('model', '?')}{load_note(rec)})"), sync  # fmt: skip
+    return (
+        value,
+        (
+            f"modelled, {name} (cost model calibrated on {Path(b['path']).name}: 1F1B at P=2, "
+            f"m={b['m']}, {rec.get('model', '?')}{load_note(rec)})"
+        ),
+        sync,
+    )
 
 
 def calibration(bench: list[dict]) -> dict | None:
     """The bench file the cost model is calibrated on: at P = 2 with 1F1B's per-instruction timings, measured at a
     load within its CPUs where one is (the model's validation was), then the most micro-batches."""
-    usable = [b for b in bench if b["P"] == 2 and isinstance((b.get("record") or {}).get("variants", {}).get("1f1b"),
-              dict) and "seconds_by_op_per_stage" in b["record"]["variants"]["1f1b"]]  # fmt: skip
+    usable = [
+        b
+        for b in bench
+        if b["P"] == 2
+        and isinstance((b.get("record") or {}).get("variants", {}).get("1f1b"), dict)
+        and "seconds_by_op_per_stage" in b["record"]["variants"]["1f1b"]
+    ]
     return min(usable, key=lambda b: (bool(load_note(b["record"])), -b["m"]), default=None)
 
 
-def _model(b: dict, rec: dict, schedule: str, stages: int, micro_batches: int, ef: bool
-           ) -> tuple[float, tuple[str, float] | None] | None:  # fmt: skip
+def _model(
+    b: dict, rec: dict, schedule: str, stages: int, micro_batches: int, ef: bool
+) -> tuple[float, tuple[str, float] | None] | None:
     """``schedule``'s (+ EF's) ratio over 1F1B and DualPipeV's (or None where the model cannot run it) under the
     cost model calibrated on `b`; None where the model cannot run ``schedule`` at this P and m."""
     from asyncpipe.errors import UserError as Refused

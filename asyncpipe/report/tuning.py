@@ -38,24 +38,31 @@ class Tuning:
 
     def sentence(self) -> str:
         """The takeaway that says what the comparison is: which value each column used, on which seeds."""
-        chosen = "; ".join(f"{r['optimizer']} {r['column']} {self.short}={r['chosen']}"
-                           for _, r in self.table.iterrows())
-        return (f"Tuned against tuned: each column at its own best `{self.key}` ({self.seeds_text()}, so the choice "
-                f"does not flatter a variant): {chosen}.")  # fmt: skip
+        chosen = "; ".join(
+            f"{r['optimizer']} {r['column']} {self.short}={r['chosen']}" for _, r in self.table.iterrows()
+        )
+        return (
+            f"Tuned against tuned: each column at its own best `{self.key}` ({self.seeds_text()}, so the choice "
+            f"does not flatter a variant): {chosen}."
+        )
 
 
 def split_seeds(seeds: Sequence[Any], select: Sequence[str] | None) -> tuple[list[Any], list[Any]]:
     """(selection seeds, measurement seeds): `select` as given (matched by text), else the lower half."""
     ordered = sorted(dict.fromkeys(seeds), key=natural)
     if len(ordered) < 2:
-        raise UserError(f"--best-of needs runs at 2 or more seeds (a value is chosen on some and measured on the "
-                        f"others); these runs have {len(ordered)}")  # fmt: skip
+        raise UserError(
+            f"--best-of needs runs at 2 or more seeds (a value is chosen on some and measured on the "
+            f"others); these runs have {len(ordered)}"
+        )
     if select:
         wanted = {str(s).strip() for s in select}
         chosen = [s for s in ordered if str(s) in wanted]
         if len(chosen) != len(wanted) or len(chosen) == len(ordered):
-            raise UserError(f"--select-seeds {','.join(select)}: give some, not all, of the runs' seeds "
-                            f"({', '.join(map(fmt_value, ordered))})")  # fmt: skip
+            raise UserError(
+                f"--select-seeds {','.join(select)}: give some, not all, of the runs' seeds "
+                f"({', '.join(map(fmt_value, ordered))})"
+            )
     else:
         chosen = ordered[: max(1, len(ordered) // 2)]
     return chosen, [s for s in ordered if s not in chosen]
@@ -74,13 +81,16 @@ def _final_losses(curves: pd.DataFrame) -> dict[str, float]:
     return last.to_dict()
 
 
-def best_of(runs: pd.DataFrame, curves: pd.DataFrame, key: str,
-            select: Sequence[str] | None = None) -> tuple[pd.DataFrame, Tuning]:  # fmt: skip
+def best_of(
+    runs: pd.DataFrame, curves: pd.DataFrame, key: str, select: Sequence[str] | None = None
+) -> tuple[pd.DataFrame, Tuning]:
     """The runs to report (each column's chosen value at the measurement seeds, `key` dropped from their configs,
     column `tuned` = `lr=0.004`) and the Tuning that says what was chosen on what."""
     if key == SEED:
-        raise UserError("--best-of seed: the seed is what selection and measurement are split by; give a swept "
-                        "setting (e.g. optimizer.lr)")  # fmt: skip
+        raise UserError(
+            "--best-of seed: the seed is what selection and measurement are split by; give a swept "
+            "setting (e.g. optimizer.lr)"
+        )
     values = [flat.get(key) for flat in runs["config"]]
     if all(v is None for v in values):
         raise UserError(f"--best-of {key}: no run records that setting (give a dotted config key, e.g. optimizer.lr)")
@@ -88,13 +98,16 @@ def best_of(runs: pd.DataFrame, curves: pd.DataFrame, key: str,
         raise UserError(f"--best-of {key}: every run has {fmt_value(values[0])}; there is nothing to choose between")
     settings = [comparable(flat) for flat in runs["config"]]
     fill_unrecorded(settings)  # a run recorded before a key existed is in the same column as one that records it
-    runs = runs.assign(_value=values, _column=[
-        repr(sorted((k, repr(v)) for k, v in flat.items() if k != key)) for flat in settings])
+    runs = runs.assign(
+        _value=values, _column=[repr(sorted((k, repr(v)) for k, v in flat.items() if k != key)) for flat in settings]
+    )
     columns = runs.groupby(["optimizer", "variant", "_column"], sort=False, dropna=False)
     if all(cell["_value"].map(repr).nunique() < 2 for _, cell in columns):
-        raise UserError(f"--best-of {key}: no column has runs at two values of it (it defines the columns, or "
-                        "varies only between them), so nothing would be tuned; give a setting swept within each "
-                        "column, e.g. optimizer.lr")
+        raise UserError(
+            f"--best-of {key}: no column has runs at two values of it (it defines the columns, or "
+            "varies only between them), so nothing would be tuned; give a setting swept within each "
+            "column, e.g. optimizer.lr"
+        )
     sel, meas = split_seeds(list(runs["seed"]), select)
     tuning = Tuning(key, sel, meas)
     finals = _final_losses(curves)
@@ -110,8 +123,10 @@ def best_of(runs: pd.DataFrame, curves: pd.DataFrame, key: str,
         best = min(scores, key=lambda v: scores[v])  # ties: the smaller value
         if not math.isfinite(scores[best]):
             seeds = ", ".join(map(fmt_value, sel))
-            raise UserError(f"--best-of {key}: {opt} {variant} has no value whose runs at the selection seed(s) "
-                            f"{seeds} all completed; nothing can be chosen for it")
+            raise UserError(
+                f"--best-of {key}: {opt} {variant} has no value whose runs at the selection seed(s) "
+                f"{seeds} all completed; nothing can be chosen for it"
+            )
         keep.append(cell[(cell["_value"].map(repr) == best) & cell["seed"].isin(meas)])
         means = {fmt_value(by_repr[v]): f"{x:.4f}" if math.isfinite(x) else "incomplete" for v, x in scores.items()}
         rows.append({"optimizer": opt, "column": variant, "chosen": fmt_value(by_repr[best]), **means})
@@ -119,8 +134,10 @@ def best_of(runs: pd.DataFrame, curves: pd.DataFrame, key: str,
     values_shown = sorted(table.columns[3:], key=lambda c: natural(_number(c)))  # one ascending axis for every row
     tuning.table = table[[*table.columns[:3], *values_shown]]
     out = pd.concat(keep, ignore_index=False) if keep else runs.iloc[:0]
-    out = out.assign(config=[{k: v for k, v in flat.items() if k != key} for flat in out["config"]],
-                     tuned=[f"{tuning.short}={fmt_value(v)}" for v in out["_value"]])
+    out = out.assign(
+        config=[{k: v for k, v in flat.items() if k != key} for flat in out["config"]],
+        tuned=[f"{tuning.short}={fmt_value(v)}" for v in out["_value"]],
+    )
     out = out.drop(columns=["_value", "_column"]).reset_index(drop=True)
     out.attrs.update(runs.attrs)
     return out, tuning

@@ -23,8 +23,10 @@ def _closure_clause(closed: Claim | None, effect: Claim | None) -> str:
         said = f"{effect.label} {effect.shown()} is {effect.note or 'resolved'}" if effect is not None else ""
         if closed is not None and closed.clears_zero and closed.uninformative:  # clear of 0, but says nothing more
             wide = closed.shown().removeprefix("not resolved ")
-            said += (f"{'; ' if said else ''}{closed.label}: not resolved ({wide}, wider than [0%, 100%], "
-                     f"{closed.interval.n} seeds)")  # fmt: skip
+            said += (
+                f"{'; ' if said else ''}{closed.label}: not resolved ({wide}, wider than [0%, 100%], "
+                f"{closed.interval.n} seeds)"
+            )
         return said
     clause = f"{closed.variant} recovers {closed.shown()} of the gap"
     if closed.goal:
@@ -67,9 +69,14 @@ def takeaways(claims: list[Claim], ladders: list[Ladder], bench: list[dict], sev
                     clauses.append(clause)
         if single and not own:  # a one-seed sweep (make smoke-test): the point values, said to be unjudged
             every = [c for c in claims if (c.table, c.optimizer) == (table, opt)]
-            clauses += [f"{c.variant} {'costs' if c.interval.value > 0 else 'gains'} {abs(c.interval.value):.4f}"
-                        for c in every if c.kind == "gap"]  # fmt: skip
-            clauses += [f"{c.variant} closes {c.interval.value:.0%} of the delayed gap" for c in every if c.kind == "closed"]
+            clauses += [
+                f"{c.variant} {'costs' if c.interval.value > 0 else 'gains'} {abs(c.interval.value):.4f}"
+                for c in every
+                if c.kind == "gap"
+            ]
+            clauses += [
+                f"{c.variant} closes {c.interval.value:.0%} of the delayed gap" for c in every if c.kind == "closed"
+            ]
             clauses.append("one seed: no interval, nothing resolved (add seeds: seed=0,1,2)")
         elif single:
             clauses.append(f"{len(single)} one-seed column(s) not judged (no spread: {', '.join(sorted(single))})")
@@ -124,6 +131,8 @@ def paper_basis(claims: list[Claim], matched: dict[str, int | None]) -> list[str
         seeds = sorted({s for c in judged if c.table == table for s in c.seeds}, key=str)
         tokens = matched.get(table)
         at = f"; final val loss at {tokens:,} tokens" if tokens else ""
-        out.append(f"Against the paper: this report's runs ({table}; seeds {', '.join(map(str, seeds))}{at}); "
-                   "the paper's table (360M; MoE-10B for MoE runs); other seeds give other intervals.")
+        out.append(
+            f"Against the paper: this report's runs ({table}; seeds {', '.join(map(str, seeds))}{at}); "
+            "the paper's table (360M; MoE-10B for MoE runs); other seeds give other intervals."
+        )
     return out

@@ -28,8 +28,19 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa
 from asyncpipe.report.palette import NEUTRAL, Palette  # noqa: E402
 from asyncpipe.report.plots import DPI, figure_legend, save_figure  # noqa: E402
 
-COLUMNS = ["P", "m", "optimizer", "variant", "against", "speedup", "lo", "hi", "resolved", "bounded",
-           "throughput_source"]  # what the figure reads of speedup_cells: one row per (P, m, variant, schedule)
+COLUMNS = [
+    "P",
+    "m",
+    "optimizer",
+    "variant",
+    "against",
+    "speedup",
+    "lo",
+    "hi",
+    "resolved",
+    "bounded",
+    "throughput_source",
+]  # what the figure reads of speedup_cells: one row per (P, m, variant, schedule)
 
 
 def strongest(frame: pd.DataFrame) -> pd.DataFrame:
@@ -46,15 +57,23 @@ def plot_verdict(frame: pd.DataFrame, order: list[str], path: Path) -> list[Path
     """One panel per optimizer: x = the (P, m) points, y = net speed-up (log), one colour per variant; `frame` is
     the speed-up cells in long form (COLUMNS), every schedule held against: the strongest is picked here."""
     picked = strongest(frame[frame["speedup"].notna()] if len(frame) else frame)
-    drawn = [Cell(*(None if isinstance(v, float) and math.isnan(v) else v for v in r))
-             for r in picked[COLUMNS].itertuples(index=False)]  # fmt: skip
+    drawn = [
+        Cell(*(None if isinstance(v, float) and math.isnan(v) else v for v in r))
+        for r in picked[COLUMNS].itertuples(index=False)
+    ]
     if not drawn:
         return []
     palette = Palette(order)
     optimizers = list(dict.fromkeys(c.optimizer for c in drawn))
     points = list(dict.fromkeys((c.P, c.m) for c in sorted(drawn, key=lambda c: (c.P, c.m))))
-    fig, axes = plt.subplots(len(optimizers), 1, figsize=(max(10, 1.1 * len(points) + 3), 3.6 * len(optimizers) + 1),
-                             dpi=DPI, squeeze=False, layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(
+        len(optimizers),
+        1,
+        figsize=(max(10, 1.1 * len(points) + 3), 3.6 * len(optimizers) + 1),
+        dpi=DPI,
+        squeeze=False,
+        layout="constrained",
+    )
     finite = [float(v) for c in drawn for v in (c.speedup, c.lo, c.hi) if v is not None and math.isfinite(v) and v > 0]
     top, bottom = max(finite + [1.0]) * 1.6, min(finite + [1.0]) / 1.3
     legend: dict[str, Line2D] = {}
@@ -78,15 +97,20 @@ def plot_verdict(frame: pd.DataFrame, order: list[str], path: Path) -> list[Path
             if points[i][0] != points[i - 1][0]:
                 ax.axvline(i - 0.5, color=NEUTRAL["grey"], linewidth=0.6)
         ax.set_ylabel("net speed-up (x)")
-        ax.set_title(f"{optimizer}: time to sync's final val loss, strongest synchronous schedule ÷ this variant",
-                     fontsize=10)  # fmt: skip
+        ax.set_title(
+            f"{optimizer}: time to sync's final val loss, strongest synchronous schedule ÷ this variant", fontsize=10
+        )
         ax.grid(axis="y", alpha=0.3, which="both")
     legend["filled: resolved (interval excludes 1x); hollow: not resolved"] = Line2D(
-        [], [], color=NEUTRAL["dark"], marker="o", markerfacecolor="none", linestyle="none")
+        [], [], color=NEUTRAL["dark"], marker="o", markerfacecolor="none", linestyle="none"
+    )
     legend["1x: as fast as the strongest synchronous schedule"] = Line2D([], [], color=NEUTRAL["black"], linewidth=0.9)
     figure_legend(fig, legend)
-    fig.suptitle("Verdict: net wall-clock speed-up over the strongest synchronous schedule, 95% interval from the "
-                 "speed-up table (throughput ratio ÷ token ratio)", fontsize=11)  # fmt: skip
+    fig.suptitle(
+        "Verdict: net wall-clock speed-up over the strongest synchronous schedule, 95% interval from the "
+        "speed-up table (throughput ratio ÷ token ratio)",
+        fontsize=11,
+    )
     return save_figure(fig, path)
 
 
@@ -120,8 +144,15 @@ def _point(ax: plt.Axes, c: Cell, x: float, ylim: tuple[float, float], colour: s
             ax.annotate("", (x, top), xytext=(x, top / 1.25), arrowprops={"arrowstyle": "->", "color": colour})
     ax.plot([x], [c.speedup], marker=marker, color=colour, markerfacecolor=face, markersize=7, linestyle="none")
     if c.resolved:
-        ax.annotate(f"{c.speedup:.2f}x", (x, c.speedup), textcoords="offset points", xytext=(5, 0), fontsize=7,
-                    color=colour, va="center")  # fmt: skip
+        ax.annotate(
+            f"{c.speedup:.2f}x",
+            (x, c.speedup),
+            textcoords="offset points",
+            xytext=(5, 0),
+            fontsize=7,
+            color=colour,
+            va="center",
+        )
 
 
 def _tick(own: list[Cell], P: int, m: int) -> str:

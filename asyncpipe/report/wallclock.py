@@ -30,15 +30,25 @@ def _families(group, own: list[Ladder], bench: list[dict], at: tuple[int, int] |
     for lad in own:
         thr = lad.throughput(bench) if at is None else throughput(*at, bench, lad.ef, lad.schedule, lad.optimizer)
         P, m = at or (lad.stages, lad.micro_batches)
-        rungs = f", {len(lad.columns)} budgets {lad.multiples[0]:.2f}x-{lad.multiples[-1]:.2f}x" if len(
-            lad.columns) > 1 else ""  # fmt: skip
-        families.append((lad.columns[0], list(lad.columns), thr.vs_1f1b,
-                         f"{lad.columns[0]}{rungs} (÷{thr.vs_1f1b:.3f}, {thr.kind} at P={P}, m={m})"))
+        rungs = (
+            f", {len(lad.columns)} budgets {lad.multiples[0]:.2f}x-{lad.multiples[-1]:.2f}x"
+            if len(lad.columns) > 1
+            else ""
+        )
+        families.append(
+            (
+                lad.columns[0],
+                list(lad.columns),
+                thr.vs_1f1b,
+                f"{lad.columns[0]}{rungs} (÷{thr.vs_1f1b:.3f}, {thr.kind} at P={P}, m={m})",
+            )
+        )
     return families
 
 
-def _draw_family(ax: plt.Axes, done: pd.DataFrame, curves: pd.DataFrame, columns: list[str], ratio: float,
-                 colour: str, marker: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:  # fmt: skip
+def _draw_family(
+    ax: plt.Axes, done: pd.DataFrame, curves: pd.DataFrame, columns: list[str], ratio: float, colour: str, marker: str
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """The longest budget's mean curve and every budget's end point; returns what was drawn and the seeds."""
     means = []
     for column in columns:
@@ -51,20 +61,35 @@ def _draw_family(ax: plt.Axes, done: pd.DataFrame, curves: pd.DataFrame, columns
     x, y, _ = means[-1]
     ax.plot(x, y, color=colour, linewidth=1.4)
     ends = np.array([(m[0][-1], m[1][-1]) for m in means])
-    ax.plot(ends[:, 0], ends[:, 1], color=colour, marker=marker, markersize=6,
-            linestyle=":" if len(ends) > 1 else "none", linewidth=1.0)  # fmt: skip
+    ax.plot(
+        ends[:, 0],
+        ends[:, 1],
+        color=colour,
+        marker=marker,
+        markersize=6,
+        linestyle=":" if len(ends) > 1 else "none",
+        linewidth=1.0,
+    )
     return [(m[0], m[1]) for m in means], max(m[2] for m in means)
 
 
-def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladders: list[Ladder], bench: list[dict],
-                   path: Path, at: tuple[int, int] | None = None,
-                   order: list[str] | None = None) -> list[Path]:  # fmt: skip
+def plot_wallclock(
+    runs: pd.DataFrame,
+    curves: pd.DataFrame,
+    groups: list,
+    ladders: list[Ladder],
+    bench: list[dict],
+    path: Path,
+    at: tuple[int, int] | None = None,
+    order: list[str] | None = None,
+) -> list[Path]:
     """``at`` (P, m): every column's throughput at that depth and micro-batch count (the verdict's figure), else each
     ladder's own (the number its takeaway uses). ``order``: the report's column order (the palette's)."""
     palette = Palette(order or [])
     panels = list(dict.fromkeys((lad.table, lad.optimizer) for lad in ladders))
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(12, 6 * len(panels)), 7), dpi=DPI, squeeze=False,
-                             layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(max(12, 6 * len(panels)), 7), dpi=DPI, squeeze=False, layout="constrained"
+    )
     for ax, (table, optimizer) in zip(axes[0], panels):
         group = next(g for g in groups if g.title == table)
         done = runs[(runs["status"] == COMPLETED) & runs["run"].isin(group.runs) & (runs["optimizer"] == optimizer)]
@@ -75,27 +100,45 @@ def plot_wallclock(runs: pd.DataFrame, curves: pd.DataFrame, groups: list, ladde
             drawn, seeds = _draw_family(ax, done, curves, columns, ratio, colour, marker)
             ys += drawn
             if seeds:
-                ax.plot([], [], color=colour, marker=marker, markersize=6, linewidth=1.4,
-                        label=f"{label}, mean of {seeds}")  # fmt: skip
+                ax.plot(
+                    [], [], color=colour, marker=marker, markersize=6, linewidth=1.4, label=f"{label}, mean of {seeds}"
+                )
         _target(ax, done, curves, group.reference)
         _frame(ax, ys, f"{optimizer} | {table}")
     where = f" (every schedule at P={at[0]}, m={at[1]})" if at else ""
-    fig.suptitle("Val loss vs modelled wall-clock" + where + "\nline: a family's longest budget; markers: each budget's "
-                 "end; markers crossing the dashed target further left reach sync's final loss sooner",
-                 fontsize=10)  # fmt: skip
+    fig.suptitle(
+        "Val loss vs modelled wall-clock" + where + "\nline: a family's longest budget; markers: each budget's "
+        "end; markers crossing the dashed target further left reach sync's final loss sooner",
+        fontsize=10,
+    )
     return save_figure(fig, path)
 
 
 def _target(ax: plt.Axes, done: pd.DataFrame, curves: pd.DataFrame, reference: str) -> None:
     """The dashed line at sync's mean final val loss."""
     ref = done[done["variant"] == reference]
-    finals = [curves.loc[curves["run"] == r].sort_values("tokens")["val_loss"].iloc[-1] for r in ref["run"]
-              if (curves["run"] == r).any()]  # fmt: skip
+    finals = [
+        curves.loc[curves["run"] == r].sort_values("tokens")["val_loss"].iloc[-1]
+        for r in ref["run"]
+        if (curves["run"] == r).any()
+    ]
     if finals:
-        ax.axhline(float(np.mean(finals)), color=NEUTRAL["black"], linestyle="--", linewidth=0.9,
-                   label=f"target: sync's final val loss (mean {np.mean(finals):.4f})")  # fmt: skip
-    ax.plot([], [], color=NEUTRAL["dark"], marker="o", linestyle=":", linewidth=1.0,
-            label="markers: each budget's end (final val loss), joined dotted")  # fmt: skip
+        ax.axhline(
+            float(np.mean(finals)),
+            color=NEUTRAL["black"],
+            linestyle="--",
+            linewidth=0.9,
+            label=f"target: sync's final val loss (mean {np.mean(finals):.4f})",
+        )
+    ax.plot(
+        [],
+        [],
+        color=NEUTRAL["dark"],
+        marker="o",
+        linestyle=":",
+        linewidth=1.0,
+        label="markers: each budget's end (final val loss), joined dotted",
+    )
 
 
 def _frame(ax: plt.Axes, ys: list[tuple[np.ndarray, np.ndarray]], title: str) -> None:

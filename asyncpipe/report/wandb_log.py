@@ -28,12 +28,17 @@ def report_run_config(report: Report) -> dict:
         "tracker": {"wandb": wandb},
         "report": {
             "source": report.source,
-            "sweeps": [{k: m.get(k) for k in ("name", "base_overrides", "grid", "variants", "per")} for m in report.sweeps],
-            "group_keys": g.group_keys, "variant_keys": g.variant_keys, "row_keys": g.row_keys,
-            "tables": [t.title for t in report.groups], "runs": len(report.runs),
+            "sweeps": [
+                {k: m.get(k) for k in ("name", "base_overrides", "grid", "variants", "per")} for m in report.sweeps
+            ],
+            "group_keys": g.group_keys,
+            "variant_keys": g.variant_keys,
+            "row_keys": g.row_keys,
+            "tables": [t.title for t in report.groups],
+            "runs": len(report.runs),
             "completed": int((report.runs["status"] == "completed").sum()),
         },
-    }  # fmt: skip
+    }
 
 
 def wandb_dir(out_dir: Path) -> Path:
@@ -63,6 +68,9 @@ def log_report_to_wandb(report: Report, cfg_like: Any = None) -> bool:
     ok = mirror.active
     mirror.finish()
     if ok:
-        report.wandb_message = (f"wrote an offline W&B run of the report to {where} (upload: asyncpipe sync {where})"
-                                if mirror.mode == "offline" else f"logged the report to W&B (run files: {where})")
+        report.wandb_message = (
+            f"wrote an offline W&B run of the report to {where} (upload: asyncpipe sync {where})"
+            if mirror.mode == "offline"
+            else f"logged the report to W&B (run files: {where})"
+        )
     return ok

@@ -72,8 +72,10 @@ def save(
     target = step_dir(run_dir, step)
     try:
         target.mkdir(parents=True, exist_ok=True)
-        _atomic_torch_save({"format": FORMAT, "fingerprint": fingerprint, "rank": rank, "world": world,
-                            "state": state}, target / f"rank{rank}.pt")  # fmt: skip
+        _atomic_torch_save(
+            {"format": FORMAT, "fingerprint": fingerprint, "rank": rank, "world": world, "state": state},
+            target / f"rank{rank}.pt",
+        )
     except BaseException:
         with contextlib.suppress(OSError):  # no empty step dir is left (another rank's part keeps it)
             target.rmdir()
@@ -141,8 +143,9 @@ def complete(d: Path, world: int) -> Optional[str]:
     return None
 
 
-def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = print,
-                    at_most: Optional[int] = None) -> Optional[Path]:  # fmt: skip
+def latest_complete(
+    run_dir: Path, world: int = 1, log: Callable[[str], None] = print, at_most: Optional[int] = None
+) -> Optional[Path]:
     """The newest checkpoint whose marker and every rank part exist (at step ``at_most`` or earlier, when given);
     incomplete newer ones are reported."""
     for d in reversed(_complete_dirs(run_dir)):
@@ -156,9 +159,14 @@ def latest_complete(run_dir: Path, world: int = 1, log: Callable[[str], None] = 
     return None
 
 
-def load_latest(run_dir: Path, fingerprint: dict, rank: int = 0, world: int = 1,
-                gather: Callable[[Any], list] = lambda x: [x],
-                log: Callable[[str], None] = print) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
+def load_latest(
+    run_dir: Path,
+    fingerprint: dict,
+    rank: int = 0,
+    world: int = 1,
+    gather: Callable[[Any], list] = lambda x: [x],
+    log: Callable[[str], None] = print,
+) -> tuple[Optional[Path], Optional[dict]]:
     """(path, this rank's state) of the newest checkpoint that is complete and reads on every rank (`gather`: every
     rank's object on every rank, `dist.Comm.gather`), or (None, None) when there is none. A newer incomplete or damaged
     one (a crash mid-save, a truncated part) is named and passed over; a checkpoint of another run is refused, and
@@ -188,8 +196,10 @@ def load_latest(run_dir: Path, fingerprint: dict, rank: int = 0, world: int = 1,
             continue
         return d, state
     if damaged is not None:
-        raise UserError(f"{damaged}; no earlier checkpoint can be resumed from: delete the damaged checkpoint to "
-                        "start the run again from step 0, or choose another run.dir")  # fmt: skip
+        raise UserError(
+            f"{damaged}; no earlier checkpoint can be resumed from: delete the damaged checkpoint to "
+            "start the run again from step 0, or choose another run.dir"
+        )
     return None, None
 
 
@@ -233,8 +243,9 @@ def load(path: Path, fingerprint: dict, rank: int = 0, ignore: Collection[str] =
     try:
         blob = torch.load(part, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise DamagedCheckpoint(f"checkpoint {part} cannot be read safely ({type(exc).__name__}: "
-                                f"{first_sentence(str(exc))})") from None
+        raise DamagedCheckpoint(
+            f"checkpoint {part} cannot be read safely ({type(exc).__name__}: {first_sentence(str(exc))})"
+        ) from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise DamagedCheckpoint(f"{part} is not an asyncpipe checkpoint")
     _check_fingerprint(part, blob.get("fingerprint"), fingerprint, ignore)

@@ -28,7 +28,9 @@ def build_setup(cfg: DictConfig, log: Log) -> Setup:
     env = rank_env()
     rank, world, local = env if env is not None else (0, 1, 0)
     if cfg.engine == "pipeline" and env is None:
-        raise UserError("engine=pipeline ranks need RANK and WORLD_SIZE in the environment (torchrun, SLURM, asyncpipe)")
+        raise UserError(
+            "engine=pipeline ranks need RANK and WORLD_SIZE in the environment (torchrun, SLURM, asyncpipe)"
+        )
     say = log if rank == 0 else _silent
     set_deterministic(cfg.train.deterministic)
     device = pick_device(cfg.device)  # the run's one device choice (on CUDA: made current, LOCAL_RANK set)

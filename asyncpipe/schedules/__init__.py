@@ -42,7 +42,9 @@ class ScheduleSpec:
     weight_versions: Callable[[int, int], int]  # (P, stage) -> weight copies the stage holds at most
     in_flight: Callable[[int, int, int], list[int]]  # (P, m, stage) -> peak micro-batches held, per model chunk
     stream: Optional[Stream] = None  # the engine's instruction stream; None: its engine class's own (DeepSpeed's)
-    ideal: Optional[Stream] = None  # the stream its ideal timeline replays, when not ``stream`` (DeepSpeed's, translated)
+    ideal: Optional[Stream] = (
+        None  # the stream its ideal timeline replays, when not ``stream`` (DeepSpeed's, translated)
+    )
     # or its one-batch op order, (P, m) -> `asyncpipe.schedules.orders.Plan` (replayed by data dependencies)
     order: Optional[Callable[[int, int], Any]] = None
     bubble_note: str = ""  # a few words on its bubble, for the bubble table
@@ -142,11 +144,15 @@ def get(name: str) -> ScheduleSpec:
         import_named(name, f"pipeline.schedule={name}")
         found = [s for s in _SCHEDULES.values() if s.module == name]
         if len(found) != 1:
-            raise UserError(f"pipeline.schedule={name} declares {len(found)} schedules with "
-                            "asyncpipe.schedules.declare_schedule; it must declare exactly one")  # fmt: skip
+            raise UserError(
+                f"pipeline.schedule={name} declares {len(found)} schedules with "
+                "asyncpipe.schedules.declare_schedule; it must declare exactly one"
+            )
         return found[0]
-    raise ConfigError(f"pipeline.schedule={name} is unknown; choose one of: auto, {', '.join(sorted(_SCHEDULES))} "
-                      "(or name your own module: pipeline.schedule=pkg.module)")  # fmt: skip
+    raise ConfigError(
+        f"pipeline.schedule={name} is unknown; choose one of: auto, {', '.join(sorted(_SCHEDULES))} "
+        "(or name your own module: pipeline.schedule=pkg.module)"
+    )
 
 
 def resolve(cfg: Any) -> ScheduleSpec:
@@ -195,21 +201,27 @@ def check(cfg: Any) -> None:
     s = resolve(cfg)
     named = f"pipeline.schedule={s.name}"
     if cfg.get("delay_profile", "uniform") == "pipedream" and s.name != "pipedream":
-        raise ConfigError(f"delay_profile=pipedream is the pipedream schedule (simulator only); {named} has its own "
-                          "staleness: drop one of them")  # fmt: skip
+        raise ConfigError(
+            f"delay_profile=pipedream is the pipedream schedule (simulator only); {named} has its own "
+            "staleness: drop one of them"
+        )
     if cfg.engine not in s.engines:
         raise ConfigError(f"{named} runs in engine={' or engine='.join(s.engines)}, not engine={cfg.engine}")
     if s.delay is not None and int(cfg.delay) != s.delay:
         raise ConfigError(f"{named} is {s.note}: its delay is {s.delay}; use delay={s.delay}, got delay={cfg.delay}")
     t, p = cfg.train, cfg.pipeline
     if t.grad_clip > 0 and p.clip not in s.clip_modes:
-        raise ConfigError(f"{named} cannot clip with pipeline.clip={p.clip}: {s.note}; use pipeline.clip="
-                          f"{' or pipeline.clip='.join(s.clip_modes)}, or train.grad_clip=0")  # fmt: skip
+        raise ConfigError(
+            f"{named} cannot clip with pipeline.clip={p.clip}: {s.note}; use pipeline.clip="
+            f"{' or pipeline.clip='.join(s.clip_modes)}, or train.grad_clip=0"
+        )
     if s.compensations is not None:
         comp = cfg.compensation.name
         if comp not in s.compensations:
-            raise ConfigError(f"compensation={comp} is not defined under {named}; use compensation="
-                              f"{' or compensation='.join(s.compensations)}")  # fmt: skip
+            raise ConfigError(
+                f"compensation={comp} is not defined under {named}; use compensation="
+                f"{' or compensation='.join(s.compensations)}"
+            )
     P, m = int(p.stages), int(t.micro_batches)
     if s.min_micro_batches is not None and not s.fits(P, m) and (cfg.engine == "pipeline" or s.stage_delay is None):
         least = s.min_micro_batches(P)  # where its order runs: the engine's stream, or the simulator's stages apart
@@ -297,4 +309,3 @@ def uniform(delay: int) -> Callable[[int, int, int, int], tuple[int, int]]:
         return v, v
 
     return versions
-

@@ -51,7 +51,7 @@ def _dualpipev_rounds(P: int, m: int, r: int) -> list[tuple[int, str, int]]:
         (b, "B1 B0", 2),
         (a, "B0", 2),
         (b, "", 1),  # the reference's deferred W's: only their commits here
-    ]  # fmt: skip
+    ]
 
 
 def dualpipev_instructions(stages: int, micro_batches: int, rank: int) -> int:
@@ -108,17 +108,33 @@ def _check(cfg: Any) -> None:
     if cfg.engine != "pipeline":
         return
     if t.micro_batches < 2 * p.stages or t.eval_batches // p.data_parallel < 2 * p.stages:
-        raise ConfigError(f"pipeline.schedule=dualpipev needs train.micro_batches and train.eval_batches per replica "
-                          f">= 2 x pipeline.stages = {2 * p.stages}, got {t.micro_batches} and {t.eval_batches}")
+        raise ConfigError(
+            f"pipeline.schedule=dualpipev needs train.micro_batches and train.eval_batches per replica "
+            f">= 2 x pipeline.stages = {2 * p.stages}, got {t.micro_batches} and {t.eval_batches}"
+        )
     if 2 * p.stages > m.n_layer:
-        raise ConfigError(f"pipeline.schedule=dualpipev cuts the model into 2 x {p.stages} chunks of at least one "
-                          f"block; model '{m.name}' has {m.n_layer} blocks")
+        raise ConfigError(
+            f"pipeline.schedule=dualpipev cuts the model into 2 x {p.stages} chunks of at least one "
+            f"block; model '{m.name}' has {m.n_layer} blocks"
+        )
 
 
-SPEC = declare_schedule(ScheduleSpec(
-    name="dualpipev", note="synchronous DualPipeV (DeepSpeed's): 2 chunks per rank in a V, a flush per batch",
-    versions=uniform(0), weight_versions=lambda P, s: 1, in_flight=in_flight, stream=None, order=dualpipev, bubble_note="2 chunks per rank (V), W inside B",
-    label="DualPipeV",
-    delay=0, chunks=2, check=_check, engine_class="asyncpipe.pipe.dualpipev:DualPipeVRunEngine",
-    module_class="asyncpipe.pipe.dualpipev:DualPipeVModule", stage_delay=lambda P, s, delay: 0,
-))  # fmt: skip
+SPEC = declare_schedule(
+    ScheduleSpec(
+        name="dualpipev",
+        note="synchronous DualPipeV (DeepSpeed's): 2 chunks per rank in a V, a flush per batch",
+        versions=uniform(0),
+        weight_versions=lambda P, s: 1,
+        in_flight=in_flight,
+        stream=None,
+        order=dualpipev,
+        bubble_note="2 chunks per rank (V), W inside B",
+        label="DualPipeV",
+        delay=0,
+        chunks=2,
+        check=_check,
+        engine_class="asyncpipe.pipe.dualpipev:DualPipeVRunEngine",
+        module_class="asyncpipe.pipe.dualpipev:DualPipeVModule",
+        stage_delay=lambda P, s, delay: 0,
+    )
+)

@@ -46,4 +46,3 @@ def gpipe_stream(micro_batches: int, stages: int, stage_id: int, batches: int = 
                 cmds.append(SendGrad(buffer_id=j, micro_batch=k))
         cmds += [ReduceGrads(batch=b), OptimizerStep(batch=b, src_version=b, dst_version=b + 1)]
     return cmds
-

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 class Instruction:
     """One thing a stage does; keyword arguments become attributes and are passed to the engine's handler."""
 
@@ -80,11 +81,9 @@ def check_stream(micro_batches: int, stages: int, stage_id: int, batches: int) -
         raise ValueError(f"need micro_batches >= 1 and batches >= 1, got {micro_batches}, {batches}")
 
 
-
 def flatten(ticks: Any) -> list[Instruction]:
     """One flat instruction list from ticks (lists of instructions)."""
     return [cmd for tick in ticks for cmd in tick]
-
 
 
 _DS_NAMES = {
@@ -122,4 +121,3 @@ def from_deepspeed(ds_ticks: Any, micro_batches: int, batch: int = 0) -> list[In
             elif name != "ReduceTiedGrads":
                 raise ValueError(f"no translation for DeepSpeed instruction {cmd!r}")
     return out
-

@@ -83,7 +83,6 @@ def train_schedule_stream(micro_batches: int, stages: int, stage_id: int, batche
     return out
 
 
-
 def one_f_one_b(stages: int, micro_batches: int) -> Plan:
     """1F1B's one-batch order: each rank's forwards and backwards in its flushed stream's order."""
     ranks = []
@@ -93,12 +92,24 @@ def one_f_one_b(stages: int, micro_batches: int) -> Plan:
         ranks.append([Op("F" if isinstance(cmd, ForwardPass) else "B", r, cmd.micro_batch) for cmd in passes])
     return Plan("1f1b", stages, micro_batches, list(range(stages)), ranks)
 
+
 def _ideal(m: int, P: int, stage: int, batches: int, start: int = 0, defer_step: bool = False) -> list:
     return [flushed_1f1b_stream(m, P, stage, batches)]  # TrainSchedule's order, without DeepSpeed
 
 
-SPEC = declare_schedule(ScheduleSpec(
-    name="1f1b", note="synchronous 1F1B with a flush per batch (DeepSpeed's TrainSchedule)",
-    versions=uniform(0), weight_versions=lambda P, s: 1, in_flight=one_f_one_b_in_flight,
-    stream=None, ideal=_ideal, order=one_f_one_b, delay=0, bubble_note="(P-1)/(m+P-1)", label="1F1B", stage_delay=lambda P, s, delay: 0,
-))  # fmt: skip
+SPEC = declare_schedule(
+    ScheduleSpec(
+        name="1f1b",
+        note="synchronous 1F1B with a flush per batch (DeepSpeed's TrainSchedule)",
+        versions=uniform(0),
+        weight_versions=lambda P, s: 1,
+        in_flight=one_f_one_b_in_flight,
+        stream=None,
+        ideal=_ideal,
+        order=one_f_one_b,
+        delay=0,
+        bubble_note="(P-1)/(m+P-1)",
+        label="1F1B",
+        stage_delay=lambda P, s, delay: 0,
+    )
+)

@@ -77,15 +77,31 @@ def check(cfg: Any) -> None:
     """PACI's own constraints (both recipes)."""
     named = f"pipeline.schedule={cfg.pipeline.schedule}"
     if cfg.model.moe.experts:
-        raise ConfigError(f"{named} does not run MoE models (the simulator's stage-by-stage run collects no router "
-                          "losses); use a dense model (model.moe.experts=0)")  # fmt: skip
+        raise ConfigError(
+            f"{named} does not run MoE models (the simulator's stage-by-stage run collects no router "
+            "losses); use a dense model (model.moe.experts=0)"
+        )
     if cfg.delay_profile != "uniform":
         raise ConfigError(f"{named} has its own staleness; use delay_profile=uniform, got {cfg.delay_profile}")
 
 
-SPEC = declare_schedule(ScheduleSpec(
-    name="paci", note="PACI: asynchronous 1F1B, one weight version, each stage steps in place with no barrier",
-    versions=versions, weight_versions=lambda P, s: 1, in_flight=one_f_one_b_in_flight, stream=stream,
-    delay=1, clip_modes=("stage",), compensations=("none", "ef"), check=check, in_order=True, inplace=True, flush=False,
-    revision=2, min_micro_batches=min_micro_batches, label="PACI",
-))  # fmt: skip
+SPEC = declare_schedule(
+    ScheduleSpec(
+        name="paci",
+        note="PACI: asynchronous 1F1B, one weight version, each stage steps in place with no barrier",
+        versions=versions,
+        weight_versions=lambda P, s: 1,
+        in_flight=one_f_one_b_in_flight,
+        stream=stream,
+        delay=1,
+        clip_modes=("stage",),
+        compensations=("none", "ef"),
+        check=check,
+        in_order=True,
+        inplace=True,
+        flush=False,
+        revision=2,
+        min_micro_batches=min_micro_batches,
+        label="PACI",
+    )
+)

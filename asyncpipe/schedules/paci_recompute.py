@@ -14,7 +14,15 @@ from asyncpipe.schedules import declare_schedule
 from asyncpipe.schedules.paci import SPEC as PACI
 
 # PACI's declaration with the other straddle recipe: same stream, versions, memory and constraints.
-SPEC = declare_schedule(replace(
-    PACI, name="paci-recompute", note="PACI with each straddling micro-batch's forward recomputed on the current weights",
-    inplace=False, recompute=True, revision=1, module="", label="PACI (recompute)",
-))  # fmt: skip
+SPEC = declare_schedule(
+    replace(
+        PACI,
+        name="paci-recompute",
+        note="PACI with each straddling micro-batch's forward recomputed on the current weights",
+        inplace=False,
+        recompute=True,
+        revision=1,
+        module="",
+        label="PACI (recompute)",
+    )
+)

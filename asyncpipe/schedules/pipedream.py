@@ -17,12 +17,22 @@ def _versions(P: int, m: int, stage: int, k: int) -> tuple[int, int]:
 
 def _check(cfg: Any) -> None:
     if cfg.delay_profile != "pipedream" or cfg.delay != 1:
-        raise ConfigError("delay_profile=pipedream (the pipedream schedule) delays stage s by P-1-s steps; use it with "
-                          f"delay=1 and delay_profile=pipedream, got delay={cfg.delay}, delay_profile={cfg.delay_profile}")
+        raise ConfigError(
+            "delay_profile=pipedream (the pipedream schedule) delays stage s by P-1-s steps; use it with "
+            f"delay=1 and delay_profile=pipedream, got delay={cfg.delay}, delay_profile={cfg.delay_profile}"
+        )
 
 
-SPEC = declare_schedule(ScheduleSpec(
-    name="pipedream", note="PipeDream: stage s reads weights P-1-s steps old", versions=_versions,
-    weight_versions=lambda P, s: P - s, in_flight=lambda P, m, s: [P - s], engines=("simulate",),
-    check=_check, flush=False, stage_delay=lambda P, s, delay: P - 1 - s,
-))  # fmt: skip
+SPEC = declare_schedule(
+    ScheduleSpec(
+        name="pipedream",
+        note="PipeDream: stage s reads weights P-1-s steps old",
+        versions=_versions,
+        weight_versions=lambda P, s: P - s,
+        in_flight=lambda P, m, s: [P - s],
+        engines=("simulate",),
+        check=_check,
+        flush=False,
+        stage_delay=lambda P, s, delay: P - 1 - s,
+    )
+)

@@ -66,7 +66,12 @@ class TwoBWSchedule:
     """
 
     def __init__(
-        self, micro_batches: int, stages: int, stage_id: int, batches: int, defer_step: bool = False,
+        self,
+        micro_batches: int,
+        stages: int,
+        stage_id: int,
+        batches: int,
+        defer_step: bool = False,
         start: int = 0,
     ) -> None:
         check_stream(micro_batches, stages, stage_id, batches)
@@ -110,7 +115,9 @@ class TwoBWSchedule:
         return [] if self.is_first_stage else [SendGrad(buffer_id=self._buf(k), micro_batch=k)]
 
     def _forward(self, k: int) -> list[Instruction]:
-        load = [LoadMicroBatch(buffer_id=self._buf(k), micro_batch=k)] if self.is_first_stage or self.is_last_stage else []
+        load = (
+            [LoadMicroBatch(buffer_id=self._buf(k), micro_batch=k)] if self.is_first_stage or self.is_last_stage else []
+        )
         return load + [ForwardPass(buffer_id=self._buf(k), micro_batch=k, version=self.version_of(k))]
 
     def _backward(self, k: int) -> list[Instruction]:
@@ -162,11 +169,15 @@ class TwoBWSchedule:
             nxt = self._recv_act(f + 1) if i < steady - 1 else []
             yield cmds + self._commit(self._send_grad(k) + nxt) + self._step_after(k)
         for k in range(first + steady, total):
-            yield self._commit(self._recv_grad(k)) + self._backward(k) + self._commit(self._send_grad(k)) + self._step_after(k)
+            yield (
+                self._commit(self._recv_grad(k))
+                + self._backward(k)
+                + self._commit(self._send_grad(k))
+                + self._step_after(k)
+            )
 
     def __iter__(self) -> Iterator[list[Instruction]]:
         return self.steps()
-
 
 
 def two_bw_stream(
@@ -176,7 +187,6 @@ def two_bw_stream(
     return flatten(TwoBWSchedule(micro_batches, stages, stage_id, batches, defer_step).steps())
 
 
-
 def two_bw_deferred_stream(micro_batches: int, stages: int, stage_id: int, batches: int) -> list[Instruction]:
     """2BW with each optimizer step deferred to the first use of its output (see `TwoBWSchedule`)."""
     return two_bw_stream(micro_batches, stages, stage_id, batches, defer_step=True)
@@ -184,16 +194,31 @@ def two_bw_deferred_stream(micro_batches: int, stages: int, stage_id: int, batch
 
 def _stream(m: int, P: int, stage: int, batches: int, start: int = 0, defer_step: bool = False) -> Any:
     return TwoBWSchedule(m, P, stage, batches, defer_step, start).steps()
+
+
 def _check(cfg: Any) -> None:
     if cfg.delay < 1:
-        raise ConfigError(f"pipeline.schedule=2bw is one step stale: use delay >= 1 (the simulator's k), got delay={cfg.delay}")
+        raise ConfigError(
+            f"pipeline.schedule=2bw is one step stale: use delay >= 1 (the simulator's k), got delay={cfg.delay}"
+        )
     if cfg.engine == "pipeline" and cfg.delay != 1:
         raise ConfigError(f"engine=pipeline supports delay 0 (1F1B) or 1 (2BW), got delay={cfg.delay}")
 
 
-SPEC = declare_schedule(ScheduleSpec(
-    name="2bw", note="PipeDream-2BW: no flush, every micro-batch of batch b on W(b-1), two weight versions",
-    versions=uniform(1), weight_versions=lambda P, s: 2, in_flight=one_f_one_b_in_flight,
-    stream=_stream, check=_check, flush=False, stage_delay=lambda P, s, delay: delay, in_order=True,
-    min_micro_batches=min_micro_batches, bubble_note="steady state: no flush", label="2BW",
-))  # fmt: skip
+SPEC = declare_schedule(
+    ScheduleSpec(
+        name="2bw",
+        note="PipeDream-2BW: no flush, every micro-batch of batch b on W(b-1), two weight versions",
+        versions=uniform(1),
+        weight_versions=lambda P, s: 2,
+        in_flight=one_f_one_b_in_flight,
+        stream=_stream,
+        check=_check,
+        flush=False,
+        stage_delay=lambda P, s, delay: delay,
+        in_order=True,
+        min_micro_batches=min_micro_batches,
+        bubble_note="steady state: no flush",
+        label="2BW",
+    )
+)

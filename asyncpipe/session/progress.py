@@ -19,19 +19,30 @@ class Progress:
         self.bar = None
         print(describe, flush=True)
         if sys.stdout.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress as RichProgress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
 
             self.bar = RichProgress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
                 TextColumn("{task.fields[info]}"),
             )
             self.task = self.bar.add_task("train", total=total, completed=start, info="")
             self.bar.start()
 
     def update(self, step: int, metrics: dict) -> None:
-        info = f"loss {metrics['train_loss']:.4f}" + (
-            f" | val {metrics['val_loss']:.4f}" if "val_loss" in metrics else ""
-        ) + f" | {metrics['tokens_per_s']:.0f} tok/s"
+        info = (
+            f"loss {metrics['train_loss']:.4f}"
+            + (f" | val {metrics['val_loss']:.4f}" if "val_loss" in metrics else "")
+            + f" | {metrics['tokens_per_s']:.0f} tok/s"
+        )
         due = step % self.every == 0 or step == self.total or "val_loss" in metrics
         line = f"step {step}/{self.total} | {info}"
         if self.bar is not None:
@@ -54,8 +65,15 @@ class Book:
     step, metrics.jsonl (through the tracker), progress lines and ``on_step``; and whether the run ended dead
     (`collapsed`): its train loss at the uniform guess ln(vocab) with a gradient norm of exactly zero."""
 
-    def __init__(self, tracker: Any, tokens_per_step: int, limit: float, progress: Optional[Progress],
-                 on_step: Optional[Callable[[dict], None]], vocab: Optional[int] = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tracker: Any,
+        tokens_per_step: int,
+        limit: float,
+        progress: Optional[Progress],
+        on_step: Optional[Callable[[dict], None]],
+        vocab: Optional[int] = None,
+    ) -> None:
         self.tracker, self.tokens_per_step, self.limit = tracker, tokens_per_step, limit
         self.progress, self.on_step = progress, on_step
         self.val_at: dict[int, float] = {}
@@ -66,16 +84,22 @@ class Book:
 
     def _at_uniform_guess(self, rec: dict) -> bool:
         loss = rec.get("train_loss")
-        return (self.uniform is not None and rec.get("grad_norm") == 0 and isinstance(loss, float)
-                and abs(loss - self.uniform) < 1e-3)  # fmt: skip
+        return (
+            self.uniform is not None
+            and rec.get("grad_norm") == 0
+            and isinstance(loss, float)
+            and abs(loss - self.uniform) < 1e-3
+        )
 
     @property
     def collapsed(self) -> Optional[str]:
         """Why the run is dead (None when it is not): it ended `STUCK_STEPS` or more steps at the uniform guess."""
         if self.uniform is None or self.stuck < STUCK_STEPS:
             return None
-        return (f"train loss stuck at ln(vocab) = {self.uniform:.4f} (the uniform guess) with a zero gradient "
-                f"norm for the last {self.stuck} steps: the model is dead (a learning rate far too large?)")
+        return (
+            f"train loss stuck at ln(vocab) = {self.uniform:.4f} (the uniform guess) with a zero gradient "
+            f"norm for the last {self.stuck} steps: the model is dead (a learning rate far too large?)"
+        )
 
     def log(self, record: dict) -> None:
         if self.tracker is not None:

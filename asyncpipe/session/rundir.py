@@ -23,8 +23,19 @@ from asyncpipe.errors import UserError
 from asyncpipe.paths import run_dir_place
 from asyncpipe.status import COMPLETED
 from asyncpipe.track.files import (
-    CONFIG_FILE, MAX_METRICS_FILE, METRICS_FILE, PROVENANCE_FILE, SUMMARY_FILE, RunDir, UnreadableFile,
-    changes_no_result, atomic_write_bytes, load_untrusted_yaml, parse_metrics_lines, read_summary, read_untrusted,
+    CONFIG_FILE,
+    MAX_METRICS_FILE,
+    METRICS_FILE,
+    PROVENANCE_FILE,
+    SUMMARY_FILE,
+    RunDir,
+    UnreadableFile,
+    changes_no_result,
+    atomic_write_bytes,
+    load_untrusted_yaml,
+    parse_metrics_lines,
+    read_summary,
+    read_untrusted,
 )
 from asyncpipe.track.lock import DirLock
 
@@ -33,8 +44,10 @@ def hold_writer_lock(run_dir: Path) -> DirLock:
     """Take the run dir's writer lock or refuse (one line): another process is training in this run dir."""
     lock = DirLock.writer(run_dir)
     if not lock.acquire():
-        raise UserError(f"run dir {run_dir} is in use by another process training in it; wait for it to end "
-                        "(or stop it), or choose another run.dir")  # fmt: skip
+        raise UserError(
+            f"run dir {run_dir} is in use by another process training in it; wait for it to end "
+            "(or stop it), or choose another run.dir"
+        )
     return lock
 
 
@@ -54,8 +67,11 @@ def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, An
     defaults = schema_defaults()
     keys = sorted(set(old) | set(new))
     added = {k for k in keys if k not in old and k in defaults and frozen(new.get(k)) == defaults[k]}
-    return [(k, old.get(k), new.get(k)) for k in keys
-            if old.get(k) != new.get(k) and k not in added and not changes_no_result(k)]  # fmt: skip
+    return [
+        (k, old.get(k), new.get(k))
+        for k in keys
+        if old.get(k) != new.get(k) and k not in added and not changes_no_result(k)
+    ]
 
 
 BRANCH_MAY_DIFFER = ("train.steps",)  # a budget branch is its parent's run at another length, nothing else
@@ -75,21 +91,26 @@ def check_branch(parent: Path, cfg: DictConfig) -> int:
     diff = [d for d in changed_settings(recorded, cfg) if d[0] not in BRANCH_MAY_DIFFER]
     if diff:
         shown = ", ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in diff[:4]) + (", ..." if len(diff) > 4 else "")
-        raise UserError(f"run.branch_from={parent} ran other settings ({shown}); a branch differs from its parent "
-                        "only in train.steps")
+        raise UserError(
+            f"run.branch_from={parent} ran other settings ({shown}); a branch differs from its parent "
+            "only in train.steps"
+        )
     steps = (recorded.get("train") or {}).get("steps") if isinstance(recorded.get("train"), dict) else None
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise UserError(f"{path}: train.steps is {steps!r}, not a positive integer; run.branch_from needs the parent's "
-                        "own record")
+        raise UserError(
+            f"{path}: train.steps is {steps!r}, not a positive integer; run.branch_from needs the parent's own record"
+        )
     return steps
 
 
 def branch_refusal(parent: Path, at: int, steps: int) -> str:
     """The one line for a branch with no checkpoint to start from exactly, and what works instead."""
-    return (f"run.branch_from={parent} has no complete checkpoint at or before step {at} (the parent's decay start "
-            f"or this run's, whichever is first: a later one holds decayed steps, not this run's); train the parent "
-            f"again with checkpoint.branches=[{steps}] (move its run dir away first; a budget sweep does this when "
-            f"re-run), or train this run alone without run.branch_from")
+    return (
+        f"run.branch_from={parent} has no complete checkpoint at or before step {at} (the parent's decay start "
+        f"or this run's, whichever is first: a later one holds decayed steps, not this run's); train the parent "
+        f"again with checkpoint.branches=[{steps}] (move its run dir away first; a budget sweep does this when "
+        f"re-run), or train this run alone without run.branch_from"
+    )
 
 
 MAX_SEED = 2**32 - 1  # numpy's generators take 0..2**32-1; torch's take less once the model mixes in a layer index
@@ -191,8 +212,10 @@ class RunRecord:
             if record.previous is not None and fresh_start_over(cfg, read_summary(path)):
                 for name in STARTED_FILES:  # the record of a start that trained nothing
                     (path / name).unlink(missing_ok=True)
-                record.note = (f"run dir {path} held a run that ended before its first step; nothing was trained, "
-                               "so it starts afresh")  # fmt: skip
+                record.note = (
+                    f"run dir {path} held a run that ended before its first step; nothing was trained, "
+                    "so it starts afresh"
+                )
             RunDir(path).write_config(to_yaml(cfg))  # a resume's: the same settings (checked), resume=true
         except BaseException:
             record.close(failed_by_user=True)

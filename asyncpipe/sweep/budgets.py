@@ -57,8 +57,14 @@ def family_costs(plan: SweepPlan, cfgs: dict[str, Any]) -> list[FamilyCost]:
     out = []
     for trunk, specs in families.items():
         specs = sorted(specs, key=lambda s: s.budget)
-        out.append(FamilyCost(trunk, [s.budget for s in specs], [int(cfgs[s.name].train.steps) for s in specs],
-                              [trained_steps(cfgs[s.name]) for s in specs]))  # fmt: skip
+        out.append(
+            FamilyCost(
+                trunk,
+                [s.budget for s in specs],
+                [int(cfgs[s.name].train.steps) for s in specs],
+                [trained_steps(cfgs[s.name]) for s in specs],
+            )
+        )
     return out
 
 
@@ -112,6 +118,8 @@ def retrain_lost_trunks(plan: SweepPlan, sweep_dir: Path, cfgs: dict[str, Any], 
             old = retire(sweep_dir / trunk)
         finally:
             lock.release()
-        notes.append(f"{trunk}: completed, but its checkpoint at step {at} (where {branch} branches off) is gone: "
-                     f"training it again (old attempt in {old.parent.name}/{old.name})")
+        notes.append(
+            f"{trunk}: completed, but its checkpoint at step {at} (where {branch} branches off) is gone: "
+            f"training it again (old attempt in {old.parent.name}/{old.name})"
+        )
     return notes

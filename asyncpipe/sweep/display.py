@@ -13,7 +13,14 @@ from typing import Iterable, Optional, TextIO
 
 from asyncpipe.sweep.state import COMPLETED, DIVERGED, FAILED, INTERRUPTED, PENDING, QUEUED, RUNNING, RunState
 
-_STYLE = {COMPLETED: "green", DIVERGED: "yellow", FAILED: "red", RUNNING: "cyan", QUEUED: "blue", INTERRUPTED: "magenta"}
+_STYLE = {
+    COMPLETED: "green",
+    DIVERGED: "yellow",
+    FAILED: "red",
+    RUNNING: "cyan",
+    QUEUED: "blue",
+    INTERRUPTED: "magenta",
+}
 
 
 PROGRESS_LINE_S = 30.0  # off a terminal: a running run's step, val loss and ETA at most this often
@@ -41,8 +48,13 @@ def _fmt_step(state: RunState) -> str:
     return f"{state.step}" + (f"/{state.steps}" if state.steps is not None and state.steps != state.step else "")
 
 
-def state_table(title: str, states: Iterable[RunState], elapsed: Optional[dict[str, float]] = None,
-                eta: Optional[dict[str, float]] = None, fold_waiting: bool = False):  # fmt: skip
+def state_table(
+    title: str,
+    states: Iterable[RunState],
+    elapsed: Optional[dict[str, float]] = None,
+    eta: Optional[dict[str, float]] = None,
+    fold_waiting: bool = False,
+):
     """A rich Table of runs: name, state, step, val loss, (time and ETA,) SLURM job and state, note.
     `fold_waiting`: runs not started yet are one row ("N runs") instead of a row each (the live view)."""
     from rich.table import Table
@@ -151,7 +163,7 @@ class SweepDisplay:
         return out
 
     def sweep_clock(self, states: list[RunState], etas: dict[str, float]) -> str:
-        """"12s elapsed, ~1.5 min left": the time left is the running runs' ETAs plus the runs not started at the
+        """ "12s elapsed, ~1.5 min left": the time left is the running runs' ETAs plus the runs not started at the
         mean time of the runs finished so far (else the running runs' projected times, else the dry-run's
         estimate), shared by the runs seen at once."""
         now = time.monotonic()
@@ -192,7 +204,9 @@ class SweepDisplay:
         waiting = [s.name for s in states if s.state in WAITING]
         if set(waiting) - self._waiting_said:
             self._waiting_said |= set(waiting)
-            print(f"[{done}/{len(states)}] {len(waiting)} run(s) not started yet (pending)", file=self.stream, flush=True)
+            print(
+                f"[{done}/{len(states)}] {len(waiting)} run(s) not started yet (pending)", file=self.stream, flush=True
+            )
         for s in states:
             if s.state in WAITING:
                 continue

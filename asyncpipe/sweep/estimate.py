@@ -113,10 +113,16 @@ def dry_run(specs: Sequence[tuple[str, Sequence[str], Any, bool]], parallel: int
     for name, overrides, cfg, done in specs:
         tokens = tokens_of(cfg)
         rate, basis = rate_for(cfg, records)
-        result.rows.append({
-            "name": name, "overrides": " ".join(overrides), "tokens": tokens, "done": done,
-            "seconds": tokens / rate if rate else None, "basis": basis,
-        })  # fmt: skip
+        result.rows.append(
+            {
+                "name": name,
+                "overrides": " ".join(overrides),
+                "tokens": tokens,
+                "done": done,
+                "seconds": tokens / rate if rate else None,
+                "basis": basis,
+            }
+        )
     return result
 
 
@@ -136,15 +142,19 @@ def fmt_seconds(s: Optional[float]) -> str:
 
 
 def render(plan_name: str, result: DryRun) -> str:
-    lines = [f"sweep {plan_name}: {len(result.rows)} runs ({len(result.todo)} to run, "
-             f"{len(result.rows) - len(result.todo)} already completed), {result.parallel} at a time"]  # fmt: skip
+    lines = [
+        f"sweep {plan_name}: {len(result.rows)} runs ({len(result.todo)} to run, "
+        f"{len(result.rows) - len(result.todo)} already completed), {result.parallel} at a time"
+    ]
     width = max((len(r["name"]) for r in result.rows), default=3)
     for r in result.rows:
         state = "done" if r["done"] else fmt_seconds(r["seconds"])
         lines.append(f"  {r['name']:<{width}}  {fmt_tokens(r['tokens']):>6} tokens  {state:>9}  {r['overrides']}")
     total = sum(r["tokens"] for r in result.todo)
     bases = sorted({r["basis"] for r in result.todo})
-    lines.append(f"tokens to train: {fmt_tokens(total)}; estimated wall time: {fmt_seconds(result.wall_seconds())} "
-                 "(training only, plus a few seconds of start-up per run)")  # fmt: skip
+    lines.append(
+        f"tokens to train: {fmt_tokens(total)}; estimated wall time: {fmt_seconds(result.wall_seconds())} "
+        "(training only, plus a few seconds of start-up per run)"
+    )
     lines += [f"  rate: {b}" for b in bases]
     return "\n".join(lines)

@@ -83,14 +83,18 @@ def _parse(overrides: Sequence[str]) -> list:
             for o in parsed:  # a range's size is known before expanding it: range(0,10**12) must not hang
                 n = _range_size(o.value()) if o.is_discrete_sweep() else 0
                 if n > MAX_RUNS:
-                    raise UserError(f"'{o.input_line}' expands to {n:,} values, more than the {MAX_RUNS:,} runs a sweep "
-                                    "may have; split it into several sweeps")  # fmt: skip
+                    raise UserError(
+                        f"'{o.input_line}' expands to {n:,} values, more than the {MAX_RUNS:,} runs a sweep "
+                        "may have; split it into several sweeps"
+                    )
             # glob() needs the loader, which lives only inside this context: expand now.
             expanded = [(o, list(o.sweep_string_iterator()) if o.is_discrete_sweep() else None) for o in parsed]
             return expanded
     except HydraException as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot expand the sweep: {first} (Hydra's override grammar: key=a,b range() glob())") from None
+        raise UserError(
+            f"cannot expand the sweep: {first} (Hydra's override grammar: key=a,b range() glob())"
+        ) from None
     finally:
         GlobalHydra.instance().clear()
 
@@ -120,14 +124,20 @@ def _check_meaning(where: str, items: Sequence[str], grid: Sequence[str]) -> Non
     for text in items:
         key = _key_of(text)
         if is_launcher_key(text):
-            raise UserError(f"{where}: '{text}': launcher keys configure the whole sweep, not some of its runs; "
-                            "set it on the command line or in the file's overrides")  # fmt: skip
+            raise UserError(
+                f"{where}: '{text}': launcher keys configure the whole sweep, not some of its runs; "
+                "set it on the command line or in the file's overrides"
+            )
         if key == "seed":
-            raise UserError(f"{where}: '{text}' sets the seed, which the grid chooses: differently named runs would "
-                            "train the same seed; sweep seeds in grid: (or seed=...) instead")  # fmt: skip
+            raise UserError(
+                f"{where}: '{text}' sets the seed, which the grid chooses: differently named runs would "
+                "train the same seed; sweep seeds in grid: (or seed=...) instead"
+            )
         if key in grid:
-            raise UserError(f"{where}: '{text}' sets {key}, a grid key: the run named {key}=<value> would train "
-                            f"another {key}; drop {key} from the grid or make it a variant of its own")  # fmt: skip
+            raise UserError(
+                f"{where}: '{text}' sets {key}, a grid key: the run named {key}=<value> would train "
+                f"another {key}; drop {key} from the grid or make it a variant of its own"
+            )
 
 
 def sanitize(text: str) -> str:
@@ -147,7 +157,9 @@ def default_name() -> str:
 
 def check_name(name: str) -> str:
     if not _NAME_OK.match(name) or len(name) > MAX_NAME:
-        raise UserError(f"sweep name {name!r} is not allowed: use letters, digits, '.', '_' and '-' (start with a letter or digit)")
+        raise UserError(
+            f"sweep name {name!r} is not allowed: use letters, digits, '.', '_' and '-' (start with a letter or digit)"
+        )
     return name
 
 
@@ -158,7 +170,9 @@ def _check_fixed(where: str, items: Sequence[str]) -> None:
             raise UserError(f"{where}: '{text}': the sweep sets {_key_of(text)} for each run itself")
     for o, _ in _parse(list(items)):
         if o.is_sweep_override():
-            raise UserError(f"{where}: '{o.input_line}' is a sweep; a variant or per: entry holds fixed key=value overrides")
+            raise UserError(
+                f"{where}: '{o.input_line}' is a sweep; a variant or per: entry holds fixed key=value overrides"
+            )
 
 
 def expand(
@@ -184,8 +198,10 @@ def expand(
     _check_inputs(run_overrides, launcher, variants, per)
     plan = SweepPlan(name=check_name(name or default_name()), base=[], grid=OrderedDict(), launcher=launcher)
     last, given, swept = _grid(plan, run_overrides, grid_keys)
-    for where, items in [*((f"variant {v}", i) for v, i in variants.items()),
-                         *((f"per {k}={v}", i) for k, t in per.items() for v, i in t.items())]:
+    for where, items in [
+        *((f"variant {v}", i) for v, i in variants.items()),
+        *((f"per {k}={v}", i) for k, t in per.items() for v, i in t.items()),
+    ]:
         _check_meaning(where, items, list(plan.grid))
     _check_size(plan, variants)
     plan.base = [o.input_line for key, (o, _) in last.items() if not swept[key]]
@@ -203,7 +219,9 @@ def _check_inputs(run_overrides: Sequence[str], launcher: Sequence[str], variant
     """What the sweep sets itself, variant names, fixed overrides where only fixed ones may go, a swept launcher."""
     for text in run_overrides:
         if _key_of(text) in RESERVED_KEYS or _key_of(text) == VARIANT_KEY:
-            raise UserError(f"'{text}': the sweep sets {_key_of(text)} for each run itself; use --out / --name to place runs")
+            raise UserError(
+                f"'{text}': the sweep sets {_key_of(text)} for each run itself; use --out / --name to place runs"
+            )
     for vname, items in variants.items():
         if not _VARIANT_OK.match(str(vname)):
             raise UserError(f"variant name {vname!r} is not allowed: letters, digits and . _ + - ( ) =")
@@ -229,7 +247,9 @@ def _grid(plan: SweepPlan, run_overrides: Sequence[str], grid_keys: Sequence[str
     swept: "OrderedDict[str, bool]" = OrderedDict()
     for key, (o, values) in last.items():
         if o.is_sweep_override() and values is None:
-            raise UserError(f"'{o.input_line}': only comma lists, range() and glob() can be swept here (not interval())")
+            raise UserError(
+                f"'{o.input_line}': only comma lists, range() and glob() can be swept here (not interval())"
+            )
         swept[key] = o.is_sweep_override() or key in grid_keys
         if o.is_sweep_override():
             if not values:
@@ -243,9 +263,13 @@ def _grid(plan: SweepPlan, run_overrides: Sequence[str], grid_keys: Sequence[str
 def _check_size(plan: SweepPlan, variants: dict) -> None:
     size = math.prod(len(v) for v in plan.grid.values()) * max(1, len(variants))
     if size > MAX_RUNS:
-        shape = " x ".join([*(f"{len(v)} {k}" for k, v in plan.grid.items()), *([f"{len(variants)} variants"] if variants else [])])
-        raise UserError(f"the sweep has {size:,} runs ({shape}), more than the {MAX_RUNS:,} one sweep may have; "
-                        "split it into several sweeps (each --name'd)")  # fmt: skip
+        shape = " x ".join(
+            [*(f"{len(v)} {k}" for k, v in plan.grid.items()), *([f"{len(variants)} variants"] if variants else [])]
+        )
+        raise UserError(
+            f"the sweep has {size:,} runs ({shape}), more than the {MAX_RUNS:,} one sweep may have; "
+            "split it into several sweeps (each --name'd)"
+        )
 
 
 def _check_budgets_and_per(plan: SweepPlan, given: dict[str, list[str]]) -> None:
@@ -296,7 +320,9 @@ def rungs(spec: RunSpec, budgets: Sequence[float]) -> list[RunSpec]:
     Run dirs `NAME,budget=B`; columns `VARIANT(xB)` (the 1x rung keeps the variant's name, or `xB` without one)."""
     given = [o for o in spec.overrides if _key_of(o) == "train.steps"]
     if not given:
-        raise UserError("budgets: are multiples of train.steps: set train.steps in the sweep's overrides (or a variant)")
+        raise UserError(
+            "budgets: are multiples of train.steps: set train.steps in the sweep's overrides (or a variant)"
+        )
     base_text = given[-1].split("=", 1)[1]
     try:
         base = int(base_text)

@@ -210,8 +210,12 @@ class LocalLauncher:
             if self.active:
                 self._kill_all()
             done = sum(1 for s in self.states.values() if s.state in FINAL)
-            print(f"sweep {self.plan.name} interrupted: {stopped} running run(s) stopped (resumable), {done} of "
-                  f"{len(self.states)} finished; re-running the same command resumes it", file=sys.stderr, flush=True)
+            print(
+                f"sweep {self.plan.name} interrupted: {stopped} running run(s) stopped (resumable), {done} of "
+                f"{len(self.states)} finished; re-running the same command resumes it",
+                file=sys.stderr,
+                flush=True,
+            )
             raise
         finally:
             if self.active:
@@ -230,8 +234,9 @@ class LocalLauncher:
             waiting = spec.parent in self.active or any(q.name == spec.parent for q in queue)
             if not waiting:
                 queue.remove(spec)
-                self.states[spec.name] = RunState(spec.name, PENDING, note=f"not started: it branches from "
-                                                  f"{spec.parent}, which is {parent.state}")  # fmt: skip
+                self.states[spec.name] = RunState(
+                    spec.name, PENDING, note=f"not started: it branches from {spec.parent}, which is {parent.state}"
+                )
         return None
 
     def _loop(self, queue: "deque[RunSpec]") -> list[RunState]:

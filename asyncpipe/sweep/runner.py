@@ -22,7 +22,15 @@ from asyncpipe.sweep.expand import SweepPlan, expand, run_overrides
 from asyncpipe.sweep.sweepfile import SweepFile, load_sweep_file
 from asyncpipe.sweep.local import LocalLauncher, RunCommand, train_command
 from asyncpipe.sweep.state import (
-    COMPLETED, DIVERGED, FAILED, SLURM_RECORD, RunState, load_sweep_manifest, merged_manifest, read_json, run_state,
+    COMPLETED,
+    DIVERGED,
+    FAILED,
+    SLURM_RECORD,
+    RunState,
+    load_sweep_manifest,
+    merged_manifest,
+    read_json,
+    run_state,
     write_manifest,
 )
 from asyncpipe.paths import separate_from_runs, writable_dir
@@ -61,14 +69,28 @@ def plan_sweep(
     `out`, the grid keys of a sweep of that name already there stay grid keys (`seed=5` extends its seeds)."""
     overrides = list(overrides)
     sf = load_sweep_file(Path(file)) if file is not None else SweepFile(None, [])
-    plan = expand(sf.overrides + overrides, name or sf.name, grid_keys=sf.grid_keys, variants=sf.variants, per=sf.per,
-                  budgets=sf.budgets, variant_budgets=sf.variant_budgets)
+    plan = expand(
+        sf.overrides + overrides,
+        name or sf.name,
+        grid_keys=sf.grid_keys,
+        variants=sf.variants,
+        per=sf.per,
+        budgets=sf.budgets,
+        variant_budgets=sf.variant_budgets,
+    )
     where = Path(out) / plan.name if out is not None else None
     old = load_sweep_manifest(where) if where is not None and (where / SWEEP_MANIFEST).exists() else None
     if old and set(old.get("grid", {})) - set(plan.grid):
         keys = [*sf.grid_keys, *old["grid"]]
-        plan = expand(sf.overrides + overrides, plan.name, grid_keys=keys, variants=sf.variants, per=sf.per,
-                      budgets=sf.budgets, variant_budgets=sf.variant_budgets)
+        plan = expand(
+            sf.overrides + overrides,
+            plan.name,
+            grid_keys=keys,
+            variants=sf.variants,
+            per=sf.per,
+            budgets=sf.budgets,
+            variant_budgets=sf.variant_budgets,
+        )
     return plan
 
 
@@ -90,7 +112,11 @@ def compose_runs(plan: SweepPlan, sweep_dir: Path, progress: Optional[TextIO] = 
         now = time.monotonic()
         if len(plan.runs) >= PROGRESS_MIN_RUNS and (now - last >= PROGRESS_EVERY_S or i == len(plan.runs)):
             left = (now - start) / i * (len(plan.runs) - i)
-            print(f"checking runs: {i}/{len(plan.runs)} composed and validated, ~{left:.0f} s left", file=stream, flush=True)
+            print(
+                f"checking runs: {i}/{len(plan.runs)} composed and validated, ~{left:.0f} s left",
+                file=stream,
+                flush=True,
+            )
             last = now
     return cfgs, cfgs.template(plan.runs[0].name).launcher
 
@@ -112,8 +138,10 @@ def check_sweep(plan: SweepPlan, out: Path, progress: Optional[TextIO] = None) -
     for spec in plan.runs:  # a re-run must know each run's state: refuse an unreadable record before starting any
         read_summary(sweep_dir / spec.name)
     if launcher.name == "slurm" and any(s.budget is not None for s in plan.runs):
-        raise UserError("budgets: branches wait for their family's longest run, which launcher=local does and "
-                        "launcher=slurm does not yet; run the sweep with launcher=local")  # fmt: skip
+        raise UserError(
+            "budgets: branches wait for their family's longest run, which launcher=local does and "
+            "launcher=slurm does not yet; run the sweep with launcher=local"
+        )
     if launcher.name == "slurm":
         from asyncpipe.sweep.slurm import require_slurm, task_layout
 
@@ -134,8 +162,10 @@ def warn_lr_regimes(cfgs: Mapping[str, DictConfig], stream: Optional[TextIO] = N
     said = list(dict.fromkeys(w for w in (regime_warning(c) for c, _ in groups) if w))
     offline = sum(n for c, n in groups if resolve_mode(str(c.tracker.wandb.mode)) == "offline")
     if offline:
-        said.append(f"W&B: {offline} of {len(cfgs)} runs write offline into RUN/wandb (no W&B API key, or mode "
-                    "offline); upload later with `asyncpipe sync SWEEP_DIR`, or turn it off: tracker.wandb.mode=disabled")
+        said.append(
+            f"W&B: {offline} of {len(cfgs)} runs write offline into RUN/wandb (no W&B API key, or mode "
+            "offline); upload later with `asyncpipe sync SWEEP_DIR`, or turn it off: tracker.wandb.mode=disabled"
+        )
     for line in said:
         print(line, file=stream or sys.stderr, flush=True)
     return said
@@ -223,8 +253,12 @@ def sweep_states(sweep_dir: Path) -> tuple[dict, list[RunState]]:
         from asyncpipe.sweep.slurm import slurm_states
 
         slurm = slurm_states(jobs)
-    return manifest, [run_state(sweep_dir / r["dir"], r["name"], slurm, parent=r.get("parent") if isinstance(
-        r.get("parent"), str) else None) for r in runs]  # fmt: skip
+    return manifest, [
+        run_state(
+            sweep_dir / r["dir"], r["name"], slurm, parent=r.get("parent") if isinstance(r.get("parent"), str) else None
+        )
+        for r in runs
+    ]
 
 
 def sweep_status(sweep_dir: Path, stream: Optional[TextIO] = None) -> list[RunState]:

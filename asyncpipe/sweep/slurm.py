@@ -120,7 +120,9 @@ def executor_parameters(name: str, launcher: DictConfig, nodes: int, tasks_per_n
     extra = launcher.extra
     if extra:
         if not isinstance(extra, DictConfig):
-            raise UserError("launcher.extra must be a mapping of sbatch options, e.g. launcher.extra={constraint: a100}")
+            raise UserError(
+                "launcher.extra must be a mapping of sbatch options, e.g. launcher.extra={constraint: a100}"
+            )
         params["additional_parameters"] = {str(k): v for k, v in extra.items()}
     if nodes > 1:
         # A node failing under a multi-node job: SLURM ends its step rather than killing and requeueing the job,

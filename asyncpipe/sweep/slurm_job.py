@@ -70,10 +70,13 @@ def task_rank_env(num_tasks: int) -> dict[str, str]:
 
     dist_env = TorchDistributedEnvironment()
     return {
-        "MASTER_ADDR": dist_env.master_addr, "MASTER_PORT": str(dist_env.master_port), "RANK": str(dist_env.rank),
-        "WORLD_SIZE": str(dist_env.world_size), "LOCAL_RANK": str(dist_env.local_rank),
+        "MASTER_ADDR": dist_env.master_addr,
+        "MASTER_PORT": str(dist_env.master_port),
+        "RANK": str(dist_env.rank),
+        "WORLD_SIZE": str(dist_env.world_size),
+        "LOCAL_RANK": str(dist_env.local_rank),
         "LOCAL_WORLD_SIZE": str(dist_env.local_world_size),
-    }  # fmt: skip
+    }
 
 
 def _ignore_usr2() -> None:
@@ -215,4 +218,3 @@ class SlurmRun(Checkpointable):
             self._signal_child(signal.SIGKILL)
         again = SlurmRun(self.argv, self.run_dir, self.threads, self.gpus, True, self.env, self.peers_wait_s)
         return DelayedSubmission(again)
-

@@ -20,7 +20,12 @@ from asyncpipe.errors import UserError
 from asyncpipe.sweep.expand import SweepPlan
 from asyncpipe.status import COMPLETED, DIVERGED, FAILED, INTERRUPTED, PENDING, QUEUED, RUNNING
 from asyncpipe.track.files import (
-    BRANCH_RECORD, LAUNCH_RECORD, RETIRED, SWEEP_MANIFEST, atomic_write_json, read_json_object,
+    BRANCH_RECORD,
+    LAUNCH_RECORD,
+    RETIRED,
+    SWEEP_MANIFEST,
+    atomic_write_json,
+    read_json_object,
 )
 from asyncpipe.track.lock import DirLock
 
@@ -30,7 +35,9 @@ SLURM_RECORD = "slurm_job.json"
 FINAL = (COMPLETED, DIVERGED, FAILED)
 
 # SLURM job states that mean "not finished yet" (squeue/sacct names).
-SLURM_PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED"})
+SLURM_PENDING = frozenset(
+    {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED"}
+)
 SLURM_RUNNING = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING", "STOPPED"})
 SLURM_ACTIVE = SLURM_PENDING | SLURM_RUNNING
 
@@ -76,7 +83,7 @@ def _tail_records(run_dir: Path, span: int = 65536) -> list[dict]:
     finally:
         os.close(fd)
     out = []
-    for line in tail.splitlines()[1 if st.st_size > span else 0:]:
+    for line in tail.splitlines()[1 if st.st_size > span else 0 :]:
         try:
             rec = json.loads(line)
         except ValueError:
@@ -87,7 +94,9 @@ def _tail_records(run_dir: Path, span: int = 65536) -> list[dict]:
 
 
 def _int(value: Any) -> Optional[int]:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+    return (
+        int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+    )
 
 
 def _progress(run_dir: Path, state: "RunState") -> None:
@@ -141,8 +150,9 @@ def branch_label(run_dir: Path, parent: Optional[str]) -> Optional[str]:
     return f"{parent} @ {step}" if _int(step) is not None else parent
 
 
-def run_state(run_dir: Path, name: str, slurm_states: Optional[dict[str, str]] = None,
-              parent: Optional[str] = None) -> RunState:  # fmt: skip
+def run_state(
+    run_dir: Path, name: str, slurm_states: Optional[dict[str, str]] = None, parent: Optional[str] = None
+) -> RunState:
     """Everything `sweep status` shows for one run; `slurm_states` maps job id -> SLURM state; `parent`: the run a
     budget branch starts from (the sweep's manifest says)."""
     state = RunState(name=name, state=file_state(run_dir), branch_of=branch_label(run_dir, parent))
@@ -262,8 +272,14 @@ def manifest_dict(plan: SweepPlan, created: Optional[str] = None) -> dict:
         **({"budgets": list(plan.budgets)} if plan.budgets else {}),
         **({"variant_budgets": dict(plan.variant_budgets)} if plan.variant_budgets else {}),
         "runs": [
-            {"name": r.name, "dir": r.name, "swept": list(r.swept), "overrides": list(r.overrides), "variant": r.variant,
-             **({"budget": r.budget, "parent": r.parent} if r.budget is not None else {})}
+            {
+                "name": r.name,
+                "dir": r.name,
+                "swept": list(r.swept),
+                "overrides": list(r.overrides),
+                "variant": r.variant,
+                **({"budget": r.budget, "parent": r.parent} if r.budget is not None else {}),
+            }
             for r in plan.runs
         ],
     }
@@ -289,7 +305,9 @@ def merged_manifest(sweep_dir: Path, plan: SweepPlan) -> dict:
         what = f"{sweep_dir} already holds sweep '{old.get('name')}'"
         hint = "give another --name (or --out) for a different study; an existing sweep can only gain runs"
         if sorted(old.get("base_overrides", [])) != sorted(new["base_overrides"]):
-            raise UserError(f"{what} with other fixed overrides ({' '.join(old.get('base_overrides', [])) or 'none'}); {hint}")
+            raise UserError(
+                f"{what} with other fixed overrides ({' '.join(old.get('base_overrides', [])) or 'none'}); {hint}"
+            )
         if list(old.get("grid", {})) != list(new["grid"]):
             raise UserError(f"{what} with grid keys {', '.join(old.get('grid', {})) or 'none'}; {hint}")
         before = {r["name"]: r for r in old.get("runs", [])}
@@ -321,8 +339,15 @@ def write_manifest(sweep_dir: Path, plan: SweepPlan, **extra: Any) -> dict:
 
 def _manifest_problem(data: dict) -> Optional[str]:
     """What makes a loaded sweep.json unusable (wrong types, a run dir outside the sweep), or None."""
-    for key, kind in (("name", str), ("base_overrides", list), ("grid", dict), ("variants", dict), ("per", dict),
-                      ("launcher_overrides", list), ("runs", list)):  # fmt: skip
+    for key, kind in (
+        ("name", str),
+        ("base_overrides", list),
+        ("grid", dict),
+        ("variants", dict),
+        ("per", dict),
+        ("launcher_overrides", list),
+        ("runs", list),
+    ):
         if key in data and data[key] is not None and not isinstance(data[key], kind):
             return f"{key} is a {type(data[key]).__name__}, not a {kind.__name__}"
     if any(not isinstance(v, list) for v in (data.get("grid") or {}).values()):
@@ -340,12 +365,16 @@ def load_sweep_manifest(sweep_dir: Path) -> dict:
     """A sweep dir's `sweep.json`, checked (it is untrusted input: a run `dir` may not point outside the sweep)."""
     path = Path(sweep_dir) / SWEEP_MANIFEST
     if not os.path.lexists(path):
-        raise UserError(f"{sweep_dir} is not a sweep directory (no {SWEEP_MANIFEST}); sweeps live under runs/sweeps/NAME")
+        raise UserError(
+            f"{sweep_dir} is not a sweep directory (no {SWEEP_MANIFEST}); sweeps live under runs/sweeps/NAME"
+        )
     try:
         data = read_json_object(path)
     except UserError as exc:
-        raise UserError(f"{exc}; the sweep's record is damaged: restore it, or move it aside and re-run the sweep "
-                        "command to write a new one") from None  # fmt: skip
+        raise UserError(
+            f"{exc}; the sweep's record is damaged: restore it, or move it aside and re-run the sweep "
+            "command to write a new one"
+        ) from None
     problem = _manifest_problem(data)
     if problem:
         raise UserError(f"{path} is damaged: {problem}; restore it, or move it aside and re-run the sweep command")

@@ -106,8 +106,10 @@ def _collisions(path: Path, root: Any, section: str, data: dict) -> None:
             typed = yaml.safe_load(key_node.value) if key_node.tag != "tag:yaml.org,2002:str" else key_node.value
             for other, spelled in loaded.items():
                 if other == typed and spelled != key_node.value:
-                    raise UserError(f"{path}: {where}: {spelled!r} and {key_node.value!r} are the same key once YAML "
-                                    "types them (1 == true == 1.0); quote them or choose other names")  # fmt: skip
+                    raise UserError(
+                        f"{path}: {where}: {spelled!r} and {key_node.value!r} are the same key once YAML "
+                        "types them (1 == true == 1.0); quote them or choose other names"
+                    )
             loaded[typed] = key_node.value
 
 
@@ -130,8 +132,9 @@ def load_sweep_file(path: Path) -> SweepFile:
     except Exception as exc:
         raise UserError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if data is None or data == {}:
-        raise UserError(f"{path} is empty; a sweep file defines runs with grid, variants, per and overrides "
-                        "(see sweeps/smoke.yaml)")  # fmt: skip
+        raise UserError(
+            f"{path} is empty; a sweep file defines runs with grid, variants, per and overrides (see sweeps/smoke.yaml)"
+        )
     if not isinstance(data, dict):
         raise UserError(f"{path}: a sweep file is a mapping with name, grid, variants, per and overrides")
     unknown = sorted(set(map(str, data)) - set(KEYS))
@@ -153,14 +156,19 @@ def load_sweep_file(path: Path) -> SweepFile:
         elif isinstance(values, dict):
             raise UserError(f"{path}: grid: {key} must be a value or a list of values")
         overrides.append(f"{key}={_scalar(values)}")
-    out = SweepFile(name=str(data["name"]) if data.get("name") is not None else None, overrides=overrides,
-                    grid_keys=[str(k) for k in grid])  # fmt: skip
+    out = SweepFile(
+        name=str(data["name"]) if data.get("name") is not None else None,
+        overrides=overrides,
+        grid_keys=[str(k) for k in grid],
+    )
     out.budgets = _budgets(path, data.get("budgets"))
     for name, items in variants.items():
         if isinstance(items, dict):  # {overrides: [...], budgets: [...]}: a variant with its own budgets
             extra = sorted(set(map(str, items)) - {"overrides", "budgets"})
             if extra:
-                raise UserError(f"{path}: variant {name}: unknown key(s) {', '.join(extra)}; allowed: overrides, budgets")
+                raise UserError(
+                    f"{path}: variant {name}: unknown key(s) {', '.join(extra)}; allowed: overrides, budgets"
+                )
             if "budgets" in items:
                 out.variant_budgets[str(name)] = _budgets(path, items["budgets"], allow_empty=True)
             items = items.get("overrides")

@@ -67,8 +67,9 @@ class Prediction:
         return tokens_per_micro_batch * self.micro_batches * self.data_parallel / self.step_s
 
 
-def stage_costs(model: CostModel, stages: int, chunks: int = 1, data_parallel: int = 1,
-                ef: bool = False) -> tuple[list[float], list[float], list[float], list[int]]:  # fmt: skip
+def stage_costs(
+    model: CostModel, stages: int, chunks: int = 1, data_parallel: int = 1, ef: bool = False
+) -> tuple[list[float], list[float], list[float], list[int]]:
     """Per chunk (P x chunks of them, in model order): forward and backward seconds per micro-batch; per rank:
     optimizer-step seconds (+ EF, + the data-parallel all-reduce) and parameters."""
     from asyncpipe.partition import partition
@@ -76,8 +77,9 @@ def stage_costs(model: CostModel, stages: int, chunks: int = 1, data_parallel: i
     n_chunks = stages * chunks
     n_layers = len(model.forward)
     if n_chunks > n_layers - 2:
-        raise UserError(f"{n_chunks} model chunks need at least {n_chunks} transformer blocks; the model has "
-                        f"{n_layers - 2}")  # fmt: skip
+        raise UserError(
+            f"{n_chunks} model chunks need at least {n_chunks} transformer blocks; the model has {n_layers - 2}"
+        )
     parts = partition(n_layers, n_chunks)
     fwd = [sum(model.forward[parts[c] : parts[c + 1]]) for c in range(n_chunks)]
     bwd = [sum(model.backward[parts[c] : parts[c + 1]]) for c in range(n_chunks)]
@@ -89,9 +91,14 @@ def stage_costs(model: CostModel, stages: int, chunks: int = 1, data_parallel: i
         u = n * (model.step_per_param + (model.ef_per_param if ef else 0.0))
         if data_parallel > 1:
             if model.allreduce_bytes_per_s is None:
-                raise UserError(f"data_parallel={data_parallel}: the cost model ({model.label}) has no all-reduce "
-                                "bandwidth; give a device profile with allreduce_bytes_per_s")  # fmt: skip
-            u += model.allreduce_latency_s + 2 * (data_parallel - 1) / data_parallel * 4 * n / model.allreduce_bytes_per_s
+                raise UserError(
+                    f"data_parallel={data_parallel}: the cost model ({model.label}) has no all-reduce "
+                    "bandwidth; give a device profile with allreduce_bytes_per_s"
+                )
+            u += (
+                model.allreduce_latency_s
+                + 2 * (data_parallel - 1) / data_parallel * 4 * n / model.allreduce_bytes_per_s
+            )
         update.append(u)
     return fwd, bwd, update, params
 
@@ -110,8 +117,16 @@ def _defers(spec: Any, P: int, clip: str) -> bool:
     return spec.stream is not None and spec.weight_versions(P, 0) > 1 and clip == "global" and P > 1
 
 
-def predict(model: CostModel, schedule: str, stages: int, micro_batches: int, data_parallel: int = 1,
-            ef: bool = False, clip: Optional[str] = None, batches: int = 4) -> Prediction:  # fmt: skip
+def predict(
+    model: CostModel,
+    schedule: str,
+    stages: int,
+    micro_batches: int,
+    data_parallel: int = 1,
+    ef: bool = False,
+    clip: Optional[str] = None,
+    batches: int = 4,
+) -> Prediction:
     """The steady-state step of ``schedule`` (a declared schedule the pipeline engine runs) at P, m and D under
     ``model``; ``clip``: global (one norm all-reduce across stages per step) or stage (default: global where the
     schedule can). Torch-free: the report calls it."""
@@ -134,8 +149,16 @@ def predict(model: CostModel, schedule: str, stages: int, micro_batches: int, da
         upd = [u + model.allreduce_latency_s for u in upd]
 
     def run(n: int) -> Any:
-        return simulate(_streams(spec.name, m, P, n, defer), fwd, bwd, upd, latency=model.p2p_s,
-                        collective_steps=collective, overhead=model.overhead_s, recompute=spec.recompute)  # fmt: skip
+        return simulate(
+            _streams(spec.name, m, P, n, defer),
+            fwd,
+            bwd,
+            upd,
+            latency=model.p2p_s,
+            collective_steps=collective,
+            overhead=model.overhead_s,
+            recompute=spec.recompute,
+        )
 
     a, b = run(batches), run(batches + 1)
     step = b.makespan - a.makespan
@@ -143,8 +166,18 @@ def predict(model: CostModel, schedule: str, stages: int, micro_batches: int, da
     return Prediction(spec.name, P, m, data_parallel, ef, step, max(0.0, 1 - min(busy) / step), fwd, bwd, upd)
 
 
-def _predict_orders(model: CostModel, spec: Any, P: int, m: int, D: int, ef: bool, collective: bool,
-                    fwd: list[float], bwd: list[float], upd: list[float]) -> Prediction:  # fmt: skip
+def _predict_orders(
+    model: CostModel,
+    spec: Any,
+    P: int,
+    m: int,
+    D: int,
+    ef: bool,
+    collective: bool,
+    fwd: list[float],
+    bwd: list[float],
+    upd: list[float],
+) -> Prediction:
     """A two-chunk schedule's batch replayed by data dependencies (`timelines.orders`), then the step."""
     from asyncpipe.timelines import orders
 
@@ -153,9 +186,18 @@ def _predict_orders(model: CostModel, spec: Any, P: int, m: int, D: int, ef: boo
     tl = orders.replay(plan, chunk_costs={"F": fwd, "B": bwd}, latency=model.p2p_s, op_overhead=per_op)
     step = tl.makespan + (model.allreduce_latency_s if collective else 0.0) + max(upd)
     busy = [x + u for x, u in zip(tl.busy, upd)]
-    return Prediction(spec.name, P, m, D, ef, step, max(0.0, 1 - min(busy) / step),
-                      [fwd[r] + fwd[2 * P - 1 - r] for r in range(P)],
-                      [bwd[r] + bwd[2 * P - 1 - r] for r in range(P)], upd)  # fmt: skip
+    return Prediction(
+        spec.name,
+        P,
+        m,
+        D,
+        ef,
+        step,
+        max(0.0, 1 - min(busy) / step),
+        [fwd[r] + fwd[2 * P - 1 - r] for r in range(P)],
+        [bwd[r] + bwd[2 * P - 1 - r] for r in range(P)],
+        upd,
+    )
 
 
 def _instructions_per_op(name: str, P: int, m: int) -> float:
@@ -169,8 +211,7 @@ def _instructions_per_op(name: str, P: int, m: int) -> float:
     return max(dualpipev_instructions(P, m, r) for r in range(P)) / (4 * m)
 
 
-def ratio(model: CostModel, schedule: str, reference: str, stages: int, micro_batches: int,
-          ef: bool = False) -> float:  # fmt: skip
+def ratio(model: CostModel, schedule: str, reference: str, stages: int, micro_batches: int, ef: bool = False) -> float:
     """Throughput of ``schedule`` over ``reference`` (the same tokens per step) under ``model``."""
     mine = predict(model, schedule, stages, micro_batches, ef=ef)
     ref = predict(model, reference, stages, micro_batches)

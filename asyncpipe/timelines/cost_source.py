@@ -36,9 +36,22 @@ from asyncpipe.errors import UserError
 from asyncpipe.timelines.cost import CostModel, predict
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "conf" / "device_profile"
-PROFILE_KEYS = ("name", "measured", "note", "matmul_flops", "efficiency", "backward_over_forward",
-                "memory_bytes_per_s", "step_bytes_per_param", "ef_bytes_per_param", "p2p_bytes_per_s",
-                "p2p_latency_s", "allreduce_bytes_per_s", "allreduce_latency_s", "overhead_s")  # fmt: skip
+PROFILE_KEYS = (
+    "name",
+    "measured",
+    "note",
+    "matmul_flops",
+    "efficiency",
+    "backward_over_forward",
+    "memory_bytes_per_s",
+    "step_bytes_per_param",
+    "ef_bytes_per_param",
+    "p2p_bytes_per_s",
+    "p2p_latency_s",
+    "allreduce_bytes_per_s",
+    "allreduce_latency_s",
+    "overhead_s",
+)
 
 
 def _config(overrides: list[str]) -> Any:
@@ -91,7 +104,9 @@ def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = 
     cfg = _config(list(record.get("overrides", [])))
     shapes = _layers(cfg)
     parts = partition(len(shapes), P)
-    forwards = steps * m + 2 * max(1, _eval_batches(list(record.get("overrides", []))) // max(1, record.get("data_parallel", 1)))
+    forwards = steps * m + 2 * max(
+        1, _eval_batches(list(record.get("overrides", []))) // max(1, record.get("data_parallel", 1))
+    )
     fwd = [v["seconds_by_op_per_stage"][s].get("ForwardPass", 0.0) / forwards for s in range(P)]
     bwd = [v["seconds_by_op_per_stage"][s].get("BackwardPass", 0.0) / (steps * m) for s in range(P)]
     # A recomputing backward holds its forward's time: the replay adds it back (`simulate(recompute=...)`)
@@ -112,11 +127,16 @@ def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = 
         notes.append("EF's extra step work not measured in this file (taken as 0)")
     name = Path(path).name if path else "bench result"
     model = CostModel(
-        label=f"measured: {name} ({record.get('model', '?')}, P={P}, m={m}, {variant})", measured=True,
-        forward=[cost[x.kind][0] for x in shapes], backward=[cost[x.kind][1] for x in shapes], params=params,
+        label=f"measured: {name} ({record.get('model', '?')}, P={P}, m={m}, {variant})",
+        measured=True,
+        forward=[cost[x.kind][0] for x in shapes],
+        backward=[cost[x.kind][1] for x in shapes],
+        params=params,
         tokens_per_micro_batch=int(record["micro_batch_size"]) * int(record["seq_len"]),
-        step_per_param=step_per_param, ef_per_param=ef_per_param, notes=tuple(notes),
-    )  # fmt: skip
+        step_per_param=step_per_param,
+        ef_per_param=ef_per_param,
+        notes=tuple(notes),
+    )
     return fit_overhead(model, variant, P, m, float(v["step_time_s"])) if fit else model
 
 
@@ -143,7 +163,9 @@ def load_profile(name_or_path: str) -> dict:
         path = PROFILE_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
-        raise UserError(f"--profile {name_or_path}: no such device profile; give a YAML path or one of: {', '.join(known)}")
+        raise UserError(
+            f"--profile {name_or_path}: no such device profile; give a YAML path or one of: {', '.join(known)}"
+        )
     data = OmegaConf.to_container(OmegaConf.load(path))
     if not isinstance(data, dict) or set(data) != set(PROFILE_KEYS):
         got = sorted(data) if isinstance(data, dict) else type(data).__name__
@@ -171,14 +193,19 @@ def from_profile(profile: dict, cfg: Any) -> CostModel:
     measured = bool(profile["measured"])
     kind = "measured" if measured else "stated, not measured"
     return CostModel(
-        label=f"device profile {profile['name']} ({kind}: {profile['note']})", measured=measured,
-        forward=fwd, backward=[f * float(profile["backward_over_forward"]) for f in fwd],
-        params=[x.params for x in shapes], tokens_per_micro_batch=tokens,
-        step_per_param=float(profile["step_bytes_per_param"]) / bw, ef_per_param=float(profile["ef_bytes_per_param"]) / bw,
+        label=f"device profile {profile['name']} ({kind}: {profile['note']})",
+        measured=measured,
+        forward=fwd,
+        backward=[f * float(profile["backward_over_forward"]) for f in fwd],
+        params=[x.params for x in shapes],
+        tokens_per_micro_batch=tokens,
+        step_per_param=float(profile["step_bytes_per_param"]) / bw,
+        ef_per_param=float(profile["ef_bytes_per_param"]) / bw,
         p2p_s=float(profile["p2p_latency_s"]) + tokens * m.d_model * 2 / float(profile["p2p_bytes_per_s"]),
-        overhead_s=float(profile["overhead_s"]), allreduce_latency_s=float(profile["allreduce_latency_s"]),
+        overhead_s=float(profile["overhead_s"]),
+        allreduce_latency_s=float(profile["allreduce_latency_s"]),
         allreduce_bytes_per_s=float(profile["allreduce_bytes_per_s"]),
-    )  # fmt: skip
+    )
 
 
 def calibration(paths: list[str], P: int = 2) -> Optional[tuple[str, dict]]:
@@ -261,12 +288,18 @@ def from_standin(calibration: list[dict], stages: int, path: str = "") -> CostMo
     used = ", ".join(f"{r['schedule']} at P={r['stages']}, m={r['micro_batches']}" for r in calibration)
     model = CostModel(
         label=f"measured: {name} (stand-in F={F:g} s, B={B:g} s; {used})",
-        measured=True, forward=[0.0, f, f, 0.0], backward=[0.0, b, b, 0.0], params=[0, 1, 1, 0],
-        tokens_per_micro_batch=1, step_per_param=update / 2,
-    )  # fmt: skip
+        measured=True,
+        forward=[0.0, f, f, 0.0],
+        backward=[0.0, b, b, 0.0],
+        params=[0, 1, 1, 0],
+        tokens_per_micro_batch=1,
+        step_per_param=update / 2,
+    )
     P = int(first["stages"])
-    fitted = fit_overhead_latency(model_at(model, P), [(str(r["schedule"]), P, int(r["micro_batches"]),
-                                                        float(r["step_time_s"])) for r in calibration])  # fmt: skip
+    fitted = fit_overhead_latency(
+        model_at(model, P),
+        [(str(r["schedule"]), P, int(r["micro_batches"]), float(r["step_time_s"])) for r in calibration],
+    )
     return model_at(fitted, stages)
 
 

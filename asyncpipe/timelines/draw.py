@@ -16,8 +16,13 @@ from asyncpipe.timelines.timeline import Event, Timeline
 LINE_WIDTH = 100  # characters per text line: a terminal, an editor, a diff
 LETTER = {"forward": "F", "backward": "B", "weight": "W", "step": "U", "eval": "E"}
 COLOR = {"forward": "#4c72b0", "backward": "#55a868", "weight": "#8172b3", "step": "#c44e52", "eval": "#999999"}
-MEANING = {"forward": "forward", "backward": "backward", "weight": "weight-gradient pass (W)",
-           "step": "optimizer step", "eval": "evaluation forward"}  # fmt: skip
+MEANING = {
+    "forward": "forward",
+    "backward": "backward",
+    "weight": "weight-gradient pass (W)",
+    "step": "optimizer step",
+    "eval": "evaluation forward",
+}
 VERSION_COLOR = ["#f0a35e", "#9467bd", "#e377c2", "#17becf", "#bcbd22", "#8c564b"]  # W0, W1, ... (cycled)
 LIGHT = 0.5  # alpha of a rank's second model chunk
 
@@ -81,8 +86,10 @@ def version_rule(timeline: Timeline) -> Optional[str]:
     if all(v == b for b, v in pairs):
         return "flushed: batch b reads weight version W(b), so it waits for step b-1"
     if any(e.straddle for e in blocks):
-        return ("paci: one weight version stepped in place; a stage's backward reads the version after its last "
-                "step, a forward the one it holds then (the small bar: the version read)")
+        return (
+            "paci: one weight version stepped in place; a stage's backward reads the version after its last "
+            "step, a forward the one it holds then (the small bar: the version read)"
+        )
     return None
 
 
@@ -96,12 +103,13 @@ def _ruler(first: int, cells: int, cell: float, width: int) -> str:
             mark = f"{(first + i) * cell:.4g}"
             at = i * width
             if at + len(mark) <= len(line):
-                line[at:at + len(mark)] = mark
+                line[at : at + len(mark)] = mark
     return "".join(line).rstrip()
 
 
-def render_text(timeline: Timeline, cell: Optional[float] = None, width: Optional[int] = None,
-                line_width: int = LINE_WIDTH) -> str:  # fmt: skip
+def render_text(
+    timeline: Timeline, cell: Optional[float] = None, width: Optional[int] = None, line_width: int = LINE_WIDTH
+) -> str:
     """Stages as rows, time as cells (``S0 |F0  F1  B0------...|``): a block's label fills its first cell and ``-``
     its remaining cells, ``.`` is idle; with ``width`` 1 a block is its letter, lower case where it continues.
     Rows longer than ``line_width`` characters wrap into consecutive time windows, each under a time ruler.
@@ -137,15 +145,20 @@ def render_text(timeline: Timeline, cell: Optional[float] = None, width: Optiona
     return "\n".join(out) + "\n" + textwrap.fill(f"idle fraction: {idle}", line_width) + "\n"
 
 
-def text_legend(timelines: Sequence[Timeline], cell: float, width: int, line_width: int = LINE_WIDTH,
-                unit: str = "time unit") -> str:  # fmt: skip
+def text_legend(
+    timelines: Sequence[Timeline], cell: float, width: int, line_width: int = LINE_WIDTH, unit: str = "time unit"
+) -> str:
     """What the letters, marks and cells of `render_text` mean, for the kinds of block these timelines hold; ``unit``
     names the time (``s`` for a measured trace)."""
     kinds = [k for k in LETTER if any(e.kind == k and e.end > e.start for tl in timelines for e in tl.events)]
     if width > 1:
-        say = {"forward": "F3 forward of micro-batch 3", "backward": "B3 its backward",
-               "weight": "W3 its weight-gradient pass (B3 then computes only the input gradient)",
-               "step": "U0 the optimizer step of batch 0 (writes W1)", "eval": "E an evaluation forward"}  # fmt: skip
+        say = {
+            "forward": "F3 forward of micro-batch 3",
+            "backward": "B3 its backward",
+            "weight": "W3 its weight-gradient pass (B3 then computes only the input gradient)",
+            "step": "U0 the optimizer step of batch 0 (writes W1)",
+            "eval": "E an evaluation forward",
+        }
         parts = [say[k] for k in kinds] + ["'-' the block goes on", "'.' idle"]
     else:
         parts = [f"{LETTER[k]} {MEANING[k]}" for k in kinds] + ["lower case: the block goes on", "'.' idle"]
@@ -157,17 +170,27 @@ def text_legend(timelines: Sequence[Timeline], cell: float, width: int, line_wid
     rules = {r for r in (version_rule(tl) for tl in timelines) if r}
     parts += sorted(rules)
     if any(e.straddle for tl in timelines for e in tl.events):
-        parts.append("* a backward on a newer weight version than its forward read (the micro-batch straddles "
-                     "the stage's step: paci back-propagates through its forward's graph on the stepped weights, "
-                     "paci-recompute re-runs its forward first)")  # fmt: skip
+        parts.append(
+            "* a backward on a newer weight version than its forward read (the micro-batch straddles "
+            "the stage's step: paci back-propagates through its forward's graph on the stepped weights, "
+            "paci-recompute re-runs its forward first)"
+        )
     plural = "" if cell == 1 or unit == "s" else "s"
     parts.append(f"one cell = {cell:.4g} {unit}{plural}; t = time at the start of a cell")
     return textwrap.fill("legend: " + "; ".join(parts) + ".", line_width) + "\n"
 
 
 # -- PNG ---------------------------------------------------------------------------------------------------
-def _put_label(ax, e: Event, text: str, px_per_unit: float, y: float, height_px: float, color: str,  # noqa: ANN001
-               dpi: int) -> None:  # fmt: skip
+def _put_label(
+    ax,
+    e: Event,
+    text: str,
+    px_per_unit: float,
+    y: float,
+    height_px: float,
+    color: str,  # noqa: ANN001
+    dpi: int,
+) -> None:
     """The block's label across it when it fits, up it (rotated) when only that fits, else none."""
     char = 7 * 0.62 * dpi / 72  # px of one character at fontsize 7
     w = (e.end - e.start) * px_per_unit
@@ -202,8 +225,15 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
     fig_w = min(40.0, max(9.0, n_ev * 0.35))
     row_in = 0.5  # inches per stage
     heights = [row_in * len(tl.busy) + 0.75 for _, tl in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(fig_w, sum(heights) + 0.7), dpi=dpi, squeeze=False,
-                             layout="constrained", gridspec_kw={"height_ratios": heights})  # fmt: skip
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(fig_w, sum(heights) + 0.7),
+        dpi=dpi,
+        squeeze=False,
+        layout="constrained",
+        gridspec_kw={"height_ratios": heights},
+    )
     px_per_unit = (fig_w - 1.9) * dpi / span  # 1.9 in: the stage names and margins
     kinds, versions, light_seen, bounds_seen, straddle_seen = set(), set(), False, False, False
     for ax, (title, tl) in zip(axes[:, 0], panels):
@@ -226,18 +256,40 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
                 bars.setdefault((e.stage + top + h + 0.03, 0.2, version_color, 1.0, False), []).append(span_)
             if e.kind != "eval":
                 text = label(e, local) if e.kind == "step" else label(e, local)[1:]
-                _put_label(ax, e, text, px_per_unit, e.stage + top + h / 2, h * row_in * dpi,
-                           "#222222" if light else "white", dpi)  # fmt: skip
+                _put_label(
+                    ax,
+                    e,
+                    text,
+                    px_per_unit,
+                    e.stage + top + h / 2,
+                    h * row_in * dpi,
+                    "#222222" if light else "white",
+                    dpi,
+                )
         for (y, height, color, alpha, hatched), spans in bars.items():
-            ax.broken_barh(spans, (y, height), facecolors=color, alpha=alpha, edgecolor="white", linewidth=0.6,
-                           hatch="///" if hatched else None)  # fmt: skip
+            ax.broken_barh(
+                spans,
+                (y, height),
+                facecolors=color,
+                alpha=alpha,
+                edgecolor="white",
+                linewidth=0.6,
+                hatch="///" if hatched else None,
+            )
             straddle_seen |= hatched
         for s, b, t in batch_starts(tl):
             bounds_seen = True
             ax.plot([t, t], [s - 0.5, s + 0.5], color="black", linewidth=1.3, linestyle=(0, (3, 2)))
             if s == 0:
-                ax.annotate(f"batch {b} \u2192", (t, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 2),
-                            textcoords="offset points", fontsize=7, va="bottom")  # fmt: skip
+                ax.annotate(
+                    f"batch {b} \u2192",
+                    (t, 1.0),
+                    xycoords=("data", "axes fraction"),
+                    xytext=(2, 2),
+                    textcoords="offset points",
+                    fontsize=7,
+                    va="bottom",
+                )
         ax.set_yticks(range(P), [f"stage {s}  (idle {f:.0%})" for s, f in enumerate(tl.idle_fraction)])
         ax.set_ylim(P - 0.5, -0.5)
         ax.set_xlim(0, span)
@@ -247,11 +299,14 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
     handles = [Patch(color=COLOR[k], label=say[k]) for k in LETTER if k in kinds]
     if light_seen:
         handles.append(Patch(color=COLOR["forward"], alpha=LIGHT, label="lighter: the rank's 2nd model chunk (b)"))
-    handles += [Patch(color=VERSION_COLOR[v % len(VERSION_COLOR)], label=f"bar below: weights read, W{v}")
-                for v in sorted(versions)]  # fmt: skip
+    handles += [
+        Patch(color=VERSION_COLOR[v % len(VERSION_COLOR)], label=f"bar below: weights read, W{v}")
+        for v in sorted(versions)
+    ]
     if straddle_seen:
-        handles.append(Patch(facecolor=COLOR["backward"], hatch="///", edgecolor="white",
-                             label="hatched *: straddles a step"))
+        handles.append(
+            Patch(facecolor=COLOR["backward"], hatch="///", edgecolor="white", label="hatched *: straddles a step")
+        )
     if bounds_seen:
         handles.append(Line2D([], [], color="black", linestyle=(0, (3, 2)), label="next batch's first forward"))
     one_row = sum(len(h.get_label()) * 8 * 0.55 * dpi / 72 + 45 for h in handles) <= fig_w * dpi  # fontsize 8
@@ -260,8 +315,17 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
     return fig
 
 
-def draw_schedule(schedule: str, stages: int, micro_batches: int, batches: int, forward: float, backward: float,
-                  step: float, trace: Optional[Path], out: Path) -> tuple[str, list[Path]]:  # fmt: skip
+def draw_schedule(
+    schedule: str,
+    stages: int,
+    micro_batches: int,
+    batches: int,
+    forward: float,
+    backward: float,
+    step: float,
+    trace: Optional[Path],
+    out: Path,
+) -> tuple[str, list[Path]]:
     """`asyncpipe schedule`: the timeline of ``schedule`` (the engine's streams, or a synchronous schedule drawn
     next to 1F1B and 2BW with its bubble table), or of a ``trace``d run, written to ``out`` as a PNG and a text
     file. Returns what to print (the text, then the steady-state idle per stage) and the files written."""
@@ -279,12 +343,20 @@ def draw_schedule(schedule: str, stages: int, micro_batches: int, batches: int, 
         panels = [(f"measured timeline of {trace} (idle = waiting on communication)", tl)]
     elif sync:
         costs = f"F={forward:g}, B={backward:g}, optimizer step free"
-        panels = [(f"{schedule}: P={stages}, m={micro_batches}, one batch ({costs})",
-                   sync_timeline(schedule, stages, micro_batches, forward, backward)),
-                  ("1f1b: one batch", sync_timeline("1f1b", stages, micro_batches, forward, backward))]  # fmt: skip
+        panels = [
+            (
+                f"{schedule}: P={stages}, m={micro_batches}, one batch ({costs})",
+                sync_timeline(schedule, stages, micro_batches, forward, backward),
+            ),
+            ("1f1b: one batch", sync_timeline("1f1b", stages, micro_batches, forward, backward)),
+        ]
         if get("2bw").fits(stages, micro_batches):
-            panels.append((f"2bw: {batches} batches (no flush)",
-                           ideal_timeline("2bw", stages, micro_batches, batches, forward, backward, 0.0)))  # fmt: skip
+            panels.append(
+                (
+                    f"2bw: {batches} batches (no flush)",
+                    ideal_timeline("2bw", stages, micro_batches, batches, forward, backward, 0.0),
+                )
+            )
         stem = f"{schedule}-P{stages}-m{micro_batches}"
         tl = panels[0][1]
     else:
@@ -307,6 +379,9 @@ def draw_schedule(schedule: str, stages: int, micro_batches: int, batches: int, 
     txt.write_text(text)
     gaps = steady_gaps(tl) if trace is not None or not sync else []
     if gaps:
-        text += ("steady-state idle per stage (first backward .. last forward): "
-                 + "  ".join(f"S{s} {g:.3g}" for s, g in enumerate(gaps)) + "\n")  # fmt: skip
+        text += (
+            "steady-state idle per stage (first backward .. last forward): "
+            + "  ".join(f"S{s} {g:.3g}" for s, g in enumerate(gaps))
+            + "\n"
+        )
     return text, [png, txt]

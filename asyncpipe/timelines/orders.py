@@ -16,9 +16,15 @@ if TYPE_CHECKING:
     from asyncpipe.timelines.timeline import Timeline
 
 
-def replay(p: Plan, forward: float = 1.0, backward: float = 2.0, weight_share: float = 0.5,
-           chunk_costs: Optional[dict[str, Sequence[float]]] = None, latency: float = 0.0,
-           op_overhead: float = 0.0) -> "Timeline":  # fmt: skip
+def replay(
+    p: Plan,
+    forward: float = 1.0,
+    backward: float = 2.0,
+    weight_share: float = 0.5,
+    chunk_costs: Optional[dict[str, Sequence[float]]] = None,
+    latency: float = 0.0,
+    op_overhead: float = 0.0,
+) -> "Timeline":
     """Run every rank's order against the others: an op starts when its rank is free and its dependencies
     are done. ``forward``/``backward`` are the costs of a whole stage's worth of layers (a chunk costs 1/chunks
     per rank of it); with a split backward, B costs (1 - weight_share) of it and W the rest. Raises
@@ -37,6 +43,7 @@ def replay(p: Plan, forward: float = 1.0, backward: float = 2.0, weight_share: f
         if chunk_costs is None or op.kind not in chunk_costs:
             return cost[op.kind] + op_overhead
         return float(chunk_costs[op.kind][op.chunk]) + op_overhead
+
     owner: dict[Op, int] = {}
     for r, ops in enumerate(p.ranks):
         for op in ops:
@@ -82,8 +89,9 @@ def bubble(name: str, stages: int, micro_batches: int, forward: float = 1.0, bac
     return max(tl.idle_fraction)
 
 
-def bubble_table(stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0,
-                 batches: int = 3) -> dict[str, Optional[float]]:  # fmt: skip
+def bubble_table(
+    stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0, batches: int = 3
+) -> dict[str, Optional[float]]:
     """Per schedule, the bubble of one batch with a free optimizer step (None where it cannot run this P and m).
     A synchronous schedule flushes every batch, so that is its idle fraction over one batch; ``2bw`` is the
     idle share of the time one more batch adds to a run (its steady state; 0 with equal stages) and ``2bw-run``
@@ -93,16 +101,25 @@ def bubble_table(stages: int, micro_batches: int, forward: float = 1.0, backward
     out: dict[str, Optional[float]] = {k: bubble(k, stages, micro_batches, forward, backward) for k in sync_schedules()}
     out["2bw"] = out["2bw-run"] = None
     if get("2bw").fits(stages, micro_batches):
-        runs = [simulate_schedule("2bw", micro_batches, stages, n, forward=forward, backward=backward, step=0.0)
-                for n in (batches, batches + 1)]  # fmt: skip
+        runs = [
+            simulate_schedule("2bw", micro_batches, stages, n, forward=forward, backward=backward, step=0.0)
+            for n in (batches, batches + 1)
+        ]
         extra = runs[1].makespan - runs[0].makespan
         out["2bw"] = max(0.0, 1.0 - micro_batches * (forward + backward) / extra)
         out["2bw-run"] = max(runs[0].idle_fraction)
     return out
 
 
-def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
-                   forward: float = 1.0, backward: float = 2.0, step: float = 1.0) -> "Timeline":  # fmt: skip
+def ideal_timeline(
+    kind: str,
+    stages: int,
+    micro_batches: int,
+    batches: int,
+    forward: float = 1.0,
+    backward: float = 2.0,
+    step: float = 1.0,
+) -> "Timeline":
     """The timeline of the instruction streams the engine executes for ``kind`` (a declared schedule with a stream:
     1f1b, 2bw, paci, ...; or gpipe), replayed against each other with unit costs (F, B and optimizer step
     durations); an unknown kind is one line."""
@@ -124,7 +141,9 @@ def ideal_timeline(kind: str, stages: int, micro_batches: int, batches: int,
     return simulate_schedule(kind, micro_batches, stages, batches, forward=forward, backward=backward, step=step)
 
 
-def sync_timeline(kind: str, stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0) -> "Timeline":
+def sync_timeline(
+    kind: str, stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0
+) -> "Timeline":
     """One batch of the synchronous schedule ``kind`` (1f1b, zb-h1, interleaved-1f1b, dualpipev), replayed by
     data dependencies."""
     return replay(plan(kind, stages, micro_batches), forward, backward)

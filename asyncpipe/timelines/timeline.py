@@ -105,8 +105,9 @@ def simulate(
     (paci-recompute); otherwise it costs a backward (paci's in-place recipe).
     """
     n = len(streams)
-    fwd, bwd, upd = ([float(c)] * n if isinstance(c, (int, float)) else [float(x) for x in c]
-                     for c in (forward, backward, step))  # fmt: skip
+    fwd, bwd, upd = (
+        [float(c)] * n if isinstance(c, (int, float)) else [float(x) for x in c] for c in (forward, backward, step)
+    )
     replay = _Replay(streams, fwd, bwd, upd, latency, collective_steps, overhead, recompute)
     return replay.run()
 

@@ -20,8 +20,18 @@ def _stub_stages(s: TorchSchedule, stages: int) -> list[Any]:
     from types import SimpleNamespace
 
     n = stages * s.chunks
-    return [SimpleNamespace(num_stages=n, group_size=stages, group_rank=0, stage_index=c, submod=None,
-                            is_first=c == 0, is_last=c == n - 1) for c in rank_chunks(s, stages, 0)]  # fmt: skip
+    return [
+        SimpleNamespace(
+            num_stages=n,
+            group_size=stages,
+            group_rank=0,
+            stage_index=c,
+            submod=None,
+            is_first=c == 0,
+            is_last=c == n - 1,
+        )
+        for c in rank_chunks(s, stages, 0)
+    ]
 
 
 def build_order(s: TorchSchedule, stages: int, micro_batches: int) -> Optional[dict[int, list]]:
@@ -64,8 +74,12 @@ def ideal_plan(s: TorchSchedule, stages: int, micro_batches: int) -> Any:
             for a in getattr(action, "sub_actions", None) or [action]:
                 kind, c, k = a.computation_type.value, a.stage_index, a.microbatch_index
                 chunk_rank[c] = r
-                ops += {"F": [Op("F", c, k)], "I": [Op("B", c, k)], "W": [Op("W", c, k)],
-                        "B": [Op("B", c, k), Op("W", c, k)]}.get(kind, [])  # fmt: skip
+                ops += {
+                    "F": [Op("F", c, k)],
+                    "I": [Op("B", c, k)],
+                    "W": [Op("W", c, k)],
+                    "B": [Op("B", c, k), Op("W", c, k)],
+                }.get(kind, [])
         ranks.append(ops)
     return Plan(f"torch-{s.name}", stages, micro_batches, chunk_rank, ranks, split_backward=True)
 

@@ -80,8 +80,10 @@ def read_trace_dir(run_dir: Path, files: list[Path]) -> tuple[dict, dict[int, li
         if ops[0].get("replica", 0) == 0:
             stage = ops[0]["stage"]
             if stage in per_stage:
-                raise UserError(f"{run_dir}: two trace files hold stage {stage} of replica 0 (traces of two runs "
-                                "mixed in one dir?); keep one run's trace-rank*.json")  # fmt: skip
+                raise UserError(
+                    f"{run_dir}: two trace files hold stage {stage} of replica 0 (traces of two runs "
+                    "mixed in one dir?); keep one run's trace-rank*.json"
+                )
             per_stage[stage] = ops
     if not per_stage:
         raise UserError(f"{run_dir}: no trace of replica 0; record one with pipeline.trace=true")
@@ -89,8 +91,10 @@ def read_trace_dir(run_dir: Path, files: list[Path]) -> tuple[dict, dict[int, li
     stages = pipeline.get("stages")
     want = stages if isinstance(stages, int) and not isinstance(stages, bool) and stages > 0 else max(per_stage) + 1
     if sorted(per_stage) != list(range(want)):
-        raise UserError(f"{run_dir}: the traces hold stages {sorted(per_stage)} but the run has {want} stage(s) "
-                        "(a trace missing, or another run's); re-record with pipeline.trace=true")  # fmt: skip
+        raise UserError(
+            f"{run_dir}: the traces hold stages {sorted(per_stage)} but the run has {want} stage(s) "
+            "(a trace missing, or another run's); re-record with pipeline.trace=true"
+        )
     return config, per_stage
 
 

@@ -43,8 +43,9 @@ class UnreadableFile(UserError):
 
 # The one list of settings that cannot change a result: a resume may change them, and a report never compares them.
 NO_RESULT_PREFIXES = ("run.", "tracker.", "launcher.", "checkpoint.")
-NO_RESULT_KEYS = frozenset({"resume", "train.log_every", "pipeline.trace", "pipeline.threads", "pipeline.backend",
-                            "data.root"})  # fmt: skip
+NO_RESULT_KEYS = frozenset(
+    {"resume", "train.log_every", "pipeline.trace", "pipeline.threads", "pipeline.backend", "data.root"}
+)
 
 
 def changes_no_result(key: str) -> bool:
@@ -53,8 +54,13 @@ def changes_no_result(key: str) -> bool:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
-                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):  # fmt: skip
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
         if test(mode):
             return name
     return "special file"
@@ -78,8 +84,10 @@ def _read_regular(path: Path, max_bytes: int, inflate: bool = False) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableFile(f"{path} is a {_kind(st.st_mode)}, not a regular file")
         if st.st_size > max_bytes:
-            raise UnreadableFile(f"{path} is {st.st_size / 2**20:.1f} MiB, above the {max_bytes / 2**20:g} MiB a "
-                                 "reader takes from such a file")  # fmt: skip
+            raise UnreadableFile(
+                f"{path} is {st.st_size / 2**20:.1f} MiB, above the {max_bytes / 2**20:g} MiB a "
+                "reader takes from such a file"
+            )
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=True) as f:
             fd = -1
@@ -234,8 +242,10 @@ def _expanded_size(node: Any, source: str) -> int:
         for child in children:
             total += size(child)
             if total > MAX_YAML_NODES:
-                raise UnreadableFile(f"{source}: expands to more than {MAX_YAML_NODES:,} YAML nodes (aliases "
-                                     "counted at every use, e.g. an alias bomb); write it out plainly")  # fmt: skip
+                raise UnreadableFile(
+                    f"{source}: expands to more than {MAX_YAML_NODES:,} YAML nodes (aliases "
+                    "counted at every use, e.g. an alias bomb); write it out plainly"
+                )
         open_.discard(key)
         sizes[key] = total
         return total

@@ -32,6 +32,7 @@ PACKAGES = ("asyncpipe", "torch", "deepspeed", "hydra-core", "omegaconf", "wandb
 
 def git_state(path: Path) -> Optional[dict]:
     """{"commit", "dirty"} of the git checkout holding `path`, or None (an installed package, no git)."""
+
     def git(*args: str) -> Optional[str]:
         try:
             out = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10)
@@ -130,7 +131,9 @@ class LogTee:
     def run_started(self) -> bool:
         """True once this run wrote its config.yaml (every start does, a resume too): a refused run writes nothing."""
         try:
-            return (self.run_dir / CONFIG_FILE).stat().st_mtime >= self.started - 0.05  # a coarse fs clock lags a little
+            return (
+                self.run_dir / CONFIG_FILE
+            ).stat().st_mtime >= self.started - 0.05  # a coarse fs clock lags a little
         except OSError:
             return False
 

@@ -39,5 +39,7 @@ class Tracker:
 
 
 def offline_note(run_dir: Path) -> str:
-    return (f"W&B: writing this run offline to {run_dir / 'wandb'} (upload later: asyncpipe sync "
-            f"{run_dir}; tracker.wandb.mode=disabled turns W&B off)")
+    return (
+        f"W&B: writing this run offline to {run_dir / 'wandb'} (upload later: asyncpipe sync "
+        f"{run_dir}; tracker.wandb.mode=disabled turns W&B off)"
+    )

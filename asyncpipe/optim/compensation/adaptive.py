@@ -68,7 +68,8 @@ class AdaptiveEF(Compensated):
         self.stats: dict[Any, list[torch.Tensor]] = {}  # scope key -> [A, B]
         group_index = {p: j for j, group in enumerate(self.param_groups) for p in group["params"]}
         self._scope_of = {
-            p: (i if scope == "tensor" else group_index[p] if scope == "group" else 0) for i, p in enumerate(self._params())
+            p: (i if scope == "tensor" else group_index[p] if scope == "group" else 0)
+            for i, p in enumerate(self._params())
         }
 
     def lam_for(self, p: torch.Tensor, rho: torch.Tensor | None) -> torch.Tensor | float:
@@ -111,7 +112,9 @@ class AdaptiveEF(Compensated):
         b = self.beta
         for key, (cross, sq) in observed.items():
             stat = self.stats.get(key)
-            self.stats[key] = [cross, sq] if stat is None else [b * stat[0] + (1 - b) * cross, b * stat[1] + (1 - b) * sq]
+            self.stats[key] = (
+                [cross, sq] if stat is None else [b * stat[0] + (1 - b) * cross, b * stat[1] + (1 - b) * sq]
+            )
         lams = []
         for p, d in diffs:
             rho = self.rho(self._scope_of[p])
@@ -134,7 +137,9 @@ class AdaptiveEF(Compensated):
         }
 
 
-def build_adaptive(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
+def build_adaptive(
+    optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]
+) -> torch.optim.Optimizer:
     """The method ``ef_adaptive`` (declared in `asyncpipe.compensation.adaptive`) around ``optimizer``."""
     c = cfg.adaptive
     return AdaptiveEF(optimizer, delays, c.lam_init, c.lam_max, c.beta, c.scope)

@@ -51,6 +51,8 @@ class UpdateAveraging(Compensated):
             p.sub_(prev - u, alpha=g)
 
 
-def build_averaging(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
+def build_averaging(
+    optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]
+) -> torch.optim.Optimizer:
     """The method ``update_averaging`` (declared in `asyncpipe.compensation.averaging`) around ``optimizer``."""
     return UpdateAveraging(optimizer, delays, cfg.nag.gamma)

@@ -117,7 +117,9 @@ class Compensated(torch.optim.Optimizer):
         self.state = self.optimizer.state
         params = self._params()
         self.buffers = {
-            n: {params[i]: t.detach().to(device=params[i].device).clone() for i, t in comp["buffers"].get(n, {}).items()}
+            n: {
+                params[i]: t.detach().to(device=params[i].device).clone() for i, t in comp["buffers"].get(n, {}).items()
+            }
             for n in self.buffer_names
         }
         self.t = int(comp["t"])

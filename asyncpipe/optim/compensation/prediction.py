@@ -73,7 +73,9 @@ class WeightPrediction(Compensated):
                 p.data = stale
 
 
-def build_prediction(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
+def build_prediction(
+    optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]
+) -> torch.optim.Optimizer:
     """The method ``weight_prediction`` (declared in `asyncpipe.compensation.prediction`) around ``optimizer``."""
     c = cfg.prediction
     return WeightPrediction(optimizer, delays, c.beta, c.horizon)

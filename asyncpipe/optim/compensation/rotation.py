@@ -117,7 +117,9 @@ class BasisRotation(Compensated):
             p.copy_(x - decay - b["QL"][p] @ u_rot @ b["QR"][p].mT)
 
 
-def build_rotation(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
+def build_rotation(
+    optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]
+) -> torch.optim.Optimizer:
     """The method ``basis_rotation`` (declared in `asyncpipe.compensation.rotation`) around ``optimizer``."""
     c = cfg.rotation
     hidden = getattr(optimizer, "hidden_params", None)

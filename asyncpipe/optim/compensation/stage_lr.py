@@ -38,11 +38,15 @@ def anneal_length(anneal_steps: int, anneal_frac: float, run_steps: int) -> int:
     """T, the step at which p(t) reaches 0: ``anneal_steps`` if > 0, else ``anneal_frac`` of ``run_steps``
     (at least 1 step when the fraction is > 0); 0 = no annealing."""
     if anneal_steps < 0 or not 0 <= anneal_frac <= 1:
-        raise UserError(f"compensation.stage_lr needs anneal_steps >= 0 and 0 <= anneal_frac <= 1, got {anneal_steps}, {anneal_frac}")
+        raise UserError(
+            f"compensation.stage_lr needs anneal_steps >= 0 and 0 <= anneal_frac <= 1, got {anneal_steps}, {anneal_frac}"
+        )
     if anneal_steps > 0 or anneal_frac == 0:
         return int(anneal_steps)
     if run_steps < 1:
-        raise UserError("compensation.stage_lr.anneal_frac needs run_steps (the YAML sets it to train.steps) or anneal_steps > 0")
+        raise UserError(
+            "compensation.stage_lr.anneal_frac needs run_steps (the YAML sets it to train.steps) or anneal_steps > 0"
+        )
     return max(1, round(anneal_frac * run_steps))
 
 
@@ -78,7 +82,9 @@ class StageLR(Compensated):
         self.diagnostics = {"lr_scale_min": min(scales)} if scales else {}
 
 
-def build_stage_lr(optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]) -> torch.optim.Optimizer:
+def build_stage_lr(
+    optimizer: torch.optim.Optimizer, cfg: Any, delays: Mapping[torch.Tensor, int]
+) -> torch.optim.Optimizer:
     """The method ``stage_lr`` (declared in `asyncpipe.compensation.stage_lr`) around ``optimizer``."""
     c = cfg.stage_lr
     return StageLR(optimizer, delays, c.power, anneal_length(c.anneal_steps, c.anneal_frac, c.run_steps))
