@@ -190,6 +190,17 @@ def cut_problem(cfg: Any) -> str:
     return check_blocks(list(cut), cfg.model.n_layer, cfg.pipeline.stages * resolve(cfg).chunks)
 
 
+def ends_read_one_version(spec: Any, stages: int, micro_batches: int, batches: int = 4) -> bool:
+    """Whether the first and the last stage read one weight version for every micro-batch, forward and backward
+    (its declared `versions`, over a few batches): what two tied copies stepped alike need."""
+    for k in range(batches * micro_batches):
+        first = spec.versions(stages, micro_batches, 0, k)
+        last = spec.versions(stages, micro_batches, stages - 1, k)
+        if first != last or first[0] != first[1]:
+            return False
+    return True
+
+
 def tied_problem(cfg: Any) -> str:
     """Why ``cfg``'s tied embeddings cannot run on `engine=pipeline` ('' when they can): split over the first and
     the last stage, the two copies are summed and stepped alike (`pipe.tied`) under 1F1B and 2BW (+ EF) and
@@ -197,11 +208,12 @@ def tied_problem(cfg: Any) -> str:
     both stages read one weight version per step, with one global clipping norm."""
     from asyncpipe.schedules import resolve
 
-    p, name = cfg.pipeline, resolve(cfg).name
+    p, spec = cfg.pipeline, resolve(cfg)
     untie = f"add model.tie_embeddings=false (model '{cfg.model.name}' ties them)"
-    if p.stages == 1 or (resolve(cfg).chunks > 1 and p.get("torch_schedule") is None):
+    if p.stages == 1 or (spec.chunks > 1 and p.get("torch_schedule") is None):
         return ""  # the embedding and the head in one process (a V): tied there
-    if name not in ("1f1b", "2bw"):
+    if not ends_read_one_version(spec, p.stages, cfg.train.micro_batches):
+        name = spec.name
         return (
             f"engine=pipeline ties embeddings across stages under 1f1b and 2bw only (pipeline.schedule={name}: "
             f"its stages read different weight versions at one step); {untie}"
