@@ -23,8 +23,24 @@ def format_result(res: dict) -> str:
     """The human-readable lines of a `bench_pipeline` result: one row per schedule, then memory per stage. A ratio
     from fewer than MIN_ROUNDS rounds, or whose rounds' spread reaches 1.0, is flagged on its line."""
     v = res["variants"]
-    P = res["stages"]
     w = max([10, *(len(n) for n in [*v, *res.get("skipped", {})])])  # the schedule column
+    return "\n".join(
+        [
+            *_schedule_table(res, w),
+            *_schedule_notes(v),
+            *_ratio_lines(res),
+            *_memory_lines(v, w),
+            *_simulator_lines(res),
+            *_standin_lines(res, w),
+        ]
+    )
+
+
+def _schedule_table(res: dict, w: int) -> list[str]:
+    """The run's header, then one row per schedule (tokens/s, ratios, idle and waits per stage, per-round ratios
+    with their flag) and one per skipped schedule with its reason."""
+    v = res["variants"]
+    P = res["stages"]
     lines = [
         f"model {res['model']}  P={P}  m={res['micro_batches']}  ({res['tokens_per_step']} tokens/step, "
         f"{res['threads_per_process']} thread/process, load {res['load_avg'][0]:.2f} -> "
@@ -47,6 +63,13 @@ def format_result(res: dict) -> str:
         )
     for name, why in res.get("skipped", {}).items():
         lines.append(f"{name:{w}s} {why}")
+    return lines
+
+
+def _schedule_notes(v: dict) -> list[str]:
+    """Which rows are torch.distributed.pipelining's schedules, each compiled row's speed-up over eager, and how
+    the idle and wait columns were timed."""
+    lines = []
     torch_rows = [f"{n} = {x['schedule']}" for n, x in v.items() if "+" not in n and pt.is_torch(n)]
     if torch_rows:
         lines.append("torch.distributed.pipelining: " + ", ".join(torch_rows) + " (same model, cut, data, update)")
@@ -61,6 +84,13 @@ def format_result(res: dict) -> str:
             f"idle, norm-wait and compute timed by: {', '.join(modes)} (host: perf_counter around each "
             "instruction, valid on CPU/gloo; cuda_events: the stage stream's view)"
         )
+    return lines
+
+
+def _ratio_lines(res: dict) -> list[str]:
+    """2BW over 1F1B against its ideal, EF's cost over plain 2BW, and the ratio the measured stage costs allow."""
+    v = res["variants"]
+    lines = []
     if "fraction_of_ideal" in res:
         flag = spread_note(res["ratio_per_round"])
         lines.append(
@@ -85,9 +115,14 @@ def format_result(res: dict) -> str:
             f"{ms(c['step_s'])} ms per stage) the schedules allow 2bw/1f1b {c['ratio_2bw_over_1f1b']:.3f} "
             f"= {c['fraction_of_ideal']:.3f} of (m+P-1)/m"
         )
-    lines.append(
+    return lines
+
+
+def _memory_lines(v: dict, w: int) -> list[str]:
+    """Memory per stage of each schedule: weight versions, optimizer state, EF buffer, activations."""
+    lines = [
         "memory per stage, MB: weights peak (versions) + optimizer + EF = total; activations peak (per micro-batch)"
-    )
+    ]
     for name, x in v.items():
         per = "  |  ".join(
             f"{mm['peak_weight_mb']:.1f} ({mm['weight_versions_peak']:.0f}) + {mm['optimizer_state_mb']:.1f}"
@@ -96,26 +131,36 @@ def format_result(res: dict) -> str:
             for mm in x["memory_per_stage"]
         )
         lines.append(f"  {name:{w}s} {per}")
-    if "simulator" in res:
-        sim = res["simulator"]
-        lines.append(
-            "simulator "
-            + ", ".join(
-                f"{n} {sim['median_step_s'][n] * 1e3:.1f} ms (x{r:.3f})" for n, r in sim["ratio_to_delay0"].items()
-            )
+    return lines
+
+
+def _simulator_lines(res: dict) -> list[str]:
+    """The simulator's step time per variant beside the pipeline's, when the result carries one."""
+    if "simulator" not in res:
+        return []
+    sim = res["simulator"]
+    return [
+        "simulator "
+        + ", ".join(f"{n} {sim['median_step_s'][n] * 1e3:.1f} ms (x{r:.3f})" for n, r in sim["ratio_to_delay0"].items())
+    ]
+
+
+def _standin_lines(res: dict, w: int) -> list[str]:
+    """Stand-in compute: each schedule's step time against its own ideal at the configured F, B."""
+    if "standin" not in res:
+        return []
+    sd = res["standin"]
+    header = (
+        f"stand-in F {sd['forward_s'] * 1e3:.1f} ms, B {sd['backward_s'] * 1e3:.1f} ms per stage and "
+        "micro-batch: step ms (ideal ms) = fraction of ideal (best step)"
+    )
+    lines = [header]
+    for r in sd["records"]:
+        frac = (
+            "n/a"
+            if r["fraction_of_ideal"] is None
+            else (f"{r['fraction_of_ideal']:.3f} ({r['fraction_of_ideal_best_step']:.3f})")
         )
-    if "standin" in res:  # stand-in compute: each schedule against its own ideal at the configured F, B
-        sd = res["standin"]
-        lines.append(
-            f"stand-in F {sd['forward_s'] * 1e3:.1f} ms, B {sd['backward_s'] * 1e3:.1f} ms per stage and "
-            "micro-batch: step ms (ideal ms) = fraction of ideal (best step)"
-        )
-        for r in sd["records"]:
-            frac = (
-                "n/a"
-                if r["fraction_of_ideal"] is None
-                else (f"{r['fraction_of_ideal']:.3f} ({r['fraction_of_ideal_best_step']:.3f})")
-            )
-            ideal = "n/a" if r["ideal_step_s"] is None else f"{r['ideal_step_s'] * 1e3:.1f}"
-            lines.append(f"  {r['variant']:{w}s} {r['step_time_s'] * 1e3:8.1f} ({ideal}) = {frac}")
-    return "\n".join(lines)
+        ideal = "n/a" if r["ideal_step_s"] is None else f"{r['ideal_step_s'] * 1e3:.1f}"
+        lines.append(f"  {r['variant']:{w}s} {r['step_time_s'] * 1e3:8.1f} ({ideal}) = {frac}")
+    return lines
