@@ -98,7 +98,8 @@ def plan_cmd(
     if not 0 < gpu_mem <= MAX_GPU_MEM_GIB:  # also refuses nan (every comparison with it is false)
         raise UserError(f"--gpu-mem {gpu_mem:g} must be a memory budget in GiB, > 0 and at most {MAX_GPU_MEM_GIB:g}")
     from asyncpipe.config import compose
-    from asyncpipe.plan import BUBBLE_LEGEND, plan, render
+    from asyncpipe.plan import plan
+    from asyncpipe.plan_table import BUBBLE_LEGEND, render
 
     cfg = compose(overrides or [])
     result = plan(cfg, gpu_mem)
@@ -135,83 +136,97 @@ def data_prepare(overrides: Optional[List[str]] = OVERRIDES) -> None:
     typer.echo(f"prepared {path}\n{describe(path)}")
 
 
+# `report`'s arguments and options, declared apart so its signature reads one line per option.
+SWEEP_DIRS = typer.Argument(
+    None,
+    help="Sweep directories DIR/NAME holding run dirs; "
+    "several are compared in one table, columns labelled NAME:variant.",
+)
+BASELINE = typer.Option(
+    None,
+    "--baseline",
+    help="A sweep directory whose first column (sync) every gap is measured against, paired by seed.",
+)
+REFERENCE = typer.Option(
+    None,
+    "--reference",
+    help="Measure the gaps against this column instead (e.g. cpu_study:1-step), paired by seed.",
+)
+WANDB_PROJECT = typer.Option(None, "--wandb", help="Read runs from W&B: ENTITY/PROJECT.")
+GROUP = typer.Option(None, "--group", help="With --wandb: the run group (sweep name).")
+REPORT_OUT = typer.Option(None, "--out", help="Where report files go (default DIR/NAME/report).")
+LOG_WANDB = typer.Option(
+    True,
+    "--wandb-log/--no-wandb-log",
+    help="Also log table and plots to a W&B report run of the group (when the runs' W&B mode is not disabled).",
+)
+PLOTS = typer.Option(True, "--plots/--no-plots", help="Also draw the loss and gap plots (the slow part).")
+MERGE = typer.Option(
+    False,
+    "--merge",
+    help="Pool the sweeps' runs that share a column name and every "
+    "compared setting into one cell (seeds unioned; a seed twice in a cell is refused).",
+)
+TARGET = typer.Option(
+    None,
+    "--target",
+    help="The % of a gap a mitigation should close (e.g. 85), "
+    "or 'paper': each optimizer's closure in the paper's table (and its gap "
+    "ratios); the takeaways judge each closure against it by its interval.",
+)
+BEST_OF = typer.Option(
+    None,
+    "--best-of",
+    help="A swept key (e.g. optimizer.lr): every column at "
+    "its own best value, chosen on --select-seeds, measured on the other seeds.",
+)
+SELECT_SEEDS = typer.Option(
+    None,
+    "--select-seeds",
+    help="With --best-of: the seeds the value is chosen on, comma-separated (default: the lower half of the seeds).",
+)
+BENCH = typer.Option(
+    None,
+    "--bench",
+    help="A `bench pipeline` result file (repeatable): "
+    "2BW's measured throughput ratio for the net speed-up (else the ideal).",
+)
+OTHER_LENGTH = typer.Option(
+    False,
+    "--other-length",
+    help="Accept a --baseline that trains another train.steps than every compared run (refused otherwise).",
+)
+WALLCLOCK_AT = typer.Option(
+    None,
+    "--wallclock-at",
+    help="P,m: draw the wall-clock figure with every schedule's throughput at that depth (else each run's own).",
+)
+
+
 @app.command()
 def report(
-    sweep_dirs: Optional[List[Path]] = typer.Argument(
-        None,
-        help="Sweep directories DIR/NAME holding run dirs; "
-        "several are compared in one table, columns labelled NAME:variant.",
-    ),
-    baseline: Optional[Path] = typer.Option(
-        None,
-        "--baseline",
-        help="A sweep directory whose first column (sync) every gap is measured against, paired by seed.",
-    ),
-    reference: Optional[str] = typer.Option(
-        None,
-        "--reference",
-        help="Measure the gaps against this column instead (e.g. cpu_study:1-step), paired by seed.",
-    ),
-    wandb_project: Optional[str] = typer.Option(None, "--wandb", help="Read runs from W&B: ENTITY/PROJECT."),
-    group: Optional[str] = typer.Option(None, "--group", help="With --wandb: the run group (sweep name)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where report files go (default DIR/NAME/report)."),
-    log_wandb: bool = typer.Option(
-        True,
-        "--wandb-log/--no-wandb-log",
-        help="Also log table and plots to a W&B report run of the group (when the runs' W&B mode is not disabled).",
-    ),
-    plots: bool = typer.Option(True, "--plots/--no-plots", help="Also draw the loss and gap plots (the slow part)."),
-    merge: bool = typer.Option(
-        False,
-        "--merge",
-        help="Pool the sweeps' runs that share a column name and every "
-        "compared setting into one cell (seeds unioned; a seed twice in a cell is refused).",
-    ),
-    target: Optional[str] = typer.Option(
-        None,
-        "--target",
-        help="The % of a gap a mitigation should close (e.g. 85), "
-        "or 'paper': each optimizer's closure in the paper's table (and its gap "
-        "ratios); the takeaways judge each closure against it by its interval.",
-    ),
-    best_of: Optional[str] = typer.Option(
-        None,
-        "--best-of",
-        help="A swept key (e.g. optimizer.lr): every column at "
-        "its own best value, chosen on --select-seeds, measured on the other seeds.",
-    ),
-    select_seeds: Optional[str] = typer.Option(
-        None,
-        "--select-seeds",
-        help="With --best-of: the seeds the value is "
-        "chosen on, comma-separated (default: the lower half of the seeds).",
-    ),
-    bench: Optional[List[Path]] = typer.Option(
-        None,
-        "--bench",
-        help="A `bench pipeline` result file (repeatable): "
-        "2BW's measured throughput ratio for the net speed-up (else the ideal).",
-    ),
-    other_length: bool = typer.Option(
-        False,
-        "--other-length",
-        help="Accept a --baseline that trains another train.steps than every compared run (refused otherwise).",
-    ),
-    wallclock_at: Optional[str] = typer.Option(
-        None,
-        "--wallclock-at",
-        help="P,m: draw the wall-clock figure with every schedule's throughput at that depth (else each run's own).",
-    ),
+    sweep_dirs: Optional[List[Path]] = SWEEP_DIRS,
+    baseline: Optional[Path] = BASELINE,
+    reference: Optional[str] = REFERENCE,
+    wandb_project: Optional[str] = WANDB_PROJECT,
+    group: Optional[str] = GROUP,
+    out: Optional[Path] = REPORT_OUT,
+    log_wandb: bool = LOG_WANDB,
+    plots: bool = PLOTS,
+    merge: bool = MERGE,
+    target: Optional[str] = TARGET,
+    best_of: Optional[str] = BEST_OF,
+    select_seeds: Optional[str] = SELECT_SEEDS,
+    bench: Optional[List[Path]] = BENCH,
+    other_length: bool = OTHER_LENGTH,
+    wallclock_at: Optional[str] = WALLCLOCK_AT,
 ) -> None:
     """Takeaways, loss-gap tables with 95% intervals (sync / 1-step / 1-step+EF per optimizer, or a sweep file's
     variants), time to sync's loss and net wall-clock speed-up, plots."""
-    from asyncpipe.report.build import parse_depth, parse_target
-    from asyncpipe.report.command import report_command
+    from asyncpipe.report.arguments import report_from_arguments
 
-    if out is not None:
-        writable_dir(out, "--out")
-    report_command(
-        sweep_dirs or [],
+    report_from_arguments(
+        sweep_dirs,
         out,
         wandb_project=wandb_project,
         group=group,
@@ -221,12 +236,12 @@ def report(
         reference=reference,
         plots=plots,
         merge=merge,
-        target=parse_target(target),
-        bench=bench or [],
+        target=target,
+        bench=bench,
         best_of=best_of,
-        select_seeds=select_seeds.split(",") if select_seeds else None,
+        select_seeds=select_seeds,
         other_length=other_length,
-        wallclock_at=parse_depth(wallclock_at),
+        wallclock_at=wallclock_at,
     )
 
 

@@ -176,9 +176,7 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
         raise UserError(f"pipeline.stages={p.stages} exceeds the {m.n_layer} transformer blocks of model '{m.name}'")
     vocab = _vocab(cfg)
     shapes = layer_shapes(m, vocab)
-    P, delay = p.stages, min(int(cfg.delay), 1)
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cfg.device != "cpu")  # a plan is for GPUs
-    tokens = t.micro_batch_size * t.seq_len
+    P = p.stages
     # As the engine: a step can be deferred where the stream runs on while a second version holds the old weights.
     deferred = (
         spec.stream is not None
@@ -196,65 +194,74 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
         )
     parts = partition(len(shapes), n_chunks, cut_blocks(cfg, n_chunks))
     shapes = _tied_copy(shapes, m, vocab, spec.chunks == 1 and P > 1)
-    budget = gpu_mem_gib * GIB
-    stages = []
-    for s in range(P):
-        chunks = [s] if spec.chunks == 1 else [s, n_chunks - 1 - s]  # a V: rank s holds chunk s and its mirror
-        held = spec.in_flight(P, t.micro_batches, s)
-        own = [x for c in chunks for x in shapes[parts[c] : parts[c + 1]]]
-        n = sum(x.params for x in own)
-        w = 4.0 * n
-        versions = spec.weight_versions(P, s)
-        if spec.stage_delay is not None and spec.delay is None:  # the simulator's k-step generalisation
-            versions = max(versions, 1 + spec.stage_delay(P, s, int(cfg.delay)))
-        grads = w * ((2 if deferred else 1) + (1 if p.data_parallel > 1 else 0))
-        opt = _optimizer_bytes(cfg, own)
-        ef = _compensation_bytes(cfg, own)
-        per_chunk = []
-        for c in chunks:
-            per_token = sum(_saved_per_token(m, x.kind, vocab, bf16) for x in shapes[parts[c] : parts[c + 1]])
-            if c < n_chunks - 1:
-                per_token += m.d_model * (2 if bf16 else 4)  # the output activation, held until its gradient returns
-            per_chunk.append(per_token)
-        per_token = sum(per_chunk)
-        held_per_token = sum(k * x for k, x in zip(held, per_chunk))  # each chunk at its own peak: an upper bound
-        in_flight = max(held)
-        act = per_token * tokens
-        casts = (
-            2.0
-            * sum(
-                k * sum(_cast_params(x, vocab, m.d_model) for x in shapes[parts[c] : parts[c + 1]])
-                for k, c in zip(held, chunks)
-            )
-            if bf16
-            else 0.0
-        )  # each chunk's copies, per micro-batch held
-        static = versions * w + grads + opt + ef + casts
-        fit = int((budget - static) // (held_per_token * t.seq_len)) if budget > static else 0
-        stages.append(
-            StagePlan(
-                s,
-                (parts[chunks[0]], parts[chunks[0] + 1]),
-                n,
-                versions,
-                versions * w,
-                grads,
-                opt,
-                ef,
-                in_flight,
-                act,
-                held_per_token * tokens,
-                static + held_per_token * tokens,
-                max(0, fit),
-                [(parts[c], parts[c + 1]) for c in chunks],
-                casts,
-            )
-        )
+    stages = [_stage_plan(cfg, spec, shapes, parts, s, deferred, gpu_mem_gib * GIB) for s in range(P)]
     total, active = model_params(m, vocab)
+    runs = not (min(int(cfg.delay), 1) == 1 and P > 1 and t.micro_batches < P)
+    notes = _notes(cfg, spec, stages[-1].versions, runs, deferred)
+    return Plan(m.name, total, active, stages, spec.name.upper(), gpu_mem_gib, notes, m.n_layer, runs)
+
+
+def _stage_plan(
+    cfg: Any, spec: Any, shapes: list[LayerShape], parts: list[int], s: int, deferred: bool, budget: float
+) -> StagePlan:
+    """Stage ``s``'s bytes: its chunks' weights (as many versions as the schedule keeps), gradients, optimizer and
+    compensation state, bf16 casts and the activations of its micro-batches in flight, against ``budget``."""
+    m, t, p = cfg.model, cfg.train, cfg.pipeline
+    P, n_chunks, vocab = p.stages, spec.chunks * p.stages, _vocab(cfg)
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cfg.device != "cpu")  # a plan is for GPUs
+    tokens = t.micro_batch_size * t.seq_len
+    chunks = [s] if spec.chunks == 1 else [s, n_chunks - 1 - s]  # a V: rank s holds chunk s and its mirror
+    held = spec.in_flight(P, t.micro_batches, s)
+    own = [x for c in chunks for x in shapes[parts[c] : parts[c + 1]]]
+    n = sum(x.params for x in own)
+    w = 4.0 * n
+    versions = spec.weight_versions(P, s)
+    if spec.stage_delay is not None and spec.delay is None:  # the simulator's k-step generalisation
+        versions = max(versions, 1 + spec.stage_delay(P, s, int(cfg.delay)))
+    grads = w * ((2 if deferred else 1) + (1 if p.data_parallel > 1 else 0))
+    opt = _optimizer_bytes(cfg, own)
+    ef = _compensation_bytes(cfg, own)
+    per_chunk = []
+    for c in chunks:
+        per_token = sum(_saved_per_token(m, x.kind, vocab, bf16) for x in shapes[parts[c] : parts[c + 1]])
+        if c < n_chunks - 1:
+            per_token += m.d_model * (2 if bf16 else 4)  # the output activation, held until its gradient returns
+        per_chunk.append(per_token)
+    held_per_token = sum(k * x for k, x in zip(held, per_chunk))  # each chunk at its own peak: an upper bound
+    casts = 0.0
+    if bf16:  # each chunk's copies, per micro-batch held
+        casts = 2.0 * sum(
+            k * sum(_cast_params(x, vocab, m.d_model) for x in shapes[parts[c] : parts[c + 1]])
+            for k, c in zip(held, chunks)
+        )
+    static = versions * w + grads + opt + ef + casts
+    fit = int((budget - static) // (held_per_token * t.seq_len)) if budget > static else 0
+    return StagePlan(
+        s,
+        (parts[chunks[0]], parts[chunks[0] + 1]),
+        n,
+        versions,
+        versions * w,
+        grads,
+        opt,
+        ef,
+        max(held),
+        sum(per_chunk) * tokens,
+        held_per_token * tokens,
+        static + held_per_token * tokens,
+        max(0, fit),
+        [(parts[c], parts[c + 1]) for c in chunks],
+        casts,
+    )
+
+
+def _notes(cfg: Any, spec: Any, versions: int, runs: bool, deferred: bool) -> list[str]:
+    """What the table alone does not say: a toy batch, a delay only the simulator runs, a batch 2BW cannot run,
+    a deferred step's second gradient buffer, a tied matrix held twice, a V's upper bound."""
+    m, t, P = cfg.model, cfg.train, cfg.pipeline.stages
     notes = [n for n in (batch_note(cfg),) if n]
     if cfg.delay > 1:
         notes.append(f"delay={cfg.delay} runs only in the simulator; weights counted as {versions} versions")
-    runs = not (delay == 1 and P > 1 and t.micro_batches < P)
     if not runs:
         notes.append(
             f"engine=pipeline runs 2BW only with train.micro_batches >= pipeline.stages ({t.micro_batches} < {P}): "
@@ -269,43 +276,7 @@ def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
             f"{spec.name}: in-flight is the larger chunk's peak; activations add each chunk's own peak "
             "(an upper bound when the peaks do not coincide)"
         )
-    return Plan(m.name, total, active, stages, spec.name.upper(), gpu_mem_gib, notes, m.n_layer, runs)
-
-
-def verdict(pl: Plan) -> str:
-    """One line: whether the run fits (its largest stage against the budget) and, when not, what does not."""
-    budget = pl.gpu_mem_gib * GIB
-    top = max(pl.stages, key=lambda s: s.total)
-    over = [s.stage for s in pl.stages if s.total > budget]
-    problems = []
-    if over:
-        names = ", ".join(map(str, over))
-        largest = min((s.max_micro_batch for s in pl.stages if s.stage in over), default=0)
-        fix = f"train.micro_batch_size={largest} or less" if largest > 0 else "more stages or a larger --gpu-mem"
-        problems.append(
-            f"stage{'s' if len(over) > 1 else ''} {names} need{'' if len(over) > 1 else 's'} up to "
-            f"{top.total / GIB:.1f} GiB of {pl.gpu_mem_gib:g} GiB ({fix})"
-        )
-    if not pl.runs:
-        problems.append("2BW needs train.micro_batches >= pipeline.stages")
-    if problems:
-        return "verdict: does NOT fit: " + "; ".join(problems)
-    return (
-        f"verdict: fits: every stage within {pl.gpu_mem_gib:g} GiB per device (largest: stage {top.stage}, "
-        f"{top.total / GIB:.1f} GiB)"
-    )
-
-
-def layer_label(layers: tuple[int, int], n_layer: int) -> str:
-    """A stage's [first, last) range of the layer list [embedding, blocks, head] as ``emb+b0-b2``, ``b3-b5+head``."""
-    first, last = layers
-    parts = ["emb"] if first == 0 else []
-    lo, hi = max(first, 1) - 1, min(last, n_layer + 1) - 2  # block indices
-    if hi >= lo:
-        parts.append(f"b{lo}" if hi == lo else f"b{lo}-b{hi}")
-    if last == n_layer + 2:
-        parts.append("head")
-    return "+".join(parts)
+    return notes
 
 
 def batch_note(cfg: Any) -> Optional[str]:
@@ -321,81 +292,3 @@ def batch_note(cfg: Any) -> Optional[str]:
             f"train.micro_batch_size=... train.seq_len=... (the max mb column: the largest that fits)"
         )
     return None
-
-
-def render(pl: Plan, cfg: Optional[Any] = None) -> str:
-    """The plan as a text table (GiB), one row per stage."""
-    g = lambda b: f"{b / GIB:.3f}" if b < 10 * GIB else f"{b / GIB:.1f}"  # noqa: E731
-    lines = [
-        f"model {pl.model}: {pl.total_params / 1e6:,.2f}M parameters, {pl.active_params / 1e6:,.2f}M active per token"
-    ]
-    if cfg is not None:
-        from asyncpipe.registry import describe
-
-        t, p = cfg.train, cfg.pipeline
-        lines.append(
-            f"{pl.schedule} on {p.stages} stages x {p.data_parallel} {plural(p.data_parallel, 'replica')} | micro-batch {t.micro_batch_size} x "
-            f"{t.seq_len} tokens, {t.micro_batches} per step | {describe(cfg)} | budget {pl.gpu_mem_gib:g} GiB per device"
-        )
-    head = (
-        "stage",
-        "layers",
-        "params",
-        "ver",
-        "weights",
-        "grads",
-        "optim",
-        "EF/comp",
-        "in-flight",
-        "activ",
-        "bf16 w",
-        "total",
-        "fits",
-        "max mb",
-    )
-    rows = [head]
-    for s in pl.stages:
-        ok = s.total <= pl.gpu_mem_gib * GIB
-        label = " & ".join(layer_label(c, pl.n_layer) for c in (s.chunks or [s.layers]))
-        rows.append(
-            (
-                str(s.stage),
-                label,
-                f"{s.params / 1e6:.2f}M",
-                str(s.versions),
-                g(s.weights),
-                g(s.grads),
-                g(s.optimizer),
-                g(s.ef),
-                str(s.in_flight),
-                g(s.activations),
-                g(s.casts),
-                g(s.total),
-                "yes" if ok else "NO",
-                str(s.max_micro_batch),
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.append(
-        "layers: transformer blocks b0..b{n}; emb (token embedding) and head (final norm + output layer) "
-        "are the layer list's first and last entries, partitioned like blocks".format(n=pl.n_layer - 1)
-    )
-    lines.append("GiB per device; in-flight: micro-batches whose activations a stage holds (min(P - s, m));")
-    lines.append("bf16 w: bf16 autocast's copy of the stage's matmul weights, kept by each in-flight micro-batch;")
-    lines.append("max mb: the largest micro-batch size (sequences) whose total fits the budget.")
-    lines += [f"note: {n}" for n in pl.notes]
-    lines.append(verdict(pl))
-    return "\n".join(lines)
-
-
-BUBBLE_LEGEND = (
-    "bubble: the least busy stage's idle share of a steady step under the cost model (1 - its busy "
-    "time / step time):\n  the flush's (P-1)/(m+P-1) plus per-instruction overhead, p2p waits and uneven "
-    "stages, so it can exceed that formula, and 2BW's (no flush) is not 0;\n  x even: step time of an even "
-    "cut over this cut's."
-)  # the schedules table's legend (`asyncpipe plan --speed`)
-
-
-def plural(n: int, word: str) -> str:
-    return word if n == 1 else f"{word}s"

@@ -142,7 +142,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("asyncpipe.shapes", "asyncpipe.partition", "asyncpipe.torch_schedules"),
     ("asyncpipe.config",),  # schema, compose, validate: reads the declarations
     ("asyncpipe.track",),  # tracker, W&B mirror, provenance: read a composed config
-    ("asyncpipe.plan",),  # memory on paper
+    ("asyncpipe.plan", "asyncpipe.plan_table"),  # memory on paper, and its table
     ("asyncpipe.timelines",),  # one replay of any order: ideal, traced, modelled timelines, the cost model, drawings
     ("asyncpipe.model",),
     ("asyncpipe.optim", "asyncpipe.optimizers"),

@@ -188,7 +188,7 @@ def test_performance_doc_shows_what_plan_prints() -> None:
     import re
     import shlex
 
-    from asyncpipe.plan import render
+    from asyncpipe.plan_table import render
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "performance.md").read_text(encoding="utf-8")
     command = re.search(r"^    asyncpipe plan (model=moe_10b .*)$", doc, re.M)
