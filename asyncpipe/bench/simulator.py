@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig
 
@@ -121,13 +121,48 @@ def _bench(
     import torch
 
     from asyncpipe.optim.compensation import extra_bytes
-    from asyncpipe.trainer import Trainer
 
     def check(where: str) -> None:
         if stop.requested:
             raise Stopped(f"bench simulator stopped by {stop.signal_name} {where}; nothing written")
 
     load_before = list(os.getloadavg())
+    trainers, compile_s = _set_up(overrides, chosen, modes, compose, check)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    times = _time_rounds(trainers, rounds, steps_per_round, warmup, log, check)
+    any_trainer = next(iter(trainers.values()))
+    out: dict = {
+        "bench": "simulator",
+        "model": any_trainer.cfg.model.name,
+        "optimizer": any_trainer.cfg.optimizer.name,
+        "delay": delay,
+        "modes": list(modes),
+        "tokens_per_step": any_trainer.tokens_per_step,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_avg": load_before,
+        "load_avg_after": list(os.getloadavg()),
+        "samples_per_variant": rounds * steps_per_round,
+        "param_bytes": sum(p.numel() * p.element_size() for p in any_trainer.params),
+        **_ratios(times, compile_s, chosen, modes),
+    }
+    out["extra_bytes"] = {
+        n: t.delayed.extra_bytes + extra_bytes(t.optimizer) for (n, m), t in trainers.items() if m == modes[0]
+    }
+    return out
+
+
+def _set_up(
+    overrides: list[str],
+    chosen: dict[str, list[str]],
+    modes: Sequence[str],
+    compose: Callable[[list[str]], DictConfig],
+    check: Callable[[str], None],
+) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], float]]:
+    """One trainer per (variant, mode), each past its first step: the trainers and that first step's seconds
+    (allocation, and compiling in compiled mode)."""
+    from asyncpipe.trainer import Trainer
+
     trainers, compile_s = {}, {}
     for mode in modes:
         for name, extra in chosen.items():
@@ -135,10 +170,22 @@ def _bench(
             cfg = compose([*overrides, *extra, "train.steps=1000000", f"train.compile={mode == 'compiled'}"])
             trainer = Trainer(cfg).engine
             began = time.perf_counter()
-            trainer.train_step()  # the first step pays for allocation, and for compiling in compiled mode
+            trainer.train_step()
             compile_s[(name, mode)] = time.perf_counter() - began
             trainers[(name, mode)] = trainer
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    return trainers, compile_s
+
+
+def _time_rounds(
+    trainers: dict[tuple[str, str], Any],
+    rounds: int,
+    steps_per_round: int,
+    warmup: int,
+    log: Callable[[str], None],
+    check: Callable[[str], None],
+) -> dict[tuple[str, str], list[float]]:
+    """The rest of the warm-up, then ``rounds`` rounds of ``steps_per_round`` timed steps of every trainer in
+    turn: the seconds of each step per (variant, mode)."""
     for trainer in trainers.values():
         for _ in range(warmup - 1):
             trainer.train_step()
@@ -156,21 +203,18 @@ def _bench(
                 f"{n}{'' if m == 'eager' else '+c'} {statistics.median(t) * 1e3:.1f} ms" for (n, m), t in times.items()
             )
         )
-    any_trainer = next(iter(trainers.values()))
-    out: dict = {
-        "bench": "simulator",
-        "model": any_trainer.cfg.model.name,
-        "optimizer": any_trainer.cfg.optimizer.name,
-        "delay": delay,
-        "modes": list(modes),
-        "tokens_per_step": any_trainer.tokens_per_step,
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "load_avg": load_before,
-        "load_avg_after": list(os.getloadavg()),
-        "samples_per_variant": rounds * steps_per_round,
-        "param_bytes": sum(p.numel() * p.element_size() for p in any_trainer.params),
-    }
+    return times
+
+
+def _ratios(
+    times: dict[tuple[str, str], list[float]],
+    compile_s: dict[tuple[str, str], float],
+    chosen: dict[str, list[str]],
+    modes: Sequence[str],
+) -> dict:
+    """Per mode: each variant's median step, its ratio to delay0 with the ratio's spread, its first step; with both
+    modes, the compiled speed-up per variant and its spread."""
+    out: dict = {}
     for mode in modes:
         prefix = "" if mode == "eager" else "compiled_"
         base = times[("delay0", mode)]
@@ -187,9 +231,6 @@ def _bench(
         spread = {n: ratio_spread(times[(n, "eager")], times[(n, "compiled")]) for n in chosen}
         out["compile_speedup_spread"] = {n: list(s) for n, s in spread.items()}
         out["compile_speedup_within_spread"] = {n: s[0] <= 1.0 <= s[1] for n, s in spread.items()}
-    out["extra_bytes"] = {
-        n: t.delayed.extra_bytes + extra_bytes(t.optimizer) for (n, m), t in trainers.items() if m == modes[0]
-    }
     return out
 
 
