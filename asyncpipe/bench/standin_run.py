@@ -3,6 +3,7 @@ driver above `asyncpipe.bench.pipeline` and `asyncpipe.bench.standin` (which the
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Sequence
 
 from asyncpipe.bench.pipeline import check_jobs
@@ -24,12 +25,7 @@ def bench_standin(
     """Every schedule at every m on the stages ``overrides`` set, stand-in compute F, B, in ONE launch (a warm-up
     job, then ``rounds`` alternating rounds): {"records": [...], "skipped": {"schedule m=M": why}}. A schedule
     that refuses an m (DualPipeV with m < 2P, 2BW with m < P) is skipped with its reason."""
-    import os
-
-    from asyncpipe.bench.pipeline import BENCH_DEFAULTS, variants_of
-    from asyncpipe.bench.pipeline_summary import job_stats
     from asyncpipe.config import compose
-    from asyncpipe.errors import ConfigError
     from asyncpipe.spawn import Job, launch
 
     if steps < 2 * skip + 1:
@@ -37,7 +33,28 @@ def bench_standin(
             f"--steps {steps} leaves no timed step after dropping {skip} at each end; use >= {2 * skip + 1}"
         )
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    table = variants_of(schedules)
+    base = _base_overrides(overrides, forward_s, backward_s, steps)
+    cfgs, skipped = _schedule_configs(base, micro_batches, schedules)
+    P = next(iter(cfgs.values())).pipeline.stages
+    warm_up = [*base, "delay=1", "pipeline.schedule=2bw", f"train.micro_batches={max(micro_batches)}"]
+    warm = compose([*warm_up, "train.steps=2", "train.eval_every=2"])
+    order = [key for _ in range(rounds) for key in cfgs]
+    log(
+        f"bench standin: P={P}, F={forward_s}, B={backward_s} s, m in {list(micro_batches)}, "
+        f"{len(order)} jobs of {steps} steps" + "".join(f"\n  {k}: {v}" for k, v in skipped.items())
+    )
+    results = launch([Job(c, None, show_progress=False) for c in [warm, *[cfgs[k] for k in order]]])[1:]
+    check_jobs("bench standin", [f"job {name} m={m}" for name, m in order], results, steps)
+    records = _records(cfgs, order, results, P, forward_s, backward_s, skip, log)
+    return {"records": records, "skipped": skipped}
+
+
+def _base_overrides(overrides: Sequence[str], forward_s: float, backward_s: float, steps: int) -> list[str]:
+    """What every job shares: the bench defaults, the caller's overrides, the stand-in F and B, the pipeline engine,
+    ``steps`` steps and enough evaluation batches for a V schedule (>= 2P, evaluated after the timed steps)."""
+    from asyncpipe.bench.pipeline import BENCH_DEFAULTS
+    from asyncpipe.config import compose
+
     base = [
         *BENCH_DEFAULTS,
         *overrides,
@@ -47,9 +64,19 @@ def bench_standin(
         f"train.eval_every={steps}",
     ]
     probe = compose([*base, "delay=0"]).pipeline
-    base.append(
-        f"train.eval_batches={2 * probe.stages * probe.data_parallel}"
-    )  # a V evaluates >= 2P (after the timed steps)
+    return [*base, f"train.eval_batches={2 * probe.stages * probe.data_parallel}"]
+
+
+def _schedule_configs(
+    base: list[str], micro_batches: Sequence[int], schedules: Sequence[str]
+) -> tuple[dict[tuple[str, int], Any], dict[str, str]]:
+    """The config of every (schedule, m) that accepts that m, and why each one that refuses it is not run. Refuses,
+    in one line, a request where none runs."""
+    from asyncpipe.bench.pipeline import variants_of
+    from asyncpipe.config import compose
+    from asyncpipe.errors import ConfigError
+
+    table = variants_of(schedules)
     cfgs: dict[tuple[str, int], Any] = {}
     skipped: dict[str, str] = {}
     for m in micro_batches:
@@ -60,26 +87,23 @@ def bench_standin(
                 skipped[f"{name} m={m}"] = f"not run: {err}"
     if not cfgs:
         raise UserError("no schedule runs at these micro-batch counts: " + "; ".join(skipped.values()))
-    first = next(iter(cfgs.values()))
-    P = first.pipeline.stages
-    warm = compose(
-        [
-            *base,
-            "delay=1",
-            "pipeline.schedule=2bw",
-            f"train.micro_batches={max(micro_batches)}",
-            "train.steps=2",
-            "train.eval_every=2",
-        ]
-    )
-    order = [key for _ in range(rounds) for key in cfgs]
-    log(
-        f"bench standin: P={P}, F={forward_s}, B={backward_s} s, m in {list(micro_batches)}, "
-        f"{len(order)} jobs of {steps} steps" + "".join(f"\n  {k}: {v}" for k, v in skipped.items())
-    )
-    results = launch([Job(c, None, show_progress=False) for c in [warm, *[cfgs[k] for k in order]]])[1:]
+    return cfgs, skipped
+
+
+def _records(
+    cfgs: dict[tuple[str, int], Any],
+    order: list[tuple[str, int]],
+    results: list,
+    P: int,
+    forward_s: float,
+    backward_s: float,
+    skip: int,
+    log: Callable[[str], None],
+) -> list[dict]:
+    """One record per (schedule, m) over its rounds' jobs: its step time against the stand-in ideal, logged."""
+    from asyncpipe.bench.pipeline_summary import job_stats
+
     per: dict[tuple[str, int], list[dict]] = {}
-    check_jobs("bench standin", [f"job {name} m={m}" for name, m in order], results, steps)
     for key, r in zip(order, results):
         c = cfgs[key]
         tokens = c.train.micro_batch_size * c.train.micro_batches * c.pipeline.data_parallel * c.train.seq_len
@@ -95,4 +119,4 @@ def bench_standin(
             f" ms, fraction {rec['fraction_of_ideal']:.3f}"
         )
         records.append(rec)
-    return {"records": records, "skipped": skipped}
+    return records
