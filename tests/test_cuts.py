@@ -103,3 +103,21 @@ def test_pytorch_schedules_cut_where_pipeline_cut_says() -> None:
     cfg = compose(["model=tiny", "engine=pipeline", "pipeline.cut=[1,3]"])
     assert chunk_layers(spec("1f1b"), 6, 2, cut_blocks(cfg, 2)) == [[0, 1], [2, 3, 4, 5]]
     assert chunk_layers(spec("1f1b"), 6, 2) == [[0, 1, 2], [3, 4, 5]]  # no cut given: even
+
+
+def test_a_run_recorded_before_pipeline_cut_existed_ran_the_even_cut():
+    """A config.yaml without `pipeline.cut` comes from a run that split blocks evenly: resuming it under today's
+    default (balanced) is a changed setting, refused in one line; naming pipeline.cut=even resumes it."""
+    from omegaconf import OmegaConf
+
+    from asyncpipe.config import compose
+    from asyncpipe.config.describe import schema_defaults
+    from asyncpipe.session.rundir import changed_settings
+
+    assert schema_defaults()["pipeline.cut"] == "even"
+    old = OmegaConf.to_container(compose(["run.dir=runs/x"]), resolve=True)
+    del old["pipeline"]["cut"]
+    balanced = compose(["run.dir=runs/x"])
+    assert balanced.pipeline.cut == "balanced"
+    assert changed_settings(old, balanced) == [("pipeline.cut", "even", "balanced")]
+    assert changed_settings(old, compose(["run.dir=runs/x", "pipeline.cut=even"])) == []

@@ -119,4 +119,8 @@ def schema_defaults() -> dict[str, Any]:
                     out[f"{prefix}{f.name}"] = tuple(value) if isinstance(value, list) else value
 
     walk(Config, "")
-    return out
+    return {**out, **BEFORE_THE_KEY}
+
+
+# Keys added with a default other than what runs before them did: what a record that lacks the key ran with.
+BEFORE_THE_KEY: dict[str, Any] = {"pipeline.cut": "even"}  # before pipeline.cut, blocks were spread evenly

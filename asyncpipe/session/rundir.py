@@ -68,7 +68,7 @@ def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, An
     keys = sorted(set(old) | set(new))
     added = {k for k in keys if k not in old and k in defaults and frozen(new.get(k)) == defaults[k]}
     return [
-        (k, old.get(k), new.get(k))
+        (k, old.get(k, defaults.get(k)), new.get(k))  # a key the record lacks: what the run ran with
         for k in keys
         if old.get(k) != new.get(k) and k not in added and not changes_no_result(k)
     ]
