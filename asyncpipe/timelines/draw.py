@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -25,6 +26,7 @@ MEANING = {
 }
 VERSION_COLOR = ["#f0a35e", "#9467bd", "#e377c2", "#17becf", "#bcbd22", "#8c564b"]  # W0, W1, ... (cycled)
 LIGHT = 0.5  # alpha of a rank's second model chunk
+ROW_IN = 0.5  # inches per stage in the PNG
 
 
 # -- what the blocks are -----------------------------------------------------------------------------------
@@ -181,16 +183,7 @@ def text_legend(
 
 
 # -- PNG ---------------------------------------------------------------------------------------------------
-def _put_label(
-    ax,
-    e: Event,
-    text: str,
-    px_per_unit: float,
-    y: float,
-    height_px: float,
-    color: str,  # noqa: ANN001
-    dpi: int,
-) -> None:
+def _put_label(ax, e: Event, text: str, px_per_unit: float, y: float, height_px: float, color: str, dpi: int) -> None:
     """The block's label across it when it fits, up it (rotated) when only that fits, else none."""
     char = 7 * 0.62 * dpi / 72  # px of one character at fontsize 7
     w = (e.end - e.start) * px_per_unit
@@ -217,14 +210,11 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     span = max(tl.makespan for _, tl in panels) or 1.0
     n_ev = max(len(tl.events) / max(1, len(tl.busy)) for _, tl in panels)
     fig_w = min(40.0, max(9.0, n_ev * 0.35))
-    row_in = 0.5  # inches per stage
-    heights = [row_in * len(tl.busy) + 0.75 for _, tl in panels]
+    heights = [ROW_IN * len(tl.busy) + 0.75 for _, tl in panels]
     fig, axes = plt.subplots(
         len(panels),
         1,
@@ -235,84 +225,94 @@ def figure(panels: list[tuple[str, Timeline]], dpi: int = 110, time_label: str =
         gridspec_kw={"height_ratios": heights},
     )
     px_per_unit = (fig_w - 1.9) * dpi / span  # 1.9 in: the stage names and margins
-    kinds, versions, light_seen, bounds_seen, straddle_seen = set(), set(), False, False, False
+    drawn = _Drawn()
     for ax, (title, tl) in zip(axes[:, 0], panels):
-        P, local = len(tl.busy), local_chunks(tl)
-        versioned = any(e.version is not None for e in tl.events if e.kind in ("forward", "backward"))
-        top, h = -0.42, (0.6 if versioned else 0.84)
-        # One bar collection per row, colour and shade (a collection per block took 12 s of a 12-stage picture).
-        bars: dict[tuple, list] = {}
-        for e in tl.events:
-            if e.end <= e.start:
-                continue
-            light = e.chunk is not None and local.get((e.stage, e.chunk), 0) % 2 == 1
-            light_seen |= light
-            kinds.add(e.kind)
-            span_ = (e.start, e.end - e.start)
-            bars.setdefault((e.stage + top, h, COLOR[e.kind], LIGHT if light else 1.0, e.straddle), []).append(span_)
-            if versioned and e.version is not None:
-                versions.add(e.version)
-                version_color = VERSION_COLOR[e.version % len(VERSION_COLOR)]
-                bars.setdefault((e.stage + top + h + 0.03, 0.2, version_color, 1.0, False), []).append(span_)
-            if e.kind != "eval":
-                text = label(e, local) if e.kind == "step" else label(e, local)[1:]
-                _put_label(
-                    ax,
-                    e,
-                    text,
-                    px_per_unit,
-                    e.stage + top + h / 2,
-                    h * row_in * dpi,
-                    "#222222" if light else "white",
-                    dpi,
-                )
-        for (y, height, color, alpha, hatched), spans in bars.items():
-            ax.broken_barh(
-                spans,
-                (y, height),
-                facecolors=color,
-                alpha=alpha,
-                edgecolor="white",
-                linewidth=0.6,
-                hatch="///" if hatched else None,
-            )
-            straddle_seen |= hatched
-        for s, b, t in batch_starts(tl):
-            bounds_seen = True
-            ax.plot([t, t], [s - 0.5, s + 0.5], color="black", linewidth=1.3, linestyle=(0, (3, 2)))
-            if s == 0:
-                ax.annotate(
-                    f"batch {b} \u2192",
-                    (t, 1.0),
-                    xycoords=("data", "axes fraction"),
-                    xytext=(2, 2),
-                    textcoords="offset points",
-                    fontsize=7,
-                    va="bottom",
-                )
-        ax.set_yticks(range(P), [f"stage {s}  (idle {f:.0%})" for s, f in enumerate(tl.idle_fraction)])
-        ax.set_ylim(P - 0.5, -0.5)
-        ax.set_xlim(0, span)
-        ax.set_title(title, fontsize=10, pad=14 if batch_starts(tl) else 6)
+        _draw_panel(ax, title, tl, span, px_per_unit, dpi, drawn)
     axes[-1, 0].set_xlabel(time_label)
-    say = {**MEANING, "forward": "forward (number: micro-batch)", "step": "optimizer step U<b>: writes W(b+1)"}
-    handles = [Patch(color=COLOR[k], label=say[k]) for k in LETTER if k in kinds]
-    if light_seen:
-        handles.append(Patch(color=COLOR["forward"], alpha=LIGHT, label="lighter: the rank's 2nd model chunk (b)"))
-    handles += [
-        Patch(color=VERSION_COLOR[v % len(VERSION_COLOR)], label=f"bar below: weights read, W{v}")
-        for v in sorted(versions)
-    ]
-    if straddle_seen:
-        handles.append(
-            Patch(facecolor=COLOR["backward"], hatch="///", edgecolor="white", label="hatched *: straddles a step")
-        )
-    if bounds_seen:
-        handles.append(Line2D([], [], color="black", linestyle=(0, (3, 2)), label="next batch's first forward"))
+    handles = drawn.legend_handles()
     one_row = sum(len(h.get_label()) * 8 * 0.55 * dpi / 72 + 45 for h in handles) <= fig_w * dpi  # fontsize 8
     ncol = len(handles) if one_row else math.ceil(len(handles) / 2)
     fig.legend(handles=handles, loc="outside upper center", ncol=ncol, frameon=False, fontsize=8)
     return fig
+
+
+@dataclass
+class _Drawn:
+    """What the panels drew, so the legend names exactly that."""
+
+    kinds: set = field(default_factory=set)
+    versions: set = field(default_factory=set)
+    light: bool = False  # a rank's second model chunk
+    straddle: bool = False  # a hatched block: its backward on a newer version than its forward read
+    bounds: bool = False  # a batch boundary's dashed line
+
+    def legend_handles(self) -> list:
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+
+        say = {**MEANING, "forward": "forward (number: micro-batch)", "step": "optimizer step U<b>: writes W(b+1)"}
+        handles = [Patch(color=COLOR[k], label=say[k]) for k in LETTER if k in self.kinds]
+        if self.light:
+            handles.append(Patch(color=COLOR["forward"], alpha=LIGHT, label="lighter: the rank's 2nd model chunk (b)"))
+        handles += [
+            Patch(color=VERSION_COLOR[v % len(VERSION_COLOR)], label=f"bar below: weights read, W{v}")
+            for v in sorted(self.versions)
+        ]
+        if self.straddle:
+            hatched = Patch(
+                facecolor=COLOR["backward"], hatch="///", edgecolor="white", label="hatched *: straddles a step"
+            )
+            handles.append(hatched)
+        if self.bounds:
+            handles.append(Line2D([], [], color="black", linestyle=(0, (3, 2)), label="next batch's first forward"))
+        return handles
+
+
+def _draw_panel(ax, title: str, tl: Timeline, span: float, px_per_unit: float, dpi: int, drawn: _Drawn) -> None:
+    """One timeline on ``ax``: its labelled blocks (with the weight-version bar under each where the schedule has
+    versions), its batch boundaries, stage names with their idle fraction; what it drew is noted in ``drawn``."""
+    P, local = len(tl.busy), local_chunks(tl)
+    versioned = any(e.version is not None for e in tl.events if e.kind in ("forward", "backward"))
+    top, h = -0.42, (0.6 if versioned else 0.84)
+    # One bar collection per row, colour and shade (a collection per block took 12 s of a 12-stage picture).
+    bars: dict[tuple, list] = {}
+    for e in tl.events:
+        if e.end <= e.start:
+            continue
+        light = e.chunk is not None and local.get((e.stage, e.chunk), 0) % 2 == 1
+        drawn.light |= light
+        drawn.kinds.add(e.kind)
+        span_ = (e.start, e.end - e.start)
+        bars.setdefault((e.stage + top, h, COLOR[e.kind], LIGHT if light else 1.0, e.straddle), []).append(span_)
+        if versioned and e.version is not None:
+            drawn.versions.add(e.version)
+            version_color = VERSION_COLOR[e.version % len(VERSION_COLOR)]
+            bars.setdefault((e.stage + top + h + 0.03, 0.2, version_color, 1.0, False), []).append(span_)
+        if e.kind != "eval":
+            text = label(e, local) if e.kind == "step" else label(e, local)[1:]
+            color = "#222222" if light else "white"
+            _put_label(ax, e, text, px_per_unit, e.stage + top + h / 2, h * ROW_IN * dpi, color, dpi)
+    for (y, height, color, alpha, hatched), spans in bars.items():
+        hatch = "///" if hatched else None
+        ax.broken_barh(spans, (y, height), facecolors=color, alpha=alpha, edgecolor="white", linewidth=0.6, hatch=hatch)
+        drawn.straddle |= hatched
+    for s, b, t in batch_starts(tl):
+        drawn.bounds = True
+        ax.plot([t, t], [s - 0.5, s + 0.5], color="black", linewidth=1.3, linestyle=(0, (3, 2)))
+        if s == 0:
+            ax.annotate(
+                f"batch {b} \u2192",
+                (t, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(2, 2),
+                textcoords="offset points",
+                fontsize=7,
+                va="bottom",
+            )
+    ax.set_yticks(range(P), [f"stage {s}  (idle {f:.0%})" for s, f in enumerate(tl.idle_fraction)])
+    ax.set_ylim(P - 0.5, -0.5)
+    ax.set_xlim(0, span)
+    ax.set_title(title, fontsize=10, pad=14 if batch_starts(tl) else 6)
 
 
 def draw_schedule(
