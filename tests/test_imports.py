@@ -149,7 +149,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("asyncpipe.runtime",),  # device, checkpoints, signals, set-up, the engine protocol
     ("asyncpipe.engines", "asyncpipe.pipe"),  # the runtimes that execute a schedule
     ("asyncpipe.session",),  # the run record and progress
-    ("asyncpipe.forkserver", "asyncpipe.spawn"),  # the launcher
+    ("asyncpipe.forkserver", "asyncpipe.forkchild", "asyncpipe.spawn"),  # the launcher
     ("asyncpipe.trainer",),  # the one owner of a run
     ("asyncpipe.run", "asyncpipe.rank", "asyncpipe.bench", "asyncpipe.sweep", "asyncpipe.report"),
     ("asyncpipe.plan_speed",),
