@@ -6,8 +6,9 @@ A schedule that declares a stream (2BW, PACI) runs as one instruction stream for
 micro-batch on the weight version its declaration pins, from a `WeightStash`; one that declares none runs its engine
 class's own (DeepSpeed's `TrainSchedule`). A straddling micro-batch (stage stepped since its forward) recomputes its
 forward on the current weights (paci-recompute) or back-propagates through its own graph (paci). Every schedule ends
-a batch with the same `ReduceGrads` / `OptimizerStep` handlers (`asyncpipe.optim`: clipping, lr schedule, update), so
-the math is the simulator's; gradient norms cross stages by an all-reduce that, deferred, overlaps the next batch.
+a batch with the same `ReduceGrads` / `OptimizerStep` handlers (`asyncpipe.pipe.batch_end`, which calls
+`asyncpipe.optim`: clipping, lr schedule, update), so the math is the simulator's; gradient norms cross stages by an
+all-reduce that, deferred, overlaps the next batch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from types import SimpleNamespace
 from typing import Any, ContextManager, Iterator, Optional
 
 import torch
@@ -23,10 +23,10 @@ import torch.distributed as tdist
 from deepspeed.runtime.pipe import schedule as ds_schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
-from asyncpipe.optim import apply_update, grad_sq_norm
 from asyncpipe.pipe import memory
 from asyncpipe.schedules import instructions as sched
 from asyncpipe.pipe.actmem import ActivationMeter
+from asyncpipe.pipe.batch_end import BatchEnd
 from asyncpipe.pipe.clock import StageClock
 from asyncpipe.pipe.metrics import StepReporter
 from asyncpipe.pipe.p2p import BatchedP2P
@@ -40,12 +40,6 @@ from asyncpipe.runtime.saved import keep_saved_tensors
 from asyncpipe.schedules import get as get_schedule
 
 
-def _sq_norm_of(norms: torch.Tensor) -> torch.Tensor:
-    """Squared global norm from per-tensor norms, reduced by `asyncpipe.optim.grad_sq_norm` itself (the norm
-    of a scalar is the scalar), so the pipeline sums them exactly as the single-process trainer does."""
-    return grad_sq_norm([SimpleNamespace(grad=n) for n in norms.unbind()])
-
-
 _WAIT = (
     ds_schedule.SendActivation,
     ds_schedule.RecvActivation,
@@ -57,7 +51,7 @@ _WAIT = (
 _FORWARD, _BACKWARD = (sched.ForwardPass, ds_schedule.ForwardPass), (sched.BackwardPass, ds_schedule.BackwardPass)
 
 
-class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
+class ScheduledPipelineEngine(BatchedP2P, StageMetrics, BatchEnd, PipelineEngine):
     """A `PipelineEngine` whose training schedule is 2BW (delay=1), DeepSpeed's 1F1B (delay=0) or a subclass's.
 
     Call `train_batch()` once per optimizer step (the data iterator yields (x, y) micro-batches in order).
@@ -310,73 +304,6 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
         self.pipe_buffers["outputs"][buffer_id] = DeepSpeedEngine.forward(self, x)
         self.standin.recomputed_forward()
 
-    # -- the end of a batch: shared by every schedule ----------------------------------------------------
-    def _batch_version(self, batch: int) -> int:
-        """The version batch ``batch``'s gradients accumulate on here: its last micro-batch's backward's."""
-        m = self.micro_batches
-        return self.spec.versions(self.num_stages, m, self.stage_id, (batch + 1) * m - 1)[1]
-
-    def _exec_reduce(self, batch: Optional[int] = None) -> None:
-        """Take the batch's gradients off its weight version, average them over data-parallel replicas and
-        start the cross-stage norm all-reduce (waited for by the step, so a deferred step overlaps it)."""
-        b = self.global_steps if batch is None else batch
-        if self.is_last_stage():  # the batch's mean loss, known at its cut (divergence is checked there)
-            total, count = (self.total_loss, self.micro_batches) if self._cmds is None else self._batch_loss[b]
-            self.last_loss = float(total) / max(1, count)
-        grads = self.stash.take_grads(self._batch_version(b))
-        if self._dp > 1:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            with self._waiting("dp_grad_allreduce"):
-                tdist.all_reduce(flat, group=self._dp_group)
-            flat.div_(self._dp)
-            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-                g.copy_(part.view_as(g))
-        # Per-tensor norms, placed at this stage's offset in the model-wide list; the all-reduce sums zeros
-        # elsewhere, so every stage gets the exact list one process would have and reduces it like
-        # `grad_sq_norm` does there (bit-identical clipping, which Muon's bf16 Newton-Schulz would amplify).
-        self.tied.reduce(grads, self._waiting)  # a tied matrix: the two copies' gradients summed
-        norms = torch.stack(torch._foreach_norm(self.tied.counted(grads), 2, dtype=torch.float32))
-        stage_sq = _sq_norm_of(norms)
-        work = None
-        if self._global_norm:
-            everywhere = torch.zeros(self._n_tensors_total, dtype=torch.float32, device=norms.device)
-            everywhere[self._tensor_offset : self._tensor_offset + norms.numel()] = norms
-            norms = everywhere
-            work = tdist.all_reduce(norms, group=self._pipe_group, async_op=True)
-        self._pending[b] = (grads, stage_sq, norms, work)
-
-    def _exec_step(
-        self, batch: Optional[int] = None, src_version: Optional[int] = None, dst_version: Optional[int] = None
-    ) -> None:
-        b = self.global_steps
-        if batch is not None and batch != b:
-            raise RuntimeError(f"stage {self.stage_id}: optimizer step for batch {batch} but {b} is next")
-        grads, stage_sq, norms, work = self._pending.pop(b)
-        self.tied.wait(self._waiting)
-        if work is not None:
-            with self._waiting("norm_allreduce"):
-                work.wait()
-        total_sq = _sq_norm_of(norms)
-        params = self.stash.params
-        for p, g in zip(params, grads):
-            p.grad = g
-        s = self.settings
-        src = self.stash.latest if src_version is None else src_version
-        # Compensation reads the batch's weight version while it is still stashed; the step writes a fresh one.
-        (norm,) = apply_update(
-            self.optimizer,
-            b,
-            s.lr_schedule,
-            s.max_norm,
-            [(params, total_sq.sqrt())],
-            dict(zip(params, self.stash.weights(self._batch_version(b)))),
-            before_step=lambda: self.stash.begin_update(src, src + 1 if dst_version is None else dst_version),
-            after_step=lambda: self.stash.end_update(self.stash.latest + 1),
-        )
-        self.global_steps += 1
-        self.global_samples += self.train_batch_size()
-        self._record(b, float(stage_sq), norm if self._global_norm else math.nan)
-
     def release(self) -> None:
         """Drop the last micro-batches' tensors at the run's end: their graphs hold DeepSpeed's backward hooks, closures
         over this engine that gc cannot follow through C++ nodes, which kept each finished engine alive in its rank."""
@@ -407,13 +334,10 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, PipelineEngine):
 
     _INSTRUCTION_MAP = {
         **PipelineEngine._INSTRUCTION_MAP,
-        ds_schedule.ReduceGrads: _exec_reduce,
-        ds_schedule.OptimizerStep: _exec_step,
+        **BatchEnd.INSTRUCTIONS,  # DeepSpeed's ReduceGrads / OptimizerStep and the stream's
         ds_schedule.ReduceTiedGrads: lambda self: None,  # untied models only (checked in __init__)
         sched.LoadMicroBatch: _tb_load,
         sched.ForwardPass: _tb_forward,
         sched.BackwardPass: _tb_backward,
         **BatchedP2P.INSTRUCTIONS,
-        sched.ReduceGrads: _exec_reduce,
-        sched.OptimizerStep: _exec_step,
     }
