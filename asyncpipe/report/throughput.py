@@ -151,7 +151,9 @@ def throughput(
         syncs = {k: b["ratios"][k] for k in b.get("sync", sync_schedules()) if k in b["ratios"]}
         best = max(syncs, key=syncs.get) if syncs else "1f1b"
         at = "" if b["m"] == micro_batches else f" at m={b['m']}"
-        where = f"measured{at}, {name} ({Path(b['path']).name}){load_note(b['record'])}" + (f"; {note}" if note else "")
+        where = f"measured{at}, {name} ({Path(b['path']).name}){load_note(b.get('record', {}))}" + (
+            f"; {note}" if note else ""
+        )
         rounds = b.get("rounds", {})
         over_best = ratio / syncs[best] if syncs else None
         best_rounds = paired_over(rounds.get(name), rounds.get(best)) if best != "1f1b" else rounds.get(name)
