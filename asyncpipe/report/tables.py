@@ -121,77 +121,99 @@ def compute_cells(
     rows, tables, warnings = [], [], []
     for gkey in sorted(members, key=lambda t: [natural(v) for v in t]):
         group = runs[runs["run"].isin(members[gkey])]
-        matched, values = matched_values(group, curves)
-        first = group["run"].iloc[0]
-        key = {k: grouping.value(first, k) for k in CONTEXT_KEYS if k not in grouping.group_keys}
-        key.update({k: grouping.value(first, k) for k in title_keys(grouping, list(group["run"]))})
-        group_rows, all_stats, all_meta = [], {}, {}
-        for optimizer, opt_runs in sorted(group.groupby("optimizer", dropna=False), key=lambda kv: natural(kv[0])):
-            settings = ", ".join(
-                f"{k.removeprefix('optimizer.')}={fmt_value(grouping.value(opt_runs['run'].iloc[0], k))}"
-                for k in grouping.row_keys
-            )
-            stats, all_meta[optimizer] = {}, {}
-            for variant, cell in opt_runs.groupby("variant", sort=False):
-                all_meta[optimizer][variant] = meta_of(cell)
-                stats[variant] = {
-                    **{k: grouping.value(cell["run"].iloc[0], k) for k in grouping.group_keys},
-                    "optimizer": optimizer,
-                    "settings": settings,
-                    "variant": variant,
-                    "delay": int(cell["delay"].iloc[0]),
-                    "ef": bool(cell["ef"].iloc[0]),
-                    "matched_tokens": matched,
-                    **_cell(cell, values),
-                }
-                if stats[variant]["shared_seeds"]:
-                    warnings.append(
-                        f"{optimizer} {variant} ({', '.join(f'{k}={fmt_value(v)}' for k, v in key.items())}): runs share "
-                        f"a seed and every compared setting, so they are shown apart, not averaged: {stats[variant]['shared_seeds']}"
-                    )
-            ref = stats.get(reference, {})
-            present = list(stats)
-            for variant, row in stats.items():
-                is_ref = variant == reference
-                # Paired by seed over the seeds both cells have (a 1-seed cell against a 3-seed reference is
-                # compared with that seed's run, not with the mean of three); unpaired only when none is shared.
-                gap = paired(row["_by_seed"], ref.get("_by_seed", {})) if not is_ref else (math.nan, math.nan, 0)
-                unpaired = row["mean"] - ref.get("mean", math.nan) if not is_ref else math.nan
-                row["gap_to_sync"] = gap[0] if gap[2] else unpaired
-                row["gap_std"] = gap[1]
-                base = base_variant(variant, present)
-                diff = paired(row["_by_seed"], stats[base]["_by_seed"]) if base else (math.nan, math.nan, 0)
-                row["base_variant"], row["diff_to_base"], row["diff_to_base_std"] = base or "", diff[0], diff[1]
-            for variant, row in stats.items():
-                base = stats.get(row["base_variant"], {})
-                gap_base = base.get("gap_to_sync", math.nan) if row["base_variant"] != reference else math.nan
-                row["gap_closed_pct"] = (gap_base - row["gap_to_sync"]) / gap_base * 100 if gap_base else math.nan
-            group_rows.extend(stats[v] for v in sorted(stats, key=order.index))
-            all_stats[optimizer] = stats
-        title = ", ".join(f"{k.removesuffix('.name')}={fmt_value(v)}" for k, v in key.items())
-        model = str(grouping.value(first, "model.name"))
-        claims = group_claims(title, all_stats, all_meta, reference, order, target, model)
-        for row in group_rows:
-            row.pop("_by_seed")
+        group_rows, table = group_table(group, curves, grouping, order, reference, target, warnings)
         rows.extend(group_rows)
-        tables.append(
-            GroupTable(
-                key,
-                matched,
-                display_table(
-                    group_rows,
-                    order,
-                    reference,
-                    bool(grouping.row_keys),
-                    claims,
-                    {(o, v) for o, m in all_meta.items() for v in m if other_budget(m, v, reference)},
-                ),
-                list(group["run"]),
-                reference,
-                claims,
-            )
-        )
+        tables.append(table)
     return pd.DataFrame(rows), tables, warnings
+
+
+def group_table(
+    group: pd.DataFrame,
+    curves: pd.DataFrame,
+    grouping: Grouping,
+    order: list[str],
+    reference: str,
+    target: float | str | None,
+    warnings: list[str],
+) -> tuple[list[dict], GroupTable]:
+    """One group's long-form rows (optimizers in natural order, variants in `order`) and its display table with
+    its claims; a cell whose runs share a seed adds a line to `warnings`."""
+    matched, values = matched_values(group, curves)
+    first = group["run"].iloc[0]
+    key = {k: grouping.value(first, k) for k in CONTEXT_KEYS if k not in grouping.group_keys}
+    key.update({k: grouping.value(first, k) for k in title_keys(grouping, list(group["run"]))})
+    group_rows, all_stats, all_meta = [], {}, {}
+    for optimizer, opt_runs in sorted(group.groupby("optimizer", dropna=False), key=lambda kv: natural(kv[0])):
+        stats, all_meta[optimizer] = optimizer_cells(opt_runs, optimizer, grouping, matched, values, key, warnings)
+        add_gaps(stats, reference)
+        group_rows.extend(stats[v] for v in sorted(stats, key=order.index))
+        all_stats[optimizer] = stats
+    title = ", ".join(f"{k.removesuffix('.name')}={fmt_value(v)}" for k, v in key.items())
+    model = str(grouping.value(first, "model.name"))
+    claims = group_claims(title, all_stats, all_meta, reference, order, target, model)
+    for row in group_rows:
+        row.pop("_by_seed")
+    budgets = {(o, v) for o, m in all_meta.items() for v in m if other_budget(m, v, reference)}
+    shown = display_table(group_rows, order, reference, bool(grouping.row_keys), claims, budgets)
+    return group_rows, GroupTable(key, matched, shown, list(group["run"]), reference, claims)
+
+
+def optimizer_cells(
+    opt_runs: pd.DataFrame,
+    optimizer: Any,
+    grouping: Grouping,
+    matched: int | None,
+    values: dict[str, float],
+    key: dict[str, Any],
+    warnings: list[str],
+) -> tuple[dict[str, dict], dict[str, dict]]:
+    """One optimizer's cells by variant (its settings, delay, EF and the cell statistics) and each cell's run
+    metadata (`meta_of`); a cell whose runs share a seed adds a line to `warnings`."""
+    settings = ", ".join(
+        f"{k.removeprefix('optimizer.')}={fmt_value(grouping.value(opt_runs['run'].iloc[0], k))}"
+        for k in grouping.row_keys
+    )
+    stats, meta = {}, {}
+    for variant, cell in opt_runs.groupby("variant", sort=False):
+        meta[variant] = meta_of(cell)
+        stats[variant] = {
+            **{k: grouping.value(cell["run"].iloc[0], k) for k in grouping.group_keys},
+            "optimizer": optimizer,
+            "settings": settings,
+            "variant": variant,
+            "delay": int(cell["delay"].iloc[0]),
+            "ef": bool(cell["ef"].iloc[0]),
+            "matched_tokens": matched,
+            **_cell(cell, values),
+        }
+        if stats[variant]["shared_seeds"]:
+            warnings.append(
+                f"{optimizer} {variant} ({', '.join(f'{k}={fmt_value(v)}' for k, v in key.items())}): runs share "
+                f"a seed and every compared setting, so they are shown apart, not averaged: {stats[variant]['shared_seeds']}"
+            )
+    return stats, meta
+
+
+def add_gaps(stats: dict[str, dict], reference: str) -> None:
+    """Each cell's gap to the reference and its difference to its base variant (`X+...` -> X), paired by seed,
+    then the % of the base's gap it closes (none for a base that is the reference itself)."""
+    present = list(stats)
+    ref = stats.get(reference, {})
+    for variant, row in stats.items():
+        is_ref = variant == reference
+        # Paired by seed over the seeds both cells have (a 1-seed cell against a 3-seed reference is
+        # compared with that seed's run, not with the mean of three); unpaired only when none is shared.
+        gap = paired(row["_by_seed"], ref.get("_by_seed", {})) if not is_ref else (math.nan, math.nan, 0)
+        unpaired = row["mean"] - ref.get("mean", math.nan) if not is_ref else math.nan
+        row["gap_to_sync"] = gap[0] if gap[2] else unpaired
+        row["gap_std"] = gap[1]
+        base = base_variant(variant, present)
+        diff = paired(row["_by_seed"], stats[base]["_by_seed"]) if base else (math.nan, math.nan, 0)
+        row["base_variant"], row["diff_to_base"], row["diff_to_base_std"] = base or "", diff[0], diff[1]
+    for variant, row in stats.items():
+        base = stats.get(row["base_variant"], {})
+        gap_base = base.get("gap_to_sync", math.nan) if row["base_variant"] != reference else math.nan
+        row["gap_closed_pct"] = (gap_base - row["gap_to_sync"]) / gap_base * 100 if gap_base else math.nan
 
 
 def fmt_gap(row: dict | None, claim: Claim | None = None) -> str:
