@@ -156,34 +156,6 @@ def target_arg(target: float | str) -> str:
     return str(target) if target == PAPER else f"{float(target) * 100:g}"
 
 
-def parse_target(text: str | None) -> float | str | None:
-    """`--target 85` (a percentage, as a fraction) or `--target paper`; anything else is one line."""
-    if text is None:
-        return None
-    if text.strip().lower() == PAPER:
-        return PAPER
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 100:
-        raise UserError(
-            f"--target {text}: give a percentage in (0, 100] (e.g. 85) or 'paper' (each optimizer's "
-            "closure in the paper's table)"
-        )
-    return value / 100
-
-
-def parse_depth(text: str | None) -> tuple[int, int] | None:
-    """`--wallclock-at 4,8` as (P, m); anything but two positive integers with m >= P is one line."""
-    if text is None:
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts) or int(parts[1]) < int(parts[0]):
-        raise UserError(f"--wallclock-at {text}: give P,m (pipeline stages and micro-batches, m >= P), e.g. 4,8")
-    return int(parts[0]), int(parts[1])
-
-
 def untuned_lr_warnings(runs: pd.DataFrame) -> list[str]:
     """One warning per (model, optimizer, lr) whose synchronous runs are compared at an lr that is not the tuned one
     (conf/tuned_lr.yaml, sync lr grid winners): a gap between optimizers at untuned lrs may be the lrs', not the
@@ -272,21 +244,8 @@ def build_report(
     if not dirs:
         raise UserError("give at least one sweep directory")
     sources = list(dict.fromkeys(([Path(baseline)] if baseline is not None else []) + dirs))
-    if out_dir is None:
-        out_dir = (
-            dirs[0] / REPORT_DIR
-            if len(sources) == 1
-            else sources[0].parent / ("report-" + "-vs-".join(sweep_label(d) for d in sources))
-        )
-    out_dir = Path(out_dir)
-    command = "asyncpipe report " + " ".join(map(str, dirs)) + (f" --baseline {baseline}" if baseline else "")
-    command += f" --reference '{reference}'" if reference else ""
-    command += " --merge" if merge else ""
-    command += f" --target {target_arg(target)}" if target is not None else ""
-    command += "".join(f" --bench {b}" for b in bench)
-    command += f" --best-of {best_of}" if best_of else ""
-    command += f" --select-seeds {','.join(map(str, select_seeds))}" if best_of and select_seeds else ""
-    command += f" --wallclock-at {wallclock_at[0]},{wallclock_at[1]}" if wallclock_at else ""
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(dirs, sources)
+    command = regenerating_command(dirs, baseline, reference, merge, target, bench, best_of, select_seeds, wallclock_at)
     manifests = [m for m in map(read_manifest, sources) if m]
     extra = {
         "plots": plots,
@@ -296,16 +255,56 @@ def build_report(
         "select_seeds": select_seeds,
         "wallclock_at": wallclock_at,
     }
-    if len(sources) == 1 or merge:
-        if merge:
-            runs, curves, named = load_merged(sources, exclude=out_dir)
-        else:
-            (runs, curves), named = load_sweep(dirs[0], exclude=out_dir), named_variants(dirs[0])
-        report = assemble(
-            runs, curves, " + ".join(map(str, sources)), out_dir, named, reference, command, manifests, **extra
-        )
-        report.sweep_dirs = sources
-        return report
+    if merge:
+        runs, curves, named = load_merged(sources, exclude=out_dir)
+    elif len(sources) == 1:
+        (runs, curves), named = load_sweep(dirs[0], exclude=out_dir), named_variants(dirs[0])
+    else:
+        runs, curves, named = load_compared(sources, out_dir, baseline, other_length)
+        reference = reference or named[0]
+    report = assemble(
+        runs, curves, " + ".join(map(str, sources)), out_dir, named, reference, command, manifests, **extra
+    )
+    report.sweep_dirs = sources
+    return report
+
+
+def default_out_dir(dirs: list[Path], sources: list[Path]) -> Path:
+    """DIR/NAME/report for one sweep; beside the first source, `report-A-vs-B`, for a comparison."""
+    if len(sources) == 1:
+        return dirs[0] / REPORT_DIR
+    return sources[0].parent / ("report-" + "-vs-".join(sweep_label(d) for d in sources))
+
+
+def regenerating_command(
+    dirs: list[Path],
+    baseline: Path | None,
+    reference: str | None,
+    merge: bool,
+    target: float | str | None,
+    bench: Sequence[Path],
+    best_of: str | None,
+    select_seeds: Sequence[str] | None,
+    wallclock_at: tuple[int, int] | None,
+) -> str:
+    """The `asyncpipe report` command line that writes this report again (report.md shows it)."""
+    command = "asyncpipe report " + " ".join(map(str, dirs)) + (f" --baseline {baseline}" if baseline else "")
+    command += f" --reference '{reference}'" if reference else ""
+    command += " --merge" if merge else ""
+    command += f" --target {target_arg(target)}" if target is not None else ""
+    command += "".join(f" --bench {b}" for b in bench)
+    command += f" --best-of {best_of}" if best_of else ""
+    command += f" --select-seeds {','.join(map(str, select_seeds))}" if best_of and select_seeds else ""
+    command += f" --wallclock-at {wallclock_at[0]},{wallclock_at[1]}" if wallclock_at else ""
+    return command
+
+
+def load_compared(
+    sources: list[Path], out_dir: Path, baseline: Path | None, other_length: bool
+) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Several sweeps side by side: their runs and curves, columns labelled `NAME:variant` (a repeated NAME gets its
+    place appended), and the columns in order, each sweep's own order in turn. A `baseline` that trains another
+    train.steps than the compared runs is refused unless `other_length`."""
     labels: list[str] = []
     for d in sources:
         label = sweep_label(d)
@@ -321,12 +320,7 @@ def build_report(
         _same_length(parts[0][0], concat_runs([p[0] for p in parts[1:]]), Path(baseline))
     runs = concat_runs([p[0] for p in parts])
     curves = pd.concat([p[1] for p in parts], ignore_index=True)
-    reference = reference or order[0]
-    report = assemble(
-        runs, curves, " + ".join(map(str, sources)), out_dir, order, reference, command, manifests, **extra
-    )
-    report.sweep_dirs = sources
-    return report
+    return runs, curves, order
 
 
 def write_files(report: Report, out_dir: Path, plots: bool = True) -> None:
