@@ -38,7 +38,17 @@ def validate(cfg: DictConfig) -> None:
     check_known_keys(cfg)
     check_finite(cfg)
     check_ranges(cfg)
-    m, t, o, p = cfg.model, cfg.train, cfg.optimizer, cfg.pipeline
+    check_choices(cfg)
+    check_training(cfg)
+    check_model(cfg)
+    check_pipeline_sizes(cfg)
+    _validate_compensation(cfg)
+    check_stage_cut(cfg)
+
+
+def check_choices(cfg: DictConfig) -> None:
+    """Every key that takes one of a fixed list of names."""
+    t, p = cfg.train, cfg.pipeline
     _choice("engine", cfg.engine, ENGINES)
     _choice("delay_profile", cfg.delay_profile, DELAY_PROFILES)
     _choice("device", cfg.device, DEVICES)
@@ -47,6 +57,11 @@ def validate(cfg: DictConfig) -> None:
     _choice("pipeline.backend", p.backend, BACKENDS)
     _choice("tracker.wandb.mode", cfg.tracker.wandb.mode, WANDB_MODES)
     _choice("train.compile_backend", t.compile_backend, COMPILE_BACKENDS)
+
+
+def check_training(cfg: DictConfig) -> None:
+    """The delay, the optimizer's lr and weight decay, the run's sizes, its lr schedule and budget branches."""
+    t, o = cfg.train, cfg.optimizer
     _need(cfg.delay >= 0, f"delay={cfg.delay} must be >= 0 (0 = synchronous, 1 = PipeDream-2BW)")
     _need(o.lr > 0, f"optimizer.lr={o.lr} must be > 0")
     _need(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay} must be >= 0")
@@ -62,6 +77,11 @@ def validate(cfg: DictConfig) -> None:
     check_lr_schedule(t)
     check_branches(cfg)
     _need(t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 = off)")
+
+
+def check_model(cfg: DictConfig) -> None:
+    """The model's shape against the run's sequence length, its heads, and its mixture of experts."""
+    m, t = cfg.model, cfg.train
     _need(
         t.seq_len <= m.max_seq_len,
         f"train.seq_len={t.seq_len} exceeds model '{m.name}' maximum of {m.max_seq_len} (model.max_seq_len)",
@@ -87,6 +107,12 @@ def validate(cfg: DictConfig) -> None:
             f"model.moe.capacity_factor={moe.capacity_factor} must be > 0 (or null = dropless)",
         )
         check_capacity(cfg)
+
+
+def check_pipeline_sizes(cfg: DictConfig) -> None:
+    """Stages, replicas and threads, the stand-in stage times (engine=pipeline on a declared schedule only),
+    checkpoint cadence and the diagnostics' cadence."""
+    p = cfg.pipeline
     _need(p.stages >= 1 and p.data_parallel >= 1, "pipeline.stages and pipeline.data_parallel must be >= 1")
     _need(p.threads >= 1, f"pipeline.threads={p.threads} must be >= 1")
     standin = p.get("standin") or {}
@@ -101,7 +127,12 @@ def validate(cfg: DictConfig) -> None:
         )
     _need(cfg.checkpoint.every >= 0 and cfg.checkpoint.keep >= 1, "checkpoint.every must be >= 0, checkpoint.keep >= 1")
     _need(cfg.diagnostics.fresh_grad_every >= 0, "diagnostics.fresh_grad_every must be >= 0")
-    _validate_compensation(cfg)
+
+
+def check_stage_cut(cfg: DictConfig) -> None:
+    """A staged run's cut into stages and tied embeddings across them, the schedule's own declared constraints,
+    and a PyTorch schedule's (`pipeline.torch_schedule`)."""
+    m, p = cfg.model, cfg.pipeline
     from asyncpipe.schedules import check as check_schedule
     from asyncpipe.schedules import resolve, staged
 
@@ -125,7 +156,7 @@ def validate(cfg: DictConfig) -> None:
         _need(problem is None, str(problem))
 
 
-# -- numbers in range, keys that exist (issue 13): separate from `validate`'s body to keep each check findable --
+# -- numbers in range, keys that exist: separate from `validate`'s body to keep each check findable --
 
 INFINITE_OK = ("train.diverge_loss",)  # inf = no loss threshold (NaN/inf losses still end the run)
 
