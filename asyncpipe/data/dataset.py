@@ -328,9 +328,11 @@ def run_data_line(cfg) -> str:
     reads = f"{steps} steps x {per_step:,} tokens = {steps * per_step:,} tokens"
     path = dataset_dir(cfg.data, cfg.tokenizer)
     if not (path / MANIFEST).is_file():
-        return (f"data: {reads}; {path} is not prepared yet (`asyncpipe data prepare` with the same data= and "
-                "tokenizer=)")
+        return (
+            f"data: {reads}; {path} is not prepared yet (`asyncpipe data prepare` with the same data= and tokenizer=)"
+        )
     train = int(load_manifest(path)["tokens"]["train"])
     epochs = steps * per_step / train
     return f"data: {reads} = {epochs:.3g} epochs of {path.name}'s {train:,} train tokens" + (
-        " (data repeated)" if epochs > 1 else "")
+        " (data repeated)" if epochs > 1 else ""
+    )

@@ -35,8 +35,9 @@ def open_ids(path: Path, declared: str, vocab_size: int) -> np.ndarray:
         if path.suffix.lower() == ".npy":
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
             if arr.ndim != 1 or arr.dtype.kind not in "iu":
-                raise SourceError(f"{path}: a token file holds a 1-D array of integer ids (found {arr.dtype}, "
-                                  f"shape {arr.shape})")
+                raise SourceError(
+                    f"{path}: a token file holds a 1-D array of integer ids (found {arr.dtype}, shape {arr.shape})"
+                )
             if arr.size == 0:
                 raise SourceError(f"{path}: empty token file (no ids)")
             return arr
@@ -45,8 +46,10 @@ def open_ids(path: Path, declared: str, vocab_size: int) -> np.ndarray:
         if size == 0:
             raise SourceError(f"{path}: empty token file (no ids)")
         if size % dtype.itemsize:
-            raise SourceError(f"{path}: {size} bytes is not a whole number of {dtype.name} ids: truncated, or "
-                              "another data.token_dtype")
+            raise SourceError(
+                f"{path}: {size} bytes is not a whole number of {dtype.name} ids: truncated, or "
+                "another data.token_dtype"
+            )
         return np.memmap(path, dtype=dtype, mode="r")
     except SourceError:
         raise
@@ -85,8 +88,10 @@ def _check_range(path: Path, chunk: np.ndarray, start: int, vocab_size: int) -> 
     bad = np.flatnonzero(out)
     if len(bad):
         pos = int(bad[0])
-        raise SourceError(f"{path}: token id {int(chunk[pos])} at position {start + pos} is beyond the vocabulary "
-                          f"({vocab_size} ids; tokenizer.vocab_size declares it)")
+        raise SourceError(
+            f"{path}: token id {int(chunk[pos])} at position {start + pos} is beyond the vocabulary "
+            f"({vocab_size} ids; tokenizer.vocab_size declares it)"
+        )
 
 
 # --- data=hf: a Hugging Face `datasets` dataset -------------------------------------------------------------
@@ -115,8 +120,10 @@ def open_dataset(dataset: str, subset: str, split: str, text_field: str) -> Any:
             raise UserError(f"data.dataset={dataset} has no split {split!r} (it has {', '.join(ds)}); set data.split")
         ds = ds[split]
     if text_field not in ds.column_names:
-        raise UserError(f"data.dataset={dataset}: no column {text_field!r} (it has {', '.join(ds.column_names)}); "
-                        "set data.text_field")
+        raise UserError(
+            f"data.dataset={dataset}: no column {text_field!r} (it has {', '.join(ds.column_names)}); "
+            "set data.text_field"
+        )
     return ds
 
 

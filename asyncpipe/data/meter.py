@@ -24,11 +24,24 @@ class Meter:
         self.bar = None
         if sys.stderr.isatty():
             from rich.console import Console
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                       TransferSpeedColumn)
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
-            self.bar = Progress(TextColumn(f"[bold]{label}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                                TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+            self.bar = Progress(
+                TextColumn(f"[bold]{label}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
             self.task = self.bar.add_task(label, total=self.total, completed=done)
             self.bar.start()
 
@@ -40,8 +53,10 @@ class Meter:
         rate = self.rate()
         left = (self.total - self.done) / rate if rate > 0 else float("nan")
         eta = _clock(left) if left == left else "?"
-        return (f"{self.label}: {self.done / 1e6:,.1f} of {self.total / 1e6:,.1f} MB "
-                f"({100 * self.done / self.total:.0f}%), {rate / 1e6:.1f} MB/s, {eta} left")
+        return (
+            f"{self.label}: {self.done / 1e6:,.1f} of {self.total / 1e6:,.1f} MB "
+            f"({100 * self.done / self.total:.0f}%), {rate / 1e6:.1f} MB/s, {eta} left"
+        )
 
     def update(self, done: int) -> None:
         self.done = min(done, self.total)

@@ -125,8 +125,12 @@ class _SplitFile:
             self.tmp.unlink()
             return None
         os.replace(self.tmp, self.path)
-        return {"file": self.path.name, "tokens": self.tokens, "bytes": self.tokens * self.itemsize,
-                "sha256": self.sha256.hexdigest()}
+        return {
+            "file": self.path.name,
+            "tokens": self.tokens,
+            "bytes": self.tokens * self.itemsize,
+            "sha256": self.sha256.hexdigest(),
+        }
 
 
 def _batches(job: ShardJob, unit: Unit, tok: Any, digest: dict) -> Iterator[tuple[list, int]]:
@@ -170,8 +174,12 @@ def run_shard(job: ShardJob, report: Callable[[int], None]) -> dict:
             entry["sha256"] = digest["sha256"]
         sources.append(entry)
     files = {s: outs[s].finish() for s in SPLITS}
-    record = {"index": job.index, "files": files, "sources": sources,
-              "documents": {s: outs[s].documents for s in SPLITS}}
+    record = {
+        "index": job.index,
+        "files": files,
+        "sources": sources,
+        "documents": {s: outs[s].documents for s in SPLITS},
+    }
     _write_json(work / meta_name(job.index), record)
     return record
 

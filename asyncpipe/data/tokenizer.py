@@ -166,19 +166,26 @@ def check_tokenizer_config(name: str, vocab_size: int, path: str = "", eot: str 
     if name == "bpe" and not 258 <= vocab_size <= 2**20:
         raise UserError(f"tokenizer=bpe needs 258 <= tokenizer.vocab_size <= 1048576 (got {vocab_size})")
     if name == "ids" and not 1 <= vocab_size <= 2**32:
-        raise UserError("tokenizer=ids needs tokenizer.vocab_size=N, the vocabulary the ids were made with "
-                        f"(got {vocab_size})")
+        raise UserError(
+            f"tokenizer=ids needs tokenizer.vocab_size=N, the vocabulary the ids were made with (got {vocab_size})"
+        )
     if name == "hf":
         real = load_tokenizer_file(path, eot).vocab_size
         if vocab_size != real:
-            raise UserError(f"tokenizer.vocab_size={vocab_size} disagrees with {path}'s {real} ids; leave "
-                            "tokenizer.vocab_size out (it is read from the file)")
+            raise UserError(
+                f"tokenizer.vocab_size={vocab_size} disagrees with {path}'s {real} ids; leave "
+                "tokenizer.vocab_size out (it is read from the file)"
+            )
 
 
 def check_tokenizer(tok_cfg) -> None:
     """`check_tokenizer_config` of a `TokenizerConfig` node."""
-    check_tokenizer_config(str(tok_cfg.name), int(tok_cfg.vocab_size), str(tok_cfg.get("path", "") or ""),
-                           str(tok_cfg.get("eot", "") or ""))
+    check_tokenizer_config(
+        str(tok_cfg.name),
+        int(tok_cfg.vocab_size),
+        str(tok_cfg.get("path", "") or ""),
+        str(tok_cfg.get("eot", "") or ""),
+    )
 
 
 def build_tokenizer(name: str, vocab_size: int, train_texts: list[str]) -> TextTokenizer:
@@ -205,8 +212,10 @@ def text_tokenizer(tok_cfg) -> TextTokenizer | None:
         return load_tokenizer_file(str(tok_cfg.path), str(tok_cfg.get("eot", "") or ""))
     if name == "ids":
         return None
-    raise UserError("tokenizer=bpe is trained on an embedded corpus; for your own files train a tokenizer.json "
-                    "(Hugging Face tokenizers) and use tokenizer=hf tokenizer.path=...")
+    raise UserError(
+        "tokenizer=bpe is trained on an embedded corpus; for your own files train a tokenizer.json "
+        "(Hugging Face tokenizers) and use tokenizer=hf tokenizer.path=..."
+    )
 
 
 def get_tokenizer(path: Path | str) -> TextTokenizer:
@@ -219,8 +228,9 @@ def get_tokenizer(path: Path | str) -> TextTokenizer:
     if info["name"] == "byte":
         return ByteTokenizer()
     if info["name"] == "ids":
-        raise UserError(f"{path} holds token ids prepared elsewhere (tokenizer=ids): it has no tokenizer to "
-                        "decode them")
+        raise UserError(
+            f"{path} holds token ids prepared elsewhere (tokenizer=ids): it has no tokenizer to decode them"
+        )
     from tokenizers import Tokenizer
 
     file = path / info["file"]

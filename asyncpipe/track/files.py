@@ -44,7 +44,7 @@ class UnreadableFile(UserError):
 # The one list of settings that cannot change a result: a resume may change them, and a report never compares them.
 NO_RESULT_PREFIXES = ("run.", "tracker.", "launcher.", "checkpoint.")
 NO_RESULT_KEYS = frozenset(
-    {"resume", "train.log_every", "pipeline.trace", "pipeline.threads", "pipeline.backend", "data.root"}
+    {"resume", "train.log_every", "pipeline.trace", "pipeline.threads", "pipeline.backend", "data.root", "data.workers"}
 )
 
 
