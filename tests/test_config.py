@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from asyncpipe.optim.registry import available
@@ -24,12 +26,18 @@ def test_overrides_follow_hydra_grammar_and_types() -> None:
     assert cfg.delay == 1 and cfg.train.steps == 7 and cfg.optimizer.lr == 0.01
 
 
-def test_every_group_option_composes() -> None:
+def test_every_group_option_composes(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models
+
+    tokenizer_json = tmp_path / "tokenizer.json"  # tokenizer=hf reads its vocabulary from a file at composition
+    Tokenizer(models.WordLevel({"a": 0, "<|endoftext|>": 1}, unk_token="a")).save(str(tokenizer_json))
     for group in ("model", "optimizer", "tokenizer", "data", "launcher"):
         for option in group_options(group):
             overrides = [f"{group}={option}"]
             if group == "model" and option not in ("tiny", "small"):
                 overrides.append("train.seq_len=64")
+            if group == "tokenizer" and option == "hf":
+                overrides.append(f"tokenizer.path={tokenizer_json}")
             name = compose(overrides)[group].name
             # a preset (adamw_ef, muon_ef, nag) names the declared optimizer it configures
             assert name in (option, option.removesuffix("_ef")) or (group == "optimizer" and name in available())
