@@ -176,6 +176,6 @@ def test_a_setting_added_after_a_run_started_is_no_change_at_its_default() -> No
     del recorded["train"]["deterministic"]
     assert changed_settings(recorded, cfg) == []
     cfg.train.deterministic = True
-    assert changed_settings(recorded, cfg) == [("train.deterministic", None, True)]
+    assert changed_settings(recorded, cfg) == [("train.deterministic", False, True)]  # what the run ran with
     recorded["train"]["lr_schedule"] = "wsd"
     assert [k for k, _, _ in changed_settings(recorded, cfg)] == ["train.deterministic", "train.lr_schedule"]

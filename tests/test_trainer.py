@@ -15,20 +15,25 @@ PACKAGE = Path(__file__).resolve().parents[1] / "asyncpipe"
 SET_UP = {"pick_device", "init_process_group", "init_deepspeed_comm", "ensure_prepared"}
 
 
+PREPARE_COMMAND = {("asyncpipe.data.dataset", "prepare")}
+
+
 def _calls(package: Path = PACKAGE) -> dict[str, set[str]]:
     """name -> the package's modules that call it (a wrapper calling the library function it is named after,
-    such as `dist.init_process_group` calling torch's, does not count)."""
+    such as `dist.init_process_group` calling torch's, does not count; nor does `asyncpipe data prepare`'s own
+    function, `data.dataset.prepare`, building a streamed corpus ahead of any run)."""
     found: dict[str, set[str]] = {name: set() for name in SET_UP}
     for path in package.rglob("*.py"):
         module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
         tree = ast.parse(path.read_text())
         wrappers = {f: {id(n) for n in ast.walk(f)} for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+        commands = {id(n) for f in tree.body if (module, getattr(f, "name", "")) in PREPARE_COMMAND for n in ast.walk(f)}
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
             name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
             inside_own_wrapper = any(f.name == name and id(node) in ids for f, ids in wrappers.items())
-            if name in SET_UP and not inside_own_wrapper:
+            if name in SET_UP and not inside_own_wrapper and id(node) not in commands:
                 found[name].add(module)
     return found
 
