@@ -16,7 +16,7 @@ from asyncpipe.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "docs" / "results" / "cpu_study.md", REPO / "docs" / "results" / "cpu_study_v4.md",
-        REPO / "docs" / "results" / "cpu_study_v5.md"]
+        REPO / "docs" / "results" / "cpu_study_v5.md", REPO / "docs" / "results" / "cpu_study_v6.md"]
 DOC = DOCS[0]
 RECORD = ("config.yaml", "summary.json", "metrics.jsonl.gz")  # curves gzip-compressed: a clone pays 1/4
 
@@ -125,3 +125,25 @@ def test_v5_write_up_quotes_its_reports_and_states_no_number_they_lack():
     assert len(quotes) >= 3 and all(f"- {q}" in printed for q in quotes), quotes
     numbers = set(re.findall(r"[+-]?\d\.\d{4}", text))
     assert len(numbers) >= 10 and not [n for n in numbers if n not in printed]
+
+
+def test_v6_write_up_states_only_what_its_reports_print():
+    """cpu_study_v6.md: each takeaway it quotes is a line of a committed report.md, every 4-decimal number is printed
+    in one of its reports, and every net speed-up in its verdict table is a cell of the ttt report's speedups.csv
+    (the cell against the strongest synchronous schedule: the smallest speed-up of the cell's rows)."""
+    doc = DOCS[3]
+    _, reports = _paths(doc)
+    text = doc.read_text()
+    printed = "\n".join(p.read_text() for p in sorted(reports.rglob("report.md")))
+    quotes = re.findall(r"^ *- ((?:adamw|muon): .+|1-step\+EF recovers .+)$", text, re.M)
+    assert len(quotes) >= 4 and all(q in printed for q in quotes), [q for q in quotes if q not in printed]
+    numbers = set(re.findall(r"[+-]?\d\.\d{4}", text))
+    assert len(numbers) >= 10 and not [n for n in numbers if n not in printed]
+    cells = pd.read_csv(reports / "ttt" / "speedups.csv")
+    cells = cells[cells["variant"].isin(["1-step", "1-step+EF"])]
+    best = cells.loc[cells.groupby(["P", "m", "optimizer", "variant"])["speedup"].idxmin()]
+    shown = {f"{r.speedup:.2f}x [{r.lo:.2f}, {r.hi:.2f}]" for r in best.itertuples()}
+    table = re.findall(r"^\| \d \| \d+ \|.+$", text, re.M)
+    assert len(table) == 9, table
+    found = [c for row in table for c in re.findall(r"\d\.\d\dx \[\d\.\d\d, \d\.\d\d\]", row)]
+    assert len(found) == 36 and set(found) <= shown, sorted(set(found) - shown)
