@@ -13,6 +13,7 @@ suite"."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -72,3 +73,19 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             yield root
     finally:
         slurm_launcher.POLL_S = poll
+
+
+@pytest.fixture(autouse=True)
+def schedules_registered_by_a_test_stay_in_it() -> Iterator[None]:
+    """A test that declares a schedule (by import path, from tests/user_lab) leaves the registry as it found it, so
+    a later test in the same worker (bench pipeline's default variants: every registered schedule) never sees it."""
+    from asyncpipe import schedules
+
+    schedules.schedules()  # the built-ins loaded first: they stay
+    before = dict(schedules._SCHEDULES)
+    yield
+    for name, spec in list(schedules._SCHEDULES.items()):
+        if name not in before:  # its module is imported afresh (and declares again) by the next test that names it
+            sys.modules.pop(spec.module, None)
+    schedules._SCHEDULES.clear()
+    schedules._SCHEDULES.update(before)

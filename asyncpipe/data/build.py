@@ -212,11 +212,18 @@ def _run_jobs(jobs: list[ShardJob], workers: int, meter: Meter) -> None:
 
             run_shard(job, report)
         return
-    os.environ.setdefault("PYTHONSAFEPATH", "1")  # a spawned worker (`python -c`) never imports from the working dir
     ctx = multiprocessing.get_context("spawn")
     counter = ctx.Value("q", 0)
     base = meter.done
-    pool = ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, initargs=(counter, os.getpid()))
+    safe = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"  # a spawned worker (`python -c`) never imports from the working dir
+    try:  # the pool starts its workers now: the setting is theirs, not this process's later children's
+        pool = ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, initargs=(counter, os.getpid()))
+    finally:
+        if safe is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = safe
     try:
         pending = [pool.apply_async(_work, (job,)) for job in jobs]
         while pending:

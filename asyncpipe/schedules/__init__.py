@@ -126,8 +126,10 @@ def _load_builtins() -> None:
 
 
 def schedules() -> list[ScheduleSpec]:
+    """Every schedule: the built-ins by module name (whatever imported one first), then any registered since."""
     _load_builtins()
-    return list(_SCHEDULES.values())
+    order = {info.name: i for i, info in enumerate(pkgutil.iter_modules(__path__))}
+    return sorted(_SCHEDULES.values(), key=lambda s: order.get(s.module.rsplit(".", 1)[-1], len(order)))
 
 
 def names() -> list[str]:
