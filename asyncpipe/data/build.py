@@ -335,6 +335,13 @@ def _publish(work: Path, target: Path, manifest: dict, n_shards: int) -> Path:
     for i in range(n_shards):
         (work / meta_name(i)).unlink(missing_ok=True)
     (work / PLAN).unlink(missing_ok=True)
+    swap_into_place(work, target)
+    return target
+
+
+def swap_into_place(work: Path, target: Path) -> None:
+    """Rename the finished directory ``work`` to ``target`` (an older ``target`` moved aside, then removed) and
+    fsync their parent, so the rename is durable before anyone trusts the manifest inside."""
     root = target.parent
     old = None
     if target.exists():
@@ -348,4 +355,3 @@ def _publish(work: Path, target: Path, manifest: dict, n_shards: int) -> Path:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return target

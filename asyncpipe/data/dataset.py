@@ -176,18 +176,7 @@ def _prepare_locked(data_cfg, tok_cfg, target: Path, progress: Progress) -> Path
     try:
         manifest = _build(data_cfg, tok_cfg, work, progress)
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        old = None
-        if target.exists():
-            old = root / f".{target.name}.tmp-old-{os.getpid()}"
-            target.rename(old)
-        work.rename(target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        dir_fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename durable before anyone trusts the manifest
-        finally:
-            os.close(dir_fd)
+        streamed.swap_into_place(work, target)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
