@@ -70,9 +70,44 @@ def test_tokens_bin_and_npy_split_by_document(tmp_path):
 # --- a killed preparation, run again ---------------------------------------------------------------------
 
 
+def killed_midway(cmd: list[str], root: Path, env: dict) -> list[str]:
+    """Run `cmd` (a preparation into data root `root`) and SIGKILL it once its first shard is done; the finished
+    shards' records it left."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(root.glob(".*.partial/shard-00000.json")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (partial,) = root.glob(".*.partial")
+    return sorted(p.name for p in partial.glob("shard-*.json"))
+
+
+def resumes_to_identical_files(args: list[str], tmp_path: Path, shards: int) -> None:
+    """An uninterrupted two-worker preparation; the same killed midway (one worker) and run again: the re-run keeps
+    the finished shards, redoes the rest and ends with the same files."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "asyncpipe", *args]
+    ref = subprocess.run([*cmd, f"data.root={tmp_path}/ref", "data.workers=2"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    root = tmp_path / "killed"
+    done = killed_midway([*cmd, f"data.root={root}"], root, env)
+    assert 1 <= len(done) < shards, done  # killed midway
+    assert not list(root.glob("files-*"))  # no dataset until it is whole
+    again = subprocess.run([*cmd, f"data.root={root}"], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"{len(done)} kept from an interrupted run" in again.stderr
+    (ref_dir,) = (tmp_path / "ref").glob("files-*")
+    (new_dir,) = root.glob("files-*")
+    assert ref_dir.name == new_dir.name and tree(ref_dir) == tree(new_dir)
+    assert not list(root.glob(".*.partial"))
+    assert len(load_manifest(new_dir, verify_hashes=True)["shards"]["train"]) == shards
+
+
 def test_killed_preparation_resumes_to_identical_files(tmp_path):
-    """SIGKILL `asyncpipe data prepare` once its first shard is done; the re-run keeps that shard, redoes the rest
-    and ends with the files of an uninterrupted run (which used two workers: workers change no byte)."""
+    """SIGKILL `asyncpipe data prepare` once its first shard is done; the re-run ends with the files of an
+    uninterrupted run (which used two workers: workers change no byte)."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     rng = np.random.default_rng(0)
@@ -82,31 +117,20 @@ def test_killed_preparation_resumes_to_identical_files(tmp_path):
             for _ in range(120):
                 f.write(json.dumps({"text": " ".join(rng.choice(words, 250))}) + "\n")
     args = ["data", "prepare", "data=files", f"data.paths=[{corpus}/*.jsonl.gz]", "data.shard_mb=0.0001"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ref = subprocess.run([sys.executable, "-m", "asyncpipe", *args, f"data.root={tmp_path}/ref", "data.workers=2"],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stderr
-    root = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "asyncpipe", *args, f"data.root={root}"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not list(root.glob(".*.partial/shard-00000.json")) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    (partial,) = root.glob(".*.partial")
-    done = sorted(p.name for p in partial.glob("shard-*.json"))
-    assert 1 <= len(done) < 40, done  # killed midway
-    assert not list(root.glob("files-*"))  # no dataset until it is whole
-    again = subprocess.run([sys.executable, "-m", "asyncpipe", *args, f"data.root={root}"], env=env,
-                           capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert f"{len(done)} kept from an interrupted run" in again.stderr
-    (ref_dir,) = (tmp_path / "ref").glob("files-*")
-    (new_dir,) = root.glob("files-*")
-    assert ref_dir.name == new_dir.name and tree(ref_dir) == tree(new_dir)
-    assert not list(root.glob(".*.partial"))
-    assert len(load_manifest(new_dir, verify_hashes=True)["shards"]["train"]) == 40
+    resumes_to_identical_files(args, tmp_path, 40)
+
+
+def test_one_large_file_killed_midway_resumes_to_identical_files(tmp_path):
+    """One JSON Lines file cut into 40 byte ranges by data.shard_mb: a range is a unit of work and of resuming."""
+    rng = np.random.default_rng(1)
+    words = np.array("the of and to a in that is was he for it with as his on be at by".split())
+    big = tmp_path / "corpus" / "big.jsonl"
+    big.parent.mkdir()
+    with open(big, "w") as f:
+        for _ in range(40 * 120):
+            f.write(json.dumps({"text": " ".join(rng.choice(words, 250))}) + "\n")
+    args = ["data", "prepare", "data=files", f"data.paths=[{big}]", f"data.shard_mb={big.stat().st_size / 40.5e6}"]
+    resumes_to_identical_files(args, tmp_path, 40)
 
 
 # --- bad input: one line naming the file, nothing half-written -------------------------------------------------

@@ -4,9 +4,12 @@ document by document, trained on for a few steps through the CLI; and a bad inpu
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -185,13 +188,18 @@ def test_each_kind_prepares_every_document_whole_in_one_split(prepared, kind, to
 
 
 def test_shards_and_workers_change_no_token(tmp_path, docs, tok_file):
-    """The split is by a hash of (seed, file, index): one shard in this process and one shard per file on two
-    worker processes write the same tokens in the same order."""
+    """The split is by a hash of (seed, file, the document's place in it): one shard in this process, and on two
+    worker processes a shard for the compressed file and one per ~20 KB part of the other, write the same tokens in
+    the same order; so neither setting is one that can change a result."""
+    from asyncpipe.track.files import changes_no_result
+
     paths, kw = write_jsonl_zst(tmp_path, docs)
     one = prepare(*cfgs(tmp_path / "one", tok_file, paths=paths, **kw))
-    two = prepare(*cfgs(tmp_path / "two", tok_file, paths=paths, workers=2, shard_mb=1e-6, **kw))
+    two = prepare(*cfgs(tmp_path / "two", tok_file, paths=paths, workers=2, shard_mb=0.02, **kw))
     m1, m2 = load_manifest(one), load_manifest(two)
-    assert len(m1["shards"]["train"]) == 1 and len(m2["shards"]["train"]) == 2
+    assert len(m1["shards"]["train"]) == 1 and len(m2["shards"]["train"]) > 3
+    assert sum("span" in s for s in m2["sources"]) == len(m2["shards"]["train"]) - 1  # b.jsonl's parts
+    assert changes_no_result("data.shard_mb") and changes_no_result("data.workers")
     for split in ("train", "val"):
         cat = [b"".join((p / f).read_bytes() for f in split_files(m, split)) for p, m in ((one, m1), (two, m2))]
         assert cat[0] == cat[1]
@@ -233,6 +241,47 @@ def test_train_a_few_steps_on_each_kind(prepared, kind, docs, tok_file, tmp_path
     assert summary["status"] == "completed" and summary["tokens"] == 3 * 4 * 8 * 64
     assert summary["epochs"] == pytest.approx(summary["tokens"] / m["tokens"]["train"])
     assert (path / "manifest.json").stat().st_mtime_ns == stamp  # prepared once, reused
+
+
+# What load_dataset("tester/tiny_corpus") leaves in the cache for a hub repo of Parquet files: the Parquet
+# builder's Arrow files and dataset_info.json under HF_HOME/datasets/{namespace}___{name}/{config}/{version}/{commit}
+# (`DatasetBuilder._relative_data_dir`). Made here from a local file, nothing downloaded: a builder given a repo id
+# refuses local data files, so it is built under the bare name and its directory given the namespaced one.
+POPULATE = """
+import sys
+from pathlib import Path
+
+import datasets.config
+from datasets.packaged_modules.parquet.parquet import Parquet
+
+files = {"train": [sys.argv[1]]}  # the repo's default config, as its README would declare it
+Parquet(dataset_name="tiny_corpus", config_id="default", hash="0" * 40, data_files=files).download_and_prepare()
+cache = Path(datasets.config.HF_DATASETS_CACHE)
+(cache / "tiny_corpus").rename(cache / "tester___tiny_corpus")
+"""
+
+
+def test_a_dataset_by_name_from_the_local_cache_offline(tmp_path, docs, tok_file):
+    """data=hf data.dataset=tester/tiny_corpus, offline: `datasets` finds the name in the cache under HF_HOME (its
+    source file removed first, and the hub's address unreachable, so nothing but the cache can serve it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"content": docs}), tmp_path / "train.parquet")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_ENDPOINT": "http://127.0.0.1:9", "OMP_NUM_THREADS": "1"}
+    run = functools.partial(subprocess.run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    made = run([sys.executable, "-c", POPULATE, str(tmp_path / "train.parquet")])
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "train.parquet").unlink()
+    out = run([sys.executable, "-m", "asyncpipe", "data", "prepare", "data=hf", "data.dataset=tester/tiny_corpus",
+               "data.text_field=content", "tokenizer=hf", f"tokenizer.path={tok_file}", f"data.root={tmp_path}/root"])
+    assert out.returncode == 0, out.stderr
+    (path,) = (tmp_path / "root").glob("hf-hf-*")
+    m = load_manifest(path, verify_hashes=True)
+    assert sorted(read_docs(path, "train") + read_docs(path, "val")) == sorted(docs)
+    cached = sorted((tmp_path / "hf" / "datasets" / "tester___tiny_corpus").rglob("*.arrow"))
+    assert cached and [s["name"] for s in m["sources"]] == [f.name for f in cached]
 
 
 def test_plan_reports_the_runs_tokens_and_epochs(prepared, tok_file, monkeypatch, capsys):

@@ -101,7 +101,7 @@ class DataConfig:
     split: str = "train"  # hf: the dataset split read
     workers: int = 1  # files, tokens, hf: processes preparing shards in parallel
     shard_mb: float = (
-        64.0  # files, tokens, hf: input megabytes per shard (files are never split: the unit of work and of resuming)
+        64.0  # files, tokens, hf: input megabytes per shard (the unit of work and of resuming; a larger file is cut)
     )
 
 

@@ -1,5 +1,6 @@
 """Your own corpus prepared at a cluster's scale (`data=files`, `data=tokens`, `data=hf`): streamed, in parallel
-(`data.workers` processes over shards), resumable, written as token shards plus a manifest (format 2).
+(`data.workers` processes over shards; a file of two shards' size or more is cut into parts, `asyncpipe.data.ranges`),
+resumable, written as token shards plus a manifest (format 2).
 
 The work happens in `{root}/.{name}.partial/`, under the dataset's lock (`dataset.locked`): `plan.json` says what
 is being built; each finished shard has its `shard-NNNNN.json`. A preparation killed midway keeps its finished
@@ -23,8 +24,9 @@ import numpy as np
 
 from asyncpipe.data.idsources import dataset_files, open_dataset, token_dtype
 from asyncpipe.data.meter import Meter
-from asyncpipe.data.shards import SPLITS, ShardJob, Unit, meta_name, run_shard
-from asyncpipe.data.sources import expand_paths, sha256_file
+from asyncpipe.data.ranges import byte_spans, row_group_spans, splittable
+from asyncpipe.data.shards import SPLIT_KEYS, SPLITS, ShardJob, Unit, meta_name, run_shard
+from asyncpipe.data.sources import expand_paths, parquet_row_groups, sha256_file
 from asyncpipe.data.tokenizer import TOKENIZER_FILE, text_tokenizer
 from asyncpipe.errors import UserError
 
@@ -84,6 +86,7 @@ def requested(data_cfg, tok_cfg) -> dict:
         "split": str(data_cfg.split),
         "val_fraction": float(data_cfg.val_fraction),
         "split_seed": int(data_cfg.split_seed),
+        "split_keys": SPLIT_KEYS,
         "tokenizer": tok,
     }
 
@@ -95,31 +98,48 @@ def dataset_name(data_cfg, tok_cfg) -> str:
     return f"{data_cfg.name}-{tok_cfg.name}-{digest}"
 
 
-def _units(data_cfg) -> list[Unit]:
+def _units(data_cfg, shard_bytes: float) -> list[Unit]:
     """The units of work: each file (named relative to the files' common folder, so the split survives a move of
-    the corpus), or row ranges of a dataset."""
+    the corpus), or its parts when it holds two shards or more; or row ranges of a dataset."""
     if data_cfg.name == "hf":
         ds = open_dataset(str(data_cfg.dataset), str(data_cfg.subset), str(data_cfg.split), str(data_cfg.text_field))
         rows, size = len(ds), max(1, int(ds.data.nbytes))
-        per = max(1, int(rows * float(data_cfg.shard_mb) * 1e6 / size))
+        per = max(1, int(rows * shard_bytes / size))
         spans = [(a, min(a + per, rows)) for a in range(0, rows, per)]
-        return [Unit(f"rows {a}-{b}", rows=(a, b), bytes=size * (b - a) // rows) for a, b in spans]
+        return [Unit("rows", span=(a, b), bytes=size * (b - a) // rows) for a, b in spans]
     if data_cfg.paths and data_cfg.dataset:
         raise UserError(f"data.dataset is read by data=hf only (data={data_cfg.name} reads data.paths)")
     files = expand_paths([str(p) for p in data_cfg.paths])
     base = Path(os.path.commonpath([str(f.parent) for f in files]))
-    return [Unit(str(f.relative_to(base)), path=str(f), bytes=f.stat().st_size) for f in files]
+    units = []
+    for f in files:
+        name, size = str(f.relative_to(base)), f.stat().st_size
+        cut = splittable(f, str(data_cfg.format), str(data_cfg.separator)) if data_cfg.name == "files" else ""
+        parts: list[Unit] = []
+        if size >= 2 * shard_bytes and cut == "bytes":
+            spans = byte_spans(f, size, shard_bytes, str(data_cfg.separator))
+            parts = [Unit(name, path=str(f), span=s, bytes=s[1] - s[0]) for s in spans]
+        elif size >= 2 * shard_bytes and cut == "row groups":
+            groups = parquet_row_groups(f)
+            spans = row_group_spans(groups, shard_bytes)
+            parts = [Unit(name, path=str(f), span=(a, b), bytes=sum(groups[a:b])) for a, b in spans]
+        units += parts if len(parts) > 1 else [Unit(name, path=str(f), bytes=size)]
+    return units
 
 
-def _shards(units: list[Unit], shard_mb: float) -> list[tuple[Unit, ...]]:
-    """Consecutive units grouped until a shard holds `shard_mb` megabytes of input (a unit is never split)."""
-    if not shard_mb > 0:
-        raise UserError(f"data.shard_mb={shard_mb} must be > 0 (input megabytes per shard)")
+def _shards(units: list[Unit], shard_bytes: float) -> list[tuple[Unit, ...]]:
+    """Consecutive units grouped until a shard holds `shard_bytes` of input; a part of a file is a shard of its
+    own."""
     out, cur, size = [], [], 0
     for unit in units:
+        if unit.span is not None and unit.path:
+            out += [tuple(cur)] if cur else []
+            out.append((unit,))
+            cur, size = [], 0
+            continue
         cur.append(unit)
         size += unit.bytes
-        if size >= shard_mb * 1e6:
+        if size >= shard_bytes:
             out.append(tuple(cur))
             cur, size = [], 0
     return out + ([tuple(cur)] if cur else [])
@@ -133,7 +153,10 @@ def plan(data_cfg, tok_cfg) -> tuple[dict, list[ShardJob]]:
     dtype = np.dtype("<u2") if tok["vocab_size"] <= 2**16 else np.dtype("<u4")
     if data_cfg.name == "tokens":
         dtype = token_dtype("auto", tok["vocab_size"])
-    groups = _shards(_units(data_cfg), float(data_cfg.shard_mb))
+    shard_mb = float(data_cfg.shard_mb)
+    if not shard_mb > 0:
+        raise UserError(f"data.shard_mb={shard_mb} must be > 0 (input megabytes per shard)")
+    groups = _shards(_units(data_cfg, shard_mb * 1e6), shard_mb * 1e6)
     source = {k: want[k] for k in ("format", "text_field", "separator", "token_dtype", "dataset", "subset", "split")}
     source["kind"] = str(data_cfg.name)
     split = {"seed": want["split_seed"], "val_fraction": want["val_fraction"]}
@@ -142,7 +165,7 @@ def plan(data_cfg, tok_cfg) -> tuple[dict, list[ShardJob]]:
     described = {
         "requested": want,
         "dtype": dtype.name,
-        "shards": [[[u.name, u.bytes] for u in g] for g in groups],
+        "shards": [[[u.label, u.bytes] for u in g] for g in groups],
         "mtimes": mtimes,
     }
     return described, jobs

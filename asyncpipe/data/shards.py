@@ -1,9 +1,11 @@
-"""One shard of a streamed preparation: its units (files, or a dataset's row ranges) read a batch at a time,
-tokenized, each document sent to train or val by a hash of (split seed, unit, index), written as
-`train-NNNNN.bin` / `val-NNNNN.bin`, and recorded last in `shard-NNNNN.json` (a shard is done when that exists).
+"""One shard of a streamed preparation: its units (files, parts of a large file, or a dataset's row ranges) read a
+batch at a time, tokenized, each document sent to train or val by a hash of (split seed, file, the document's
+place in the file), written as `train-NNNNN.bin` / `val-NNNNN.bin`, and recorded last in `shard-NNNNN.json` (a
+shard is done when that exists).
 
 A shard's files depend on its units and settings only, never on the worker, the order or an earlier killed
-attempt, so a resumed preparation ends with the same bytes as an uninterrupted one.
+attempt, so a resumed preparation ends with the same bytes as an uninterrupted one; and a document's split
+depends on its place in its file only, so the split's tokens, in order, are the same however files are cut.
 """
 
 from __future__ import annotations
@@ -22,14 +24,22 @@ from asyncpipe.data.idsources import open_dataset, read_ids, read_rows
 from asyncpipe.data.sources import read_documents, sha256_file
 
 SPLITS = ("train", "val")
+# What places a document for the split (recorded in what a dataset is built from, so another is another directory):
+# 2: its byte offset in a JSON Lines or text file, its row in a Parquet file or a dataset, its index in a token file.
+SPLIT_KEYS = 2
 
 
 @dataclass(frozen=True)
 class Unit:
-    name: str  # a file's path relative to the corpus's common folder, or "rows A-B" of a dataset
+    name: str  # a file's path relative to the corpus's common folder (the split's key), or "rows" of a dataset
     path: str = ""  # the file read (files, tokens)
-    rows: tuple[int, int] = (0, 0)  # the rows read (hf)
+    span: tuple[int, int] | None = None  # the part read: bytes or Parquet row groups of a file, a dataset's rows
     bytes: int = 0  # input bytes (progress and shard sizes)
+
+    @property
+    def label(self) -> str:
+        """The unit as plan.json names it: the file, or the file and its part."""
+        return self.name if self.span is None else f"{self.name} [{self.span[0]}, {self.span[1]})"
 
 
 @dataclass(frozen=True)
@@ -55,12 +65,12 @@ def meta_name(index: int) -> str:
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def in_val(seed: int, unit: str, first: int, n: int, val_fraction: float) -> np.ndarray:
-    """Whether documents first..first+n-1 of `unit` go to val: a splitmix64 hash of (seed, unit, index) below the
-    fraction, so the split is by document, deterministic, and the same however the corpus is sharded or read."""
+def in_val(seed: int, unit: str, places: np.ndarray, val_fraction: float) -> np.ndarray:
+    """Whether the documents at `places` of file `unit` go to val: a splitmix64 hash of (seed, unit, place) below
+    the fraction, so the split is by document, deterministic, and the same however the corpus is sharded or read."""
     key = int.from_bytes(hashlib.sha256(f"{seed}\0{unit}".encode()).digest()[:8], "little")
     with np.errstate(over="ignore"):
-        x = np.arange(first, first + n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(key)
+        x = np.asarray(places, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(key)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
@@ -133,20 +143,26 @@ class _SplitFile:
         }
 
 
-def _batches(job: ShardJob, unit: Unit, tok: Any, digest: dict) -> Iterator[tuple[list, int]]:
-    """The unit's documents in batches, with the unit's input bytes read so far."""
+def _batches(job: ShardJob, unit: Unit, tok: Any, digest: dict) -> Iterator[tuple[list, int, list | None]]:
+    """The unit's documents in batches, with the unit's input bytes read so far and the documents' places in their
+    file (None: their index in it, counted by the caller)."""
     src = job.source
     if src["kind"] == "files":
-        yield from read_documents(Path(unit.path), src["format"], src["text_field"], src["separator"], digest)
+        path = Path(unit.path)
+        yield from read_documents(path, src["format"], src["text_field"], src["separator"], digest, unit.span)
     elif src["kind"] == "tokens":
         eot = None if tok is None else tok.eot_id
-        yield from read_ids(Path(unit.path), src["token_dtype"], int(job.tokenizer["vocab_size"]), eot)
+        for docs, read in read_ids(Path(unit.path), src["token_dtype"], int(job.tokenizer["vocab_size"]), eot):
+            yield docs, read, None
         digest["sha256"] = sha256_file(Path(unit.path))
     else:
         ds = open_dataset(src["dataset"], src["subset"], src["split"], src["text_field"])
-        rows = max(1, unit.rows[1] - unit.rows[0])
-        for docs, done in read_rows(ds, unit.rows[0], unit.rows[1], src["text_field"]):
-            yield [d for d in docs if d.strip()], unit.bytes * done // rows
+        first, stop = unit.span or (0, 0)
+        rows, at = max(1, stop - first), first
+        for docs, done in read_rows(ds, first, stop, src["text_field"]):
+            kept = [i for i, d in enumerate(docs) if d.strip()]
+            yield [docs[i] for i in kept], unit.bytes * done // rows, [at + i for i in kept]
+            at = first + done
 
 
 def run_shard(job: ShardJob, report: Callable[[int], None]) -> dict:
@@ -159,10 +175,11 @@ def run_shard(job: ShardJob, report: Callable[[int], None]) -> dict:
     for unit in job.units:
         digest: dict = {}
         done, n_docs = 0, 0
-        for docs, read in _batches(job, unit, tok, digest):
+        for docs, read, places in _batches(job, unit, tok, digest):
             if docs:
                 flat, lengths = encode(tok, docs, dtype)
-                val = in_val(job.split["seed"], unit.name, n_docs, len(docs), job.split["val_fraction"])
+                keys = np.arange(n_docs, n_docs + len(docs)) if places is None else np.asarray(places)
+                val = in_val(job.split["seed"], unit.name, keys, job.split["val_fraction"])
                 mask = np.repeat(val, lengths)
                 outs["train"].write(flat[~mask], int((~val).sum()))
                 outs["val"].write(flat[mask], int(val.sum()))
@@ -170,6 +187,8 @@ def run_shard(job: ShardJob, report: Callable[[int], None]) -> dict:
             report(read - done)
             done = read
         entry = {"name": unit.name, "bytes": unit.bytes, "documents": n_docs}
+        if unit.span is not None:
+            entry["span"] = list(unit.span)
         if "sha256" in digest:
             entry["sha256"] = digest["sha256"]
         sources.append(entry)

@@ -44,7 +44,16 @@ class UnreadableFile(UserError):
 # The one list of settings that cannot change a result: a resume may change them, and a report never compares them.
 NO_RESULT_PREFIXES = ("run.", "tracker.", "launcher.", "checkpoint.")
 NO_RESULT_KEYS = frozenset(
-    {"resume", "train.log_every", "pipeline.trace", "pipeline.threads", "pipeline.backend", "data.root", "data.workers"}
+    {
+        "resume",
+        "train.log_every",
+        "pipeline.trace",
+        "pipeline.threads",
+        "pipeline.backend",
+        "data.root",
+        "data.workers",
+        "data.shard_mb",
+    }
 )
 
 
