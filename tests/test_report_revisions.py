@@ -14,6 +14,7 @@ import yaml
 from asyncpipe import registry
 from asyncpipe.config import compose
 from asyncpipe.report import build_report, revisions
+from asyncpipe.report.target import tokens_table
 from asyncpipe.schedules import revisions as run_revisions
 from asyncpipe.schedules import schedules
 from asyncpipe.track import RunDir
@@ -94,3 +95,59 @@ def test_a_record_without_a_revision_gets_it_from_its_commit():
     assert revisions.of_record("compensation", "stage_lr", v4) == (2, "its commit 520539e contains 262fe8d")
     assert revisions.suffix("compensation", "stage_lr", v3)[0] == "@r1"
     assert revisions.suffix("compensation", "ef", v3) == ("", "")
+
+
+def write_paci(root: Path, variant: str, seed: int, finals: list[tuple[int, float]], prov: dict | None) -> None:
+    """A completed run of `variant` (sync, or PACI at P = 4 with per-stage clipping; `(x2)`: twice the steps)."""
+    paci = variant != "sync"
+    cfg = {
+        "model": {"name": "tiny"},
+        "data": {"name": "hamlet"},
+        "seed": seed,
+        "delay": int(paci),
+        "engine": "simulate",
+        "train": {"steps": 200 if "(x2)" in variant else 100, "micro_batches": 4},
+        "pipeline": {"stages": 4, "clip": "stage", "schedule": "paci"} if paci else {"stages": 2},
+        "optimizer": {"name": "adamw", "lr": 1e-3},
+        "run": {"variant": variant},
+    }
+    name = f"{variant}-s{seed}"
+    run = RunDir(root / name)
+    run.write_config(yaml.safe_dump(cfg))
+    for i, (tokens, loss) in enumerate(finals):
+        run.append_metrics({"step": i, "tokens": tokens, "val_loss": loss})
+    run.write_summary({"status": "completed", "final_val_loss": finals[-1][1], "tokens": finals[-1][0]})
+    if prov is not None:
+        (root / name / "provenance.json").write_text(json.dumps(prov))
+
+
+def test_two_recipes_of_one_schedule_form_two_budget_ladders(tmp_path):
+    """v5's recompute-recipe PACI records (no recorded revision, started before e5e0d61: paci r1) and today's
+    in-place PACI (r2), each with a 1x and a 2x budget, merged with one sync sweep. Every setting is equal, yet the
+    recipes are two ladders, each holding only its own runs and seeds: r1 reaches sync's loss halfway between its
+    budgets (1.5x), r2 a quarter of the way (1.25x); pooled, seed 3 would mix both recipes' budgets."""
+    old_prov = {"started": "2026-12-03T13:30:07", "git": {"commit": "0123456789abcdef0123", "dirty": False}}
+    new_prov = {"revisions": {"schedule": {"name": "paci", "revision": 2}}}
+    sweeps = {"ttt": ["sync"], "paci_old": ["PACI", "PACI(x2)"], "paci_new": ["PACI", "PACI(x2)"]}
+    for name, variants in sweeps.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sweep.json").write_text(json.dumps({"name": name, "variants": {v: [] for v in variants}}))
+    for seed in (3, 4, 5):
+        write_paci(tmp_path / "ttt", "sync", seed, [(2500, 3.5), (5000, 3.0 + 0.01 * seed)], None)
+    recipes = (("paci_old", (3, 4), old_prov, -0.1), ("paci_new", (3, 5), new_prov, -0.3))
+    for name, seeds, prov, longer in recipes:
+        for seed in seeds:
+            target = 3.0 + 0.01 * seed
+            write_paci(tmp_path / name, "PACI", seed, [(2500, 3.6), (5000, target + 0.1)], prov)
+            write_paci(tmp_path / name, "PACI(x2)", seed, [(5000, 3.5), (10000, target + longer)], prov)
+    report = build_report([tmp_path / n for n in sweeps], out_dir=tmp_path / "out", plots=False, merge=True)
+    by = {lad.columns[0]: lad for lad in report.ladders}
+    assert set(by) == {"PACI@r1", "PACI"}, list(by)
+    old, new = by["PACI@r1"], by["PACI"]
+    assert old.columns == ["PACI@r1", "PACI(x2)@r1"] and new.columns == ["PACI", "PACI(x2)"]
+    assert sorted(old.per_seed) == [3, 4] and sorted(new.per_seed) == [3, 5]
+    assert (old.schedule, new.schedule) == ("paci-recompute", "paci")
+    assert old.ratio.value == pytest.approx(1.5) and new.ratio.value == pytest.approx(1.25)
+    names = list(tokens_table(report.ladders, report.bench)["variant (budgets)"])
+    assert sorted(names) == ["PACI (1.00x, 2.00x budgets)", "PACI@r1 (1.00x, 2.00x budgets)"]
+    assert any(w.startswith("paci@r1 ran schedule paci revision 1") for w in report.warnings)

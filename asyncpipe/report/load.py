@@ -59,6 +59,7 @@ RUN_COLUMNS = [
     "epochs",
     "branch_of",
     "revision_note",
+    "rule_revisions",
     "schedule",
 ]
 CURVE_COLUMNS = ["run", "tokens", "val_loss"]
@@ -103,6 +104,7 @@ def run_record(
     The column is the sweep file's variant name (`run.variant`) when the run has one, else named from its delay
     settings; `config` holds the whole flattened config, which asyncpipe.report.groups compares."""
     row: dict[str, Any] = {"run": name, "path": path, "note": note, "sweep": "", "revision_note": ""}
+    row["rule_revisions"] = ""  # an older revision's rules, named (`name_revisions`)
     for column, dotted in AXES.items():
         row[column] = lookup(config, dotted)
     if row["compensation"] == "ef":  # compensation=ef is the EF of the *_ef optimizer presets
@@ -230,10 +232,11 @@ def load_run_dir(run: Path, name: str) -> tuple[dict, list[dict]]:
 def name_revisions(row: dict, prov: dict | None) -> None:
     """A run that ran an optimizer, compensation or schedule rule other than today's revision gets it in its names
     (`1-step+stage_lr@r1`, `adamw@r1`), so its cell is never pooled with, or read as, today's rule; the warning that
-    says what that revision was goes to `revision_note`."""
+    says what that revision was goes to `revision_note`, and the rules so named (`schedule paci@r1`) to
+    `rule_revisions`, the identity a budget ladder keeps apart too (`asyncpipe.report.target`)."""
     method = "ef" if row["ef"] else str(row["compensation"] or "none")
     schedule = str(row["schedule"])
-    notes = []
+    notes, tags = [], []
     for kind, name, column in (
         ("compensation", method, "variant"),
         ("optimizer", str(row["optimizer"]), "optimizer"),
@@ -243,7 +246,9 @@ def name_revisions(row: dict, prov: dict | None) -> None:
         if tag:
             row[column] = f"{row[column]}{tag}"
             notes.append(note)
+            tags.append(f"{kind} {name}{tag}")
     row["revision_note"] = "\n".join(notes)  # one line per rule
+    row["rule_revisions"] = ", ".join(tags)
     row["schedule"] = revisions.today_name("schedule", schedule, prov)  # what today's code calls what it ran
 
 

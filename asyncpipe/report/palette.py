@@ -4,7 +4,8 @@
 A variant's **family** is its name without a sweep label (`main:`), a schedule revision (`@r1`) and a budget rung
 (`(x1.5)`): `main:1-step+EF(x1.5)@r1` is `1-step+EF`. The families every study has get fixed colours (sync blue,
 1-step red, 1-step+EF green, PACI purple, PACI+EF orange); any other family takes the next unused colour in the
-report's column order. A budget family's rungs share its colour; figures tell rungs apart by marker or shade.
+report's column order. A budget family's rungs share its colour; figures tell rungs apart by marker or shade, and
+an older revision's curve by a dash-dotted line.
 Neutral colours (NEUTRAL) are for what is not a variant: reference lines, targets, legend keys.
 """
 
@@ -43,6 +44,12 @@ def family(variant: str) -> str:
     """`main:1-step+EF(x1.5)@r1` -> `1-step+EF`: the name without sweep label, revision and budget rung."""
     name = str(variant).split(":", 1)[1] if ":" in str(variant) else str(variant)
     return RUNG.sub("", REVISION.sub("", name)).strip()
+
+
+def older_revision(variant: str) -> bool:
+    """A column of a rule's older revision (`PACI(x2)@r1`): figures draw its curve dash-dotted, beside today's solid
+    one of the same family and colour."""
+    return bool(REVISION.search(str(variant)))
 
 
 def is_rung(variant: str) -> bool:

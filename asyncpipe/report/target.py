@@ -2,7 +2,8 @@
 that makes of 2BW's throughput advantage in wall-clock.
 
 A **ladder** is a delayed column and the columns that differ from it only in `train.steps` (the same run at a
-longer token budget, each with its own schedule, e.g. `1-step+EF` and `1-step+EF(x1.5)`). Per seed, the target is
+longer token budget, each with its own schedule, e.g. `1-step+EF` and `1-step+EF(x1.5)`) and ran the same revision of
+every rule (a recipe's older revision, `PACI@r1`, is a ladder of its own). Per seed, the target is
 that seed's sync run's final val loss, and the tokens to reach it are read thus:
 - the smallest budget whose final val loss is at or below the target, interpolated linearly (in tokens, on final
   val loss) between it and the next smaller budget, whose final loss is above the target;
@@ -125,11 +126,19 @@ def ladders(runs: pd.DataFrame, curves: pd.DataFrame, grouping: Grouping, groups
             sync = {s: _final(curves, r) for s, r in zip(ref["seed"], ref["run"])}
             keyed: dict[str, list[str]] = {}
             for variant, cell in opt_runs[opt_runs["delay"] > 0].groupby("variant", sort=False):
-                key = repr(sorted((k, repr(v)) for k, v in grouping.values[cell["run"].iloc[0]].items() if k != STEPS))
-                keyed.setdefault(key, []).append(variant)
+                keyed.setdefault(_family_key(cell.iloc[0], grouping), []).append(variant)
             for columns in keyed.values():
                 out.append(_ladder(group, str(optimizer), opt_runs, curves, columns, sync))
     return [lad for lad in out if lad is not None]
+
+
+def _family_key(run: Any, grouping: Grouping) -> str:
+    """What the columns of one ladder share: every compared setting but `train.steps`, and the revisions of the
+    rules they ran (`load.name_revisions`), so runs of an older rule (`PACI@r1`, the recompute recipe) form their
+    own ladder beside today's, as their cells stand apart, even where every setting is equal."""
+    rules = run.get("rule_revisions")
+    settings = sorted((k, repr(v)) for k, v in grouping.values[run["run"]].items() if k != STEPS)
+    return repr((rules if isinstance(rules, str) else "", settings))
 
 
 def _ladder(

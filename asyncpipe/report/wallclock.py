@@ -3,9 +3,9 @@
 has a delayed column, mean over seeds; the dashed line is sync's final val loss (the target).
 
 A budget family (a ladder: one variant at several token budgets) is ONE curve, its longest budget's, in its
-variant's colour (asyncpipe.report.palette), plus a marker at each budget's end (its final val loss), the ends
-joined by a dotted line: where that dotted line crosses the target is the family's time to target. Each panel's
-legend sits below it, never over data."""
+variant's colour (asyncpipe.report.palette; dash-dotted for a rule's older revision, `PACI@r1`), plus a marker at
+each budget's end (its final val loss), the ends joined by a dotted line: where that dotted line crosses the target
+is the family's time to target. Each panel's legend sits below it, never over data."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from asyncpipe.report.load import COMPLETED
-from asyncpipe.report.palette import NEUTRAL, Palette
+from asyncpipe.report.palette import NEUTRAL, Palette, older_revision
 from asyncpipe.report.plots import DPI, LEGEND_SIZE, TOKENS, save_figure, seed_matrix
 from asyncpipe.report.target import Ladder
 from asyncpipe.report.throughput import throughput
@@ -47,9 +47,11 @@ def _families(group, own: list[Ladder], bench: list[dict], at: tuple[int, int] |
 
 
 def _draw_family(
-    ax: plt.Axes, done: pd.DataFrame, curves: pd.DataFrame, columns: list[str], ratio: float, colour: str, marker: str
+    ax: plt.Axes, done: pd.DataFrame, curves: pd.DataFrame, columns: list[str], ratio: float, style: tuple[str, ...]
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
-    """The longest budget's mean curve and every budget's end point; returns what was drawn and the seeds."""
+    """The longest budget's mean curve (`style`: colour, marker, line style) and every budget's end point; returns
+    what was drawn and the seeds."""
+    colour, marker, line = style
     means = []
     for column in columns:
         wide = seed_matrix(curves, list(done.loc[done["variant"] == column, "run"]))
@@ -59,7 +61,7 @@ def _draw_family(
     if not means:
         return [], 0
     x, y, _ = means[-1]
-    ax.plot(x, y, color=colour, linewidth=1.4)
+    ax.plot(x, y, color=colour, linewidth=1.4, linestyle=line)
     ends = np.array([(m[0][-1], m[1][-1]) for m in means])
     ax.plot(
         ends[:, 0],
@@ -97,11 +99,19 @@ def plot_wallclock(
         ys = []
         for key, columns, ratio, label in _families(group, own, bench, at):
             colour, marker = palette.style(key)
-            drawn, seeds = _draw_family(ax, done, curves, columns, ratio, colour, marker)
+            line = "-." if older_revision(key) else "-"
+            drawn, seeds = _draw_family(ax, done, curves, columns, ratio, (colour, marker, line))
             ys += drawn
             if seeds:
                 ax.plot(
-                    [], [], color=colour, marker=marker, markersize=6, linewidth=1.4, label=f"{label}, mean of {seeds}"
+                    [],
+                    [],
+                    color=colour,
+                    marker=marker,
+                    markersize=6,
+                    linewidth=1.4,
+                    linestyle=line,
+                    label=f"{label}, mean of {seeds}",
                 )
         _target(ax, done, curves, group.reference)
         _frame(ax, ys, f"{optimizer} | {table}")
