@@ -78,7 +78,7 @@ def write_corpus(folder: Path, kind: str, docs: list[str]) -> tuple[Path, dict]:
     if kind == "jsonl":
         path = folder / "big.jsonl"
         path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-        return path, {}
+        return path, {"separator": "\n===\n"}  # read by text only: a JSON Lines file is cut at its lines
     if kind == "text":
         path = folder / "big.txt"
         path.write_text("\n===\n".join(docs))

@@ -116,8 +116,8 @@ def _units(data_cfg, shard_bytes: float) -> list[Unit]:
         name, size = str(f.relative_to(base)), f.stat().st_size
         cut = splittable(f, str(data_cfg.format), str(data_cfg.separator)) if data_cfg.name == "files" else ""
         parts: list[Unit] = []
-        if size >= 2 * shard_bytes and cut == "bytes":
-            spans = byte_spans(f, size, shard_bytes, str(data_cfg.separator))
+        if size >= 2 * shard_bytes and cut in ("lines", "separator"):
+            spans = byte_spans(f, size, shard_bytes, str(data_cfg.separator) if cut == "separator" else "")
             parts = [Unit(name, path=str(f), span=s, bytes=s[1] - s[0]) for s in spans]
         elif size >= 2 * shard_bytes and cut == "row groups":
             groups = parquet_row_groups(f)

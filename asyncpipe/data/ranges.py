@@ -18,19 +18,21 @@ SCAN = 1 << 20  # bytes read at a time while looking for a document's end
 
 
 def splittable(path: Path, fmt: str, separator: str) -> str:
-    """How the file can be cut: "bytes" (uncompressed JSON Lines, or text with a separator), "row groups"
-    (Parquet), or "" (kept whole: compressed, or a document per file)."""
+    """How the file can be cut: "lines" (uncompressed JSON Lines), "separator" (uncompressed text with one),
+    "row groups" (Parquet), or "" (kept whole: compressed, or a document per file)."""
     kind = file_format(path, fmt)
     if kind == "parquet":
         return "row groups"
     if path.name.lower().endswith(COMPRESSED):
         return ""
-    return "bytes" if kind == "jsonl" or (kind == "text" and separator) else ""
+    if kind == "jsonl":
+        return "lines"
+    return "separator" if kind == "text" and separator else ""
 
 
 def byte_spans(path: Path, size: int, range_bytes: float, separator: str) -> list[tuple[int, int]]:
     """[start, end) ranges covering the file, each about `range_bytes` or more and each ending just after a document
-    (a JSON line's newline, or a separator that a reading from the file's start takes as one)."""
+    (a separator that a reading from the file's start takes as one; without one, a line's newline)."""
     parts = int(size // range_bytes)
     if parts < 2:
         return [(0, size)]
