@@ -4,7 +4,9 @@ here, in one module of its own, and nothing else in the package keeps a list of 
 A declaration (`OptimizerSpec`, `MethodSpec`) carries the builder, the config dataclass of the keys the component
 adds (its YAML fills them), its value checks (one-line `ConfigError`s) and its memory model (bytes of state it
 keeps, from the planned tensor shapes). `config` builds the schema from the declarations and runs their checks,
-`plan` sums their memory, `optim.build_optimizer` calls their builders.
+`plan` sums their memory, `optim.build_optimizer` calls their builders. A method also declares whatever else names
+it outside its module: its run-name label and tag, an older switch that spells it (`Switch`, resolved by
+`asyncpipe.config.alias`) and the key older checkpoints' fingerprints name it by (`asyncpipe.runtime.checkpoint`).
 
 Built-in components are the modules of `asyncpipe.optimizers` and `asyncpipe.compensation` (found by walking those
 packages, so adding one needs no list edited). Those modules import no torch: `config`, `plan` and `report` read
@@ -52,6 +54,17 @@ class OptimizerSpec:
 
 
 @dataclass(frozen=True)
+class Switch:
+    """An older spelling of a method: ``optimizer.<key>.enabled=true`` (an optimizer preset's switch, as sweep files
+    and run records still write it) is ``compensation=<the method>``, its settings node filled by ``settings``."""
+
+    key: str  # the switch's node, optimizer.<key>
+    config: type  # the node's dataclass: ``enabled`` plus what the switch carries (the schema adds it to optimizer.*)
+    settings: Callable[[Any], dict]  # the switch's node -> the values it sets in compensation.<the method's key>
+    origin: str  # where the switch is written, for messages (e.g. an optimizer preset family)
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """``compensation=<name>``: ``build(optimizer, cfg.compensation, delays) -> wrapped optimizer``."""
 
@@ -69,6 +82,9 @@ class MethodSpec:
     revision: int = 1  # bumped when its update rule changes (asyncpipe.report.revisions keeps what each one was)
     label: Optional[Callable[[Any], str]] = None  # (cfg.compensation) -> how `describe` names it; None: its name
     tag: Optional[str] = None  # what follows the optimizer in a default run dir name; None: "+<name>"
+    switch: Optional[Switch] = None  # an older switch that spells this method (resolved at composition)
+    fingerprint_key: Optional[str] = None  # checkpoints name it {key: True} (every run records key: whether it runs
+    # this method) in place of {"compensation": name}; older checkpoints must keep matching
 
     def build(self, optimizer: Any, cfg: Any, delays: Any) -> Any:
         return resolve(self.builder)(optimizer, cfg, delays)
@@ -150,13 +166,16 @@ def declare_method(
     build: Optional[str] = None,
     label: Optional[Callable[[Any], str]] = None,
     tag: Optional[str] = None,
+    switch: Optional[Switch] = None,
+    fingerprint_key: Optional[str] = None,
 ) -> Any:
     """Declare the compensation method ``name``. As a decorator on its builder ``(optimizer, cfg_compensation,
     delays) -> torch.optim.Optimizer``; or, with ``build="module:function"``, as a statement naming a builder that is
     imported only when a run builds the method (the built-ins' declarations, torch-free, name their rules in
     `asyncpipe.optim.compensation` so). ``revision``: which version of its rule this is (1 until the rule changes;
     a run records it, a report never pools two). ``label``, ``tag``: how a run's description and its default run
-    dir name it (EF: ``muon + EF(lam=1)``, ``muon_ef``)."""
+    dir name it (e.g. ``muon + X(lam=1)``, ``muon_x``). ``switch``, ``fingerprint_key``: how older configs and
+    checkpoints name it (`Switch`, `MethodSpec`)."""
 
     if (key is None) != (config is None):
         given, missing = ("key=", "config=") if config is None else ("config=", "key=")
@@ -181,6 +200,8 @@ def declare_method(
             revision,
             label,
             tag,
+            switch,
+            fingerprint_key,
         )
 
     if build is not None:
@@ -283,14 +304,15 @@ def target_of(node: Any) -> Optional[str]:
 
 
 def of_config(cfg: Any) -> tuple[OptimizerSpec, MethodSpec]:
-    """The optimizer and the compensation method a composed config runs (`optimizer.ef.enabled`, the *_ef presets'
-    switch, was resolved into ``compensation=ef`` at composition: `asyncpipe.config.alias`)."""
+    """The optimizer and the compensation method a composed config runs (a method's `Switch` was resolved into
+    ``compensation=<method>`` at composition: `asyncpipe.config.alias`)."""
     comp = cfg.compensation
     return optimizer_spec(cfg.optimizer.name, target_of(cfg.optimizer)), method_spec(comp.name, target_of(comp))
 
 
 def describe(cfg: Any) -> str:
-    """What a run optimises with, for its log line, plan and run dir: ``muon + EF(lam=1.0)``, ``adamw + dc``."""
+    """What a run optimises with, for its log line, plan and run dir: ``adamw``, ``adamw + dc``, or the method's
+    declared label (``muon + X(lam=1)``)."""
     o, c = cfg.optimizer, cfg.compensation
     if c.name == "none":
         return o.name
@@ -299,8 +321,8 @@ def describe(cfg: Any) -> str:
 
 
 def run_tag(optimizer: str, compensation: str) -> str:
-    """The optimizer part of a default run dir name: ``muon_ef`` (EF, as the *_ef presets name it), ``adamw+dc``,
-    ``adamw`` (OmegaConf resolver)."""
+    """The optimizer part of a default run dir name (OmegaConf resolver): ``adamw``, ``adamw+dc``, or the optimizer
+    followed by the method's declared tag (``muon_x``)."""
     if compensation in ("none", "", None):
         return optimizer
     load_builtins()

@@ -9,8 +9,9 @@ import torch
 import torch.nn as nn
 from omegaconf import OmegaConf
 
-from asyncpipe.config.alias import resolve_ef_alias
-from asyncpipe.config.schema import CompensationConfig, EFConfig, OptimizerConfig
+from asyncpipe.compensation.ef import EFSwitch
+from asyncpipe.config.alias import resolve_switch
+from asyncpipe.config.schema import CompensationConfig, OptimizerConfig
 from asyncpipe.errors import UserError
 from asyncpipe.optim import DelayedWeights, ErrorFeedback, build_optimizer, compensate_grads, forward_weights
 from asyncpipe.optim import compensation as comp
@@ -83,9 +84,9 @@ def test_ef_presets_are_the_compensation_bit_for_bit() -> None:
     models = [nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)) for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
     plain = OmegaConf.structured(OptimizerConfig(name="adamw", lr=0.01))
-    preset = OmegaConf.create({"optimizer": OmegaConf.structured(OptimizerConfig(name="adamw", lr=0.01, ef=EFConfig(
+    preset = OmegaConf.create({"optimizer": OmegaConf.structured(OptimizerConfig(name="adamw", lr=0.01, ef=EFSwitch(
         enabled=True, lam=0.7))), "compensation": _cfg("none")})
-    resolve_ef_alias(preset)  # what composition does with the *_ef presets' switch
+    resolve_switch(preset)  # what composition does with the *_ef presets' switch
     assert preset.optimizer == plain
     opts = [build_optimizer(models[0], preset.optimizer, compensation=preset.compensation),
             build_optimizer(models[1], plain, compensation=_cfg("ef", ef={"lam": 0.7}))]
@@ -101,7 +102,7 @@ def test_ef_presets_are_the_compensation_bit_for_bit() -> None:
         assert torch.equal(p, q)
     both = OmegaConf.create({"optimizer": {"ef": {"enabled": True, "lam": 1.0}}, "compensation": _cfg("dc")})
     with pytest.raises(UserError, match="choose one"):
-        resolve_ef_alias(both)
+        resolve_switch(both)
 
 
 # -- adaptive lambda -----------------------------------------------------------------------------------------

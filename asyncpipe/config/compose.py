@@ -12,7 +12,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from asyncpipe.config.alias import apply_schedule_defaults, resolve_ef_alias
+from asyncpipe.config.alias import apply_schedule_defaults, resolve_switch
 from asyncpipe.config.validate import check_ranges, suggest_key, validate
 from asyncpipe.config.tree import conf_dir
 from asyncpipe.errors import ConfigError
@@ -130,7 +130,7 @@ def compose(overrides: Sequence[str] = (), *, validate_values: bool = True) -> D
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
         name_targets(cfg, targets)
-        resolve_ef_alias(cfg)  # optimizer.ef.enabled=true is compensation=ef: nothing after this reads it
+        resolve_switch(cfg)  # optimizer.<key>.enabled=true is its method: nothing after this reads it
         apply_schedule_defaults(cfg, overrides)  # a named schedule's delay and clipping, unless typed otherwise
         OmegaConf.resolve(cfg)
     except ConfigError:

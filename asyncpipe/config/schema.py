@@ -46,12 +46,6 @@ class ModelConfig:
 
 
 @dataclass
-class EFConfig:
-    enabled: bool = False  # error feedback: x -= u(t-1) + lam * (u(t-1) - u(t-2)); an alias of compensation=ef
-    lam: float = 1.0  # EF strength lambda: the alias's compensation.ef.lam
-
-
-@dataclass
 class OptimizerBase:
     """The keys every optimizer has; `OptimizerConfig` (this plus what each declares) is built on access."""
 
@@ -60,16 +54,16 @@ class OptimizerBase:
     weight_decay: float = 0.1
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam-style betas
     eps: float = 1e-8
-    ef: EFConfig = field(default_factory=EFConfig)  # the *_ef presets' switch: compensation=ef (one EF)
     _target_: Optional[str] = None  # import path of your own optimizer module (docs/extending.md)
-    # + the keys each optimizer declares (asyncpipe/optim/<name>.py), added by `full_schema`
+    # + each method's switch node optimizer.<key> (`asyncpipe.registry.Switch`) and the keys each optimizer
+    # declares (asyncpipe/optimizers/<name>.py), added by `full_schema`
 
 
 @dataclass
 class CompensationBase:
     """`CompensationConfig` (this plus each method's node) is built on access."""
 
-    name: str = "none"  # a declared method: none, ef, ef_adaptive, dc, ... (`asyncpipe config show` lists them)
+    name: str = "none"  # a declared method: none, dc, ... (`asyncpipe config show` lists them)
     _target_: Optional[str] = None  # import path of your own method module (docs/extending.md)
     # + each method's settings node, declared in its module (asyncpipe/compensation/), added by `full_schema`
 
@@ -268,8 +262,9 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def full_schema() -> type:
-    """`Config` with the keys every declared optimizer adds to ``optimizer.*`` (flat) and every declared method's
-    settings node ``compensation.<key>`` (`asyncpipe.registry`; the built-ins' declarations import no torch)."""
+    """`Config` with the keys every declared optimizer adds to ``optimizer.*`` (flat), every declared method's
+    settings node ``compensation.<key>`` and its switch's node ``optimizer.<key>``, if it has one (`asyncpipe.registry`;
+    the built-ins' declarations import no torch)."""
     from asyncpipe import registry
 
     declared = tuple((s.name, s.module) for s in registry.optimizers() + registry.methods())
@@ -282,7 +277,9 @@ _BUILT: dict[tuple, type] = {}
 
 
 def _build(registry: Any) -> type:
-    opt = _merged(OptimizerBase, [("", s.config) for s in registry.optimizers() if s.config], "OptimizerConfig")
+    switches = [(m.switch.key, m.switch.config) for m in registry.methods() if m.switch is not None]
+    flat = [("", s.config) for s in registry.optimizers() if s.config]
+    opt = _merged(OptimizerBase, switches + flat, "OptimizerConfig")
     comp = _merged(
         CompensationBase, [(m.key, m.config) for m in registry.methods() if m.key and m.config], "CompensationConfig"
     )

@@ -323,16 +323,17 @@ def check_declared(cfg: DictConfig) -> None:
 
 
 def _validate_compensation(cfg: DictConfig) -> None:
-    """Checks of the `compensation` group (`check_declared`). The *_ef presets' switch ``optimizer.ef.enabled`` was
-    resolved into ``compensation=ef`` at composition (`asyncpipe.config.alias`); a config built another way that
-    still holds it is refused rather than run without EF."""
-    from asyncpipe.config.alias import uses_ef_alias
+    """Checks of the `compensation` group (`check_declared`). A method's switch (``optimizer.<key>.enabled``) was
+    resolved into ``compensation=<method>`` at composition (`asyncpipe.config.alias`); a config built another way
+    that still holds it is refused rather than run without the method."""
+    from asyncpipe.config.alias import switched_on
 
-    _need(
-        not uses_ef_alias(cfg),
-        "optimizer.ef.enabled=true was not resolved: compose the config with "
-        "asyncpipe.config.compose (or resolve_ef_alias), which makes it compensation=ef",
-    )
+    method = switched_on(cfg)
+    if method is not None and method.switch is not None:
+        raise ConfigError(
+            f"optimizer.{method.switch.key}.enabled=true was not resolved: compose the config with "
+            f"asyncpipe.config.compose (or resolve_switch), which makes it compensation={method.name}"
+        )
     check_declared(cfg)
 
 

@@ -253,12 +253,17 @@ def load(path: Path, fingerprint: dict, rank: int = 0, ignore: Collection[str] =
 
 
 def fingerprint_of(cfg: Any) -> dict:
-    """What must match between a checkpoint and the run resuming it (anything else may change on resume)."""
+    """What must match between a checkpoint and the run resuming it (anything else may change on resume). The
+    compensation method is named as checkpoints have always named it: by each method's declared fingerprint key
+    (``{key: whether this run runs it}``, in every fingerprint), else ``compensation`` (absent when none, so
+    checkpoints from before that option match)."""
+    flags = _fingerprint_keys()
+    method = cfg.compensation.name
     fp = {
         "model": cfg.model.name,
         "shape": [cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head],
         "optimizer": cfg.optimizer.name,
-        "ef": cfg.compensation.name == "ef",  # EF as the *_ef presets' checkpoints always named it
+        **{key: method == name for key, name in flags.items()},
         "delay": int(cfg.delay),
         "delay_profile": cfg.delay_profile,
         "engine": cfg.engine,
@@ -269,14 +274,25 @@ def fingerprint_of(cfg: Any) -> dict:
         "seed": int(cfg.seed),
         "data": f"{cfg.data.name}-{cfg.tokenizer.name}",
     }
-    if cfg.compensation.name not in ("none", "ef"):  # absent when none, so checkpoints from before the option match
-        fp["compensation"] = cfg.compensation.name
+    if method != "none" and method not in flags.values():
+        fp["compensation"] = method
     return fp
 
 
+def _fingerprint_keys() -> dict[str, str]:
+    """The declared fingerprint keys (`asyncpipe.registry.MethodSpec.fingerprint_key`): key -> its method."""
+    from asyncpipe.registry import methods
+
+    return {m.fingerprint_key: m.name for m in methods() if m.fingerprint_key is not None}
+
+
 def _canonical(fp: dict) -> dict:
-    """A fingerprint with EF named one way: a checkpoint written with an explicit ``compensation=ef`` (before the
-    *_ef presets became that method) recorded {"ef": False, "compensation": "ef"}; it is {"ef": True} now."""
-    if fp.get("compensation") != "ef":
+    """A fingerprint with each method named one way: a checkpoint written with ``compensation=<method>`` for a
+    method that declares a fingerprint key (before its switch became that method) recorded {key: False,
+    "compensation": method}; it is {key: True} now."""
+    by_method = {name: key for key, name in _fingerprint_keys().items()}
+    named = fp.get("compensation")
+    key = by_method.get(named) if isinstance(named, str) else None  # a damaged file's value may not be a name
+    if key is None:
         return fp
-    return {**{k: v for k, v in fp.items() if k != "compensation"}, "ef": True}
+    return {**{k: v for k, v in fp.items() if k != "compensation"}, key: True}

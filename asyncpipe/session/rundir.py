@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from asyncpipe.config.alias import resolve_ef_alias
+from asyncpipe.config.alias import resolve_switch
 from asyncpipe.config.describe import schema_defaults
 from asyncpipe.config.keys import flatten, frozen
 from asyncpipe.errors import UserError
@@ -62,7 +62,7 @@ def changed_settings(recorded: dict, cfg: DictConfig) -> list[tuple[str, Any, An
     lacks because the schema gained it after the run started is no change while it holds its default (the default
     is what the run ran before the key existed). A record's ``optimizer.ef.enabled=true`` is read as the
     ``compensation=ef`` it is now (`asyncpipe.config.alias`)."""
-    old = flatten(resolve_ef_alias(copy.deepcopy(recorded), strict=False))
+    old = flatten(resolve_switch(copy.deepcopy(recorded), strict=False))
     new = flatten(OmegaConf.to_container(cfg, resolve=True))
     defaults = schema_defaults()
     keys = sorted(set(old) | set(new))

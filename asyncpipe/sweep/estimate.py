@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from asyncpipe.config.alias import uses_ef_alias
+from asyncpipe.config.alias import uses_switch
 from asyncpipe.config.keys import lookup
 
 MAX_RECORDS = 400  # the most recent completed runs read for rates
@@ -23,7 +23,7 @@ FEATURES = ("model.name", "engine", "pipeline.stages", "pipeline.data_parallel",
 def features(cfg: Any) -> dict[str, Any]:
     out = {k: lookup(cfg, k) for k in FEATURES if k not in ("async", "ef")}
     out["async"] = bool(lookup(cfg, "delay"))
-    out["ef"] = lookup(cfg, "compensation.name") == "ef" or uses_ef_alias(cfg)  # a record from before the alias
+    out["ef"] = lookup(cfg, "compensation.name") == "ef" or uses_switch(cfg)  # a record from before the alias
     if out["engine"] != "pipeline":
         out["pipeline.stages"] = None
     return out

@@ -109,10 +109,10 @@ def derive_tags(cfg: Any) -> list[str]:
         value = config_value(cfg, dotted)
         if value is not None:
             tags.append(f"{label}:{value}")
-    from asyncpipe.config.alias import resolve_ef_alias
+    from asyncpipe.config.alias import resolve_switch
 
     plain = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg or {})
-    comp = config_value(resolve_ef_alias(plain, strict=False), "compensation.name")  # an old record's EF switch too
+    comp = config_value(resolve_switch(plain, strict=False), "compensation.name")  # an old record's EF switch too
     if comp is not None:
         tags.append("ef:on" if comp == "ef" else "ef:off")
     if comp not in (None, "none", "ef"):
