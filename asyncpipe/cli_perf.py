@@ -104,6 +104,12 @@ def bench_pipeline(
         "backward per micro-batch also waits F and B seconds (e.g. 0.02,0.04; "
         "asyncpipe.bench.standin): a schedule's ideal is known, P = 8 fits 2 cores.",
     ),
+    cuts: str = typer.Option(
+        "",
+        "--cuts",
+        help="e.g. even,balanced: every variant at each pipeline.cut side by side in the same rounds, with the "
+        "balanced/even ratio per schedule and the cost model's prediction (asyncpipe.bench.pipeline_cuts).",
+    ),
 ) -> None:
     """Throughput of every declared pipeline schedule (DeepSpeed's 1F1B and DualPipeV, 2BW and 2BW + EF, PACI) and
     PyTorch's own schedules (pt_*) on the same model, stages and micro-batches, alternating in one launch: tokens/s,
@@ -113,7 +119,9 @@ def bench_pipeline(
 
     check_bench_flags(rounds, steps, warmup_steps, compile_)
     with StopRequest() as stop:  # from here a stop signal is one line and exit 4 (`errors.Stopped`), at any moment
-        _bench_pipeline(overrides or [], rounds, steps, warmup_steps, variants, simulator, out, compile_, standin, stop)
+        _bench_pipeline(
+            overrides or [], rounds, steps, warmup_steps, variants, simulator, out, compile_, standin, stop, cuts
+        )
 
 
 def _bench_pipeline(
@@ -127,6 +135,7 @@ def _bench_pipeline(
     compile_: str,
     standin: Optional[str],
     stop: Any,
+    cuts: str = "",
 ) -> None:
     from asyncpipe.bench.pipeline import bench_pipeline as run_bench
     from asyncpipe.bench.pipeline import format_result
@@ -149,6 +158,7 @@ def _bench_pipeline(
         stop=stop,
         modes=("eager", "compiled") if compile_ == "both" else (compile_,),
         standin=fb,
+        cuts=[c.strip() for c in cuts.split(",") if c.strip()],
     )
     if stop.requested:  # after the ranks' last step: the result is whole, but the user asked to stop
         raise Stopped(f"bench pipeline stopped by {stop.signal_name} after its last job; nothing written")

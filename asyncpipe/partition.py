@@ -6,7 +6,8 @@ rides with chunk 0 and the head with the last chunk, every chunk holds at least 
 - ``even``: blocks spread as evenly as possible, earlier chunks taking the remainder;
 - ``balanced`` (the default): the cut that minimises the slowest chunk's forward + backward per micro-batch, by
   each layer's FLOPs (`asyncpipe.shapes.layer_flops`: the head at its real vocabulary, the embedding a free
-  lookup). The pipeline's step is paced by its slowest stage (2BW and PACI have no flush to hide it in), so this is
+  lookup), or under per-layer stand-in compute by each layer's stand-in seconds (`asyncpipe.standin_costs`: there
+  the waits are the compute; `layer_weights`). The pipeline's step is paced by its slowest stage (2BW and PACI have no flush to hide it in), so this is
   the cut that minimises the predicted step; a device profile scales every layer's FLOPs alike (backward a fixed
   multiple of forward), so the cut does not depend on which profile prices it. Deterministic: where the even cut
   is as fast it is kept (small heads, byte tokens), else, among the fastest cuts, the one whose chunk costs have
@@ -154,11 +155,23 @@ def stage_layers(
     return parts, list(range(parts[rank], parts[rank + 1])) + list(range(parts[mirror], parts[mirror + 1]))
 
 
+def layer_weights(cfg: Any) -> list[float]:
+    """What the balanced cut weighs each layer of ``cfg``'s model by: its stand-in forward + backward seconds
+    under per-layer stand-in compute (`asyncpipe.standin_costs`: there the waits are the compute), else its FLOPs
+    (`asyncpipe.shapes.layer_flops`, the head at its real vocabulary)."""
+    from asyncpipe.shapes import layer_flops
+    from asyncpipe.standin_costs import layer_costs
+
+    standin = layer_costs(cfg)
+    if standin is not None:
+        return [f + b for f, b in zip(*standin)]
+    m = cfg.model
+    return layer_flops(m, int(m.vocab_size or cfg.tokenizer.vocab_size), int(cfg.train.seq_len))
+
+
 def cut_blocks(cfg: Any, chunks: Optional[int] = None) -> list[int]:
     """Blocks per chunk of the run ``cfg`` (a composed config) under its `pipeline.cut`; ``chunks``: P x the
     schedule's chunks per rank (None: read from the schedule `pipeline.schedule` resolves to)."""
-    from asyncpipe.shapes import layer_flops
-
     if chunks is None:
         from asyncpipe.schedules import resolve
 
@@ -168,8 +181,7 @@ def cut_blocks(cfg: Any, chunks: Optional[int] = None) -> list[int]:
     if cut == "even":
         return even_blocks(m.n_layer, chunks)
     if cut == "balanced":
-        vocab = int(m.vocab_size or cfg.tokenizer.vocab_size)
-        return balanced_blocks(layer_flops(m, vocab, int(cfg.train.seq_len)), chunks)
+        return balanced_blocks(layer_weights(cfg), chunks)
     blocks = list(cut)
     problem = check_blocks(blocks, m.n_layer, chunks)
     if problem:

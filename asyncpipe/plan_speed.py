@@ -98,29 +98,19 @@ def checked_profile(name_or_path: str) -> dict:
     return data
 
 
-def at_cut(model: Any, blocks: list[int], copy: int = 0) -> Any:
-    """``model`` (a `timelines.cost.CostModel`) with one layer per chunk of the cut ``blocks`` (blocks per chunk,
-    `asyncpipe.partition`), between a free embedding and head: the cost model's own even cut of it is this cut.
-    ``copy``: parameters of a tied embedding's copy on the last chunk (`pipe.tied`), stepped there too."""
+def with_tied_copy(model: Any, copy: int) -> Any:
+    """``model`` (a `timelines.cost.CostModel`) with the parameters of a tied embedding's copy (`pipe.tied`) on the
+    head, so the stage that holds the head steps them too."""
     from dataclasses import replace
 
-    from asyncpipe.partition import partition
-
-    parts = partition(len(model.forward), len(blocks), blocks)
-
-    def chunked(xs: list) -> list:
-        return [0, *(sum(xs[parts[c] : parts[c + 1]]) for c in range(len(blocks))), 0]
-
-    f, b, n = chunked(model.forward), chunked(model.backward), chunked(model.params)
-    n[-2] += copy
-    return replace(model, forward=f, backward=b, params=n)
+    return replace(model, params=[*model.params[:-1], model.params[-1] + copy]) if copy else model
 
 
 def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_PROFILE) -> tuple[list[Speed], str]:
     """Per schedule (in declaration order) its memory and predicted speed; and the cost model's label. A profile
     that cannot be read, or a calibration of another model, is one `UserError` before any row."""
     from asyncpipe.config import compose
-    from asyncpipe.partition import cut_blocks, even_blocks
+    from asyncpipe.partition import cut_blocks
     from asyncpipe.plan import GIB, plan
     from asyncpipe.schedules import schedules
     from asyncpipe.timelines.cost import predict
@@ -141,9 +131,9 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
             m = cfg.model  # a tied matrix split over stage 0 and P-1: the last stage steps a copy
             split = m.tie_embeddings and len(cut) == p.stages > 1
             copy = m.d_model * int(m.vocab_size or cfg.tokenizer.vocab_size) if split else 0
-            pred = predict(at_cut(model, cut, copy), spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
-            even_model = at_cut(model, even_blocks(m.n_layer, len(cut)), copy)
-            even = predict(even_model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
+            model = with_tied_copy(model, copy)
+            pred = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how, cut=cut)
+            even = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
         except (ConfigError, UserError) as err:
             out.append(Speed(spec.name, reason=str(err).split("\n")[0]))
             continue

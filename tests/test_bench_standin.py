@@ -95,3 +95,40 @@ def test_the_doc_table_is_the_committed_json() -> None:
         assert set(RECORD_KEYS) <= set(r)
         work = r["micro_batches"] * (r["forward_s"] + r["backward_s"])  # one stage's stand-in per batch
         assert r["ideal_step_s"] >= work * 0.999 and r["fraction_of_ideal"] == pytest.approx(r["ideal_step_s"] / r["step_time_s"])
+
+
+@pytest.mark.slow
+def test_bench_pipeline_runs_even_against_balanced_side_by_side(tmp_path: Path) -> None:
+    """`bench pipeline --cuts even,balanced` under a per-layer stand-in (`pipeline.standin.profile`: 360m's layers,
+    the head about four blocks): each schedule at both cuts in the same rounds, the balanced cut giving the head's
+    stage fewer blocks, its stand-in ideal faster, and the measured ratio per round beside the cost model's."""
+    app = typer.Typer(pretty_exceptions_enable=False)
+    app.command("pipeline")(cli_perf.bench_pipeline)
+    app.command("other")(lambda: None)
+    out = tmp_path / "bench.json"
+    model = ["model=tiny", "model.n_layer=8", "pipeline.stages=2", "train.micro_batches=2", "train.micro_batch_size=1"]
+    standin = ["train.seq_len=16", "pipeline.standin.profile=360m_h100", "pipeline.standin.scale=4"]
+    flags = ["--variants", "1f1b,2bw", "--rounds", "2", "--steps", "3", "--warmup-steps", "1", "--no-simulator"]
+    res = CliRunner().invoke(app, ["pipeline", *model, *standin, "--cuts", "even,balanced", *flags, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert set(data["variants"]) == {"1f1b+even", "1f1b+balanced", "2bw+even", "2bw+balanced"}
+    assert data["variants"]["2bw+even"]["cut"] == [4, 4] and data["variants"]["2bw+balanced"]["cut"][-1] < 4
+    recs = {r["variant"]: r for r in data["standin"]["records"]}
+    for name, r in recs.items():  # every stage waited for the layers its cut gave it: m x (F + B) of its chunk
+        per_stage = [f + b for f, b in zip(r["forward_s_per_chunk"], r["backward_s_per_chunk"])]
+        waited = [st["standin"] for st in r["step_breakdown_s"]]
+        assert waited == pytest.approx([2 * x for x in per_stage], rel=0.02), name
+        assert r["cut"] == data["variants"][name]["cut"]
+    ideal = recs["2bw+even"]["ideal_step_s"] / recs["2bw+balanced"]["ideal_step_s"]
+    assert ideal > 1.2  # the waits alone: the head's stage is the bottleneck at the even cut
+    ratio = data["cuts"]["ratios"]["2bw balanced/even"]
+    v = data["variants"]
+    assert ratio["measured"] == pytest.approx(v["2bw+balanced"]["tokens_per_s"] / v["2bw+even"]["tokens_per_s"])
+    # paired per round; what they measure is the machine's (on a loaded machine real ops outgrow short waits)
+    assert len(ratio["per_round"]) == 2 and ratio["per_round"][0] > 0
+    assert ratio["predicted"] == pytest.approx(
+        data["cuts"]["variants"]["2bw+even"]["predicted_step_s"] / data["cuts"]["variants"]["2bw+balanced"]["predicted_step_s"]
+    )
+    assert "stage cuts (cost model: measured: this run (per-layer stand-in 360m_h100 x 4" in res.output
+    assert "2bw        balanced/even:" in res.output

@@ -60,6 +60,25 @@ def test_dualpipev_replays_each_chunk_at_its_own_cost() -> None:
     assert predict(heavy, "dualpipev", 2, 4).step_s > base
 
 
+def test_predict_runs_the_cut_it_is_given() -> None:
+    """`predict(cut=...)` sums each chunk's layers under that cut (`pipeline.cut`). Six blocks of F = 1, B = 2 and a
+    head of 3 + 6 at P = 2, free steps and messages: 2BW's steady step is m x the slowest stage's F + B. Even [3, 3]:
+    stages 9 and 18 -> 4 x 18 = 72; [4, 2]: 12 and 15 -> 60; [5, 1]: 15 and 12 -> 60. The engine's own work per pass
+    (``chunk_s``) is paid once per chunk and pass: 0.5 + 0.25 more per micro-batch on the slowest stage."""
+    from dataclasses import replace
+
+    model = replace(
+        hand_model(blocks=6, u_per_block=0.0),
+        forward=[0.0] + [1.0] * 6 + [3.0],
+        backward=[0.0] + [2.0] * 6 + [6.0],
+    )
+    for cut, step in (([3, 3], 72.0), ([4, 2], 60.0), ([5, 1], 60.0)):
+        assert predict(model, "2bw", 2, 4, clip="stage", cut=cut).step_s == pytest.approx(step)
+    assert predict(model, "2bw", 2, 4, clip="stage").step_s == pytest.approx(72.0)  # no cut given: even
+    extra = replace(model, chunk_s=(0.5, 0.25))
+    assert predict(extra, "2bw", 2, 4, clip="stage", cut=[4, 2]).step_s == pytest.approx(4 * (15 + 0.75))
+
+
 def test_the_replay_imports_neither_torch_nor_deepspeed() -> None:
     """The report models throughput with this (1F1B's stream is DeepSpeed's TrainSchedule order written out,
     `pipe.schedule.flushed_1f1b_stream`), so it must stay torch-free."""

@@ -121,3 +121,68 @@ def test_a_run_recorded_before_pipeline_cut_existed_ran_the_even_cut():
     assert balanced.pipeline.cut == "balanced"
     assert changed_settings(old, balanced) == [("pipeline.cut", "even", "balanced")]
     assert changed_settings(old, compose(["run.dir=runs/x", "pipeline.cut=even"])) == []
+
+
+STANDIN_360M = [
+    "model=tiny",
+    "model.n_layer=32",
+    "engine=pipeline",
+    "pipeline.standin.profile=360m_h100",
+    "pipeline.standin.scale=4",
+]
+
+
+def test_a_standin_profile_prices_each_layer_as_the_cost_model_prices_its_model() -> None:
+    """Per-layer stand-in seconds (`asyncpipe.standin_costs`) are the cost model's per-layer figures of the profile's
+    model and micro-batch under its device profile, times the scale; the head at 360m's vocabulary weighs ~4 blocks."""
+    from asyncpipe.standin_costs import layer_costs
+    from asyncpipe.timelines.cost_source import from_profile, load_profile
+
+    fwd, bwd = layer_costs(compose([*STANDIN_360M, "pipeline.stages=8"]))
+    at_360m = compose(["model=360m", "train.micro_batch_size=4", "train.seq_len=2048"])
+    ref = from_profile(load_profile("h100_assumed"), at_360m)
+    assert fwd == pytest.approx([4 * x for x in ref.forward]) and bwd == pytest.approx([4 * x for x in ref.backward])
+    assert 3.5 < fwd[-1] / fwd[1] < 4.5 and fwd[0] == 0.0
+    assert layer_costs(compose(["model=tiny"])) is None  # no profile: per-stage stand-in or real compute
+
+
+@pytest.mark.parametrize("P", [2, 4, 8])
+def test_under_a_standin_profile_balanced_cuts_by_the_waits(P: int) -> None:
+    """The tiny model's own FLOPs cut it evenly; under a stand-in profile the waits are its compute, and balanced
+    gives the head's stage fewer blocks: the slowest stage waits less than at the even cut."""
+    from asyncpipe.pipe.standin import chunk_seconds, stage_standin
+    from asyncpipe.standin_costs import layer_costs
+
+    cfg = compose([*STANDIN_360M, f"pipeline.stages={P}"])
+    fwd, bwd = layer_costs(cfg)
+    total = [f + b for f, b in zip(fwd, bwd)]
+    cut = cut_blocks(cfg)
+    assert cut == balanced_blocks(total, P) and cut[-1] < cut[0]
+    assert cut_blocks(compose(["model=tiny", "model.n_layer=32", f"pipeline.stages={P}"])) == even_blocks(32, P)
+    assert max(chunk_costs(total, cut)) < max(chunk_costs(total, even_blocks(32, P)))
+    per_f, per_b = chunk_seconds(cfg)
+    assert [f + b for f, b in zip(per_f, per_b)] == pytest.approx(chunk_costs(total, cut))
+    # each rank pads to its own stage's sums (`PipeSettings.standin`); a V's rank to each of its two chunks'
+    assert [stage_standin(cfg, r) for r in range(P)] == [pytest.approx((per_f[r], per_b[r])) for r in range(P)]
+    v_shape = ["pipeline.schedule=dualpipev", "delay=0", f"train.micro_batches={2 * P}", f"train.eval_batches={2 * P}"]
+    v = compose([*STANDIN_360M, f"pipeline.stages={P}", *v_shape])
+    vf, vb = chunk_seconds(v)
+    assert len(vf) == 2 * P
+    assert stage_standin(v, 0) == pytest.approx((vf[0], vb[0], vf[-1], vb[-1]))
+    per_stage = ["model=tiny", "engine=pipeline", "pipeline.standin.forward_s=0.02", "pipeline.standin.backward_s=0.04"]
+    assert stage_standin(compose(per_stage), 1) == (0.02, 0.04)
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["pipeline.standin.profile=nope"], "no such stand-in profile; give a YAML path or one of: 360m_h100"),
+        (["pipeline.standin.profile=360m_h100", "pipeline.standin.forward_s=0.02"], "not both"),
+        (["pipeline.standin.profile=360m_h100", "pipeline.standin.scale=0"], "scale=0.0 must be a number in (0, 1000]"),
+        (["pipeline.standin.profile=360m_h100", "engine=simulate"], "runs only in engine=pipeline"),
+    ],
+)
+def test_a_bad_standin_profile_is_one_line(extra: list[str], says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        compose(["model=tiny", "engine=pipeline", *extra])
+    assert says in str(err.value) and "\n" not in str(err.value)

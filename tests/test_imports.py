@@ -139,7 +139,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # torch-free declarations: schedules (instructions, orders, one module each), the built-in methods
     ("asyncpipe.schedules", "asyncpipe.compensation"),
     # the layer list's sizes, the stage cut (reads the schedule), PyTorch's schedules (their chunks' layers)
-    ("asyncpipe.shapes", "asyncpipe.partition", "asyncpipe.torch_schedules"),
+    # ... and the per-layer seconds of a device profile and of a stand-in profile (the balanced cut weighs them)
+    ("asyncpipe.shapes", "asyncpipe.partition", "asyncpipe.torch_schedules", "asyncpipe.device_profile",
+     "asyncpipe.standin_costs"),
     ("asyncpipe.config",),  # schema, compose, validate: reads the declarations
     ("asyncpipe.track",),  # tracker, W&B mirror, provenance: read a composed config
     ("asyncpipe.plan", "asyncpipe.plan_table"),  # memory on paper, and its table

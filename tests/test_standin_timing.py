@@ -40,6 +40,21 @@ def test_pad_counts_from_the_instruction_start_and_hits_its_target() -> None:
     assert time.perf_counter() - began < 0.05 + 0.002
 
 
+def test_a_per_chunk_pad_waits_its_own_chunks_seconds() -> None:
+    """A per-layer stand-in gives each chunk a rank holds its own (F, B) (`pipe.standin.stage_standin`): a V's
+    phase-1 forward waits its chunk's seconds, not half the rank's; a per-stage (F, B) is shared equally."""
+    pad = StandInPad((0.004, 0.008, 0.02, 0.03), chunks=2)
+    walls = {}
+    for phase in (1, 0):
+        began = time.perf_counter()
+        pad.pad(0, "forward", began, phase)
+        walls[phase] = time.perf_counter() - began
+    assert walls[1] >= 0.02 and 0.004 <= walls[0] < 0.02
+    assert pad.target["forward"] == pytest.approx(0.024)
+    assert StandInPad((0.02, 0.04), chunks=2).per_chunk == [(0.01, 0.02), (0.01, 0.02)]
+    assert StandInPad((0.02, 0.04), chunks=1).per_chunk == [(0.02, 0.04)]
+
+
 def ev(op: str, start: float, end: float, mb: int | None = None) -> dict:
     return {"op": op, "start": start, "end": end, "micro_batch": mb}
 

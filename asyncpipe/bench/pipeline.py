@@ -79,11 +79,15 @@ def bench_pipeline(
     modes: Sequence[str] = ("eager",),
     standin: Optional[tuple[float, float]] = None,
     stop: Optional[Any] = None,
+    cuts: Sequence[str] = (),
 ) -> dict:
     """Run warm-up, then ``rounds`` x ``variants`` jobs of ``steps`` steps each in one launch; medians.
     ``stop``: the caller's entered `StopRequest` (a signal before the launch: `Stopped`, nothing started).
     A variant that cannot run this configuration (DualPipeV with m < 2P) is reported with the reason.
-    ``standin`` (F, B): stand-in compute (`asyncpipe.bench.standin`), its records under ``standin``."""
+    ``standin`` (F, B): stand-in compute (`asyncpipe.bench.standin`), its records under ``standin``.
+    ``cuts`` (`pipeline.cut` values, e.g. even, balanced): every variant once per cut, named ``variant+cut``, in
+    the same rounds; the result's ``cuts`` holds each schedule's balanced / even ratio beside the cost model's
+    (`asyncpipe.bench.pipeline_cuts`)."""
     from asyncpipe.config import compose as default_compose
 
     compose = compose or default_compose
@@ -93,9 +97,13 @@ def bench_pipeline(
         )
     if rounds < 1:
         raise UserError(f"--rounds {rounds} must be >= 1 (alternating rounds of every schedule)")
-    plan, warm = plan_bench(overrides, rounds, steps, warmup_steps, compose, variants, modes, standin)
+    plan, warm = plan_bench(overrides, rounds, steps, warmup_steps, compose, variants, modes, standin, cuts)
     results, loads = run_bench(plan, warm, warmup_steps, rounds, steps, log, stop)
     out = summarise(plan, results, loads, overrides, rounds, steps, skip, standin)
+    if cuts:
+        from asyncpipe.bench.pipeline_cuts import cut_comparison
+
+        out["cuts"] = cut_comparison(out, plan.cfgs, cuts)
     if simulator:
         out["simulator"] = simulator_result(overrides, simulator_rounds, log, compose, threads=plan.pipeline.threads)
         out.setdefault("targets", {})["simulator_delay1_le_1.10"] = (
@@ -113,9 +121,10 @@ def plan_bench(
     variants: Sequence[str],
     modes: Sequence[str],
     standin: Optional[tuple[float, float]],
+    cuts: Sequence[str] = (),
 ) -> tuple[BenchPlan, DictConfig]:
     """Every variant's config (and why one that cannot run is skipped), their order over the rounds, and the
-    warm-up job's config."""
+    warm-up job's config; with ``cuts``, one variant per (variant, cut), named ``variant+cut``."""
     from asyncpipe.bench.standin import standin_overrides
     from asyncpipe.errors import ConfigError
     from asyncpipe.schedules import resolve
@@ -125,6 +134,10 @@ def plan_bench(
     if not torch.cuda.is_available():  # else DeepSpeed warns "Setting accelerator to CPU" in the middle of the output
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     table = variants_of(variants)
+    from asyncpipe.partition import CUTS
+
+    if set(cuts) - set(CUTS) or len(set(cuts)) != len(cuts):
+        raise UserError(f"--cuts {','.join(cuts)}: give distinct cuts among {', '.join(CUTS)} (e.g. even,balanced)")
     if "1f1b" not in table:
         raise UserError(f"variants must include 1f1b (the reference); got {', '.join(variants)}")
     if not modes or set(modes) - {"eager", "compiled"}:
@@ -146,9 +159,12 @@ def plan_bench(
             skipped[n] = f"not run: {err}"
             continue
         for mode in modes:
-            cfgs[n + ("" if mode == "eager" else "+compiled")] = compose(
-                [*base, *over, *(eval_v if v_shape else []), f"train.compile={mode == 'compiled'}"]
-            )
+            for cut in cuts or [None]:
+                at = [f"pipeline.cut={cut}"] if cut else []
+                name = n + (f"+{cut}" if cut else "") + ("" if mode == "eager" else "+compiled")
+                cfgs[name] = compose(
+                    [*base, *over, *at, *(eval_v if v_shape else []), f"train.compile={mode == 'compiled'}"]
+                )
     warm = compose(
         [*BENCH_DEFAULTS, *overrides, *fake, "engine=pipeline", "delay=1", f"train.steps={max(1, warmup_steps)}"]
     )

@@ -4,6 +4,7 @@ from too few rounds or whose rounds' spread reaches 1."""
 from __future__ import annotations
 
 from asyncpipe.bench import torch_pipelining as pt
+from asyncpipe.bench.pipeline_cuts import cut_lines
 
 MIN_ROUNDS = 3  # fewer paired rounds than this have no spread worth the name: a ratio from them is flagged
 
@@ -32,6 +33,7 @@ def format_result(res: dict) -> str:
             *_memory_lines(v, w),
             *_simulator_lines(res),
             *_standin_lines(res, w),
+            *cut_lines(res),
         ]
     )
 
@@ -150,10 +152,12 @@ def _standin_lines(res: dict, w: int) -> list[str]:
     if "standin" not in res:
         return []
     sd = res["standin"]
-    header = (
-        f"stand-in F {sd['forward_s'] * 1e3:.1f} ms, B {sd['backward_s'] * 1e3:.1f} ms per stage and "
-        "micro-batch: step ms (ideal ms) = fraction of ideal (best step)"
+    what = (
+        f"stand-in profile {sd['profile']} x {sd['scale']:g} (each layer its own F, B)"
+        if sd.get("profile")
+        else f"stand-in F {sd['forward_s'] * 1e3:.1f} ms, B {sd['backward_s'] * 1e3:.1f} ms per stage and micro-batch"
     )
+    header = f"{what}: step ms (ideal ms) = fraction of ideal (best step)"
     lines = [header]
     for r in sd["records"]:
         frac = (

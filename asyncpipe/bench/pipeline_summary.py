@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig
 
 from asyncpipe.bench import torch_pipelining as pt
+from asyncpipe.partition import cut_blocks
 
 
 @dataclass
@@ -62,7 +63,6 @@ def optimizer_state_bytes(cfg: DictConfig) -> list[dict[str, int]]:
 
     from asyncpipe.data import dataset_dir, load_manifest
     from asyncpipe.model import build_layers, stage_layers
-    from asyncpipe.partition import cut_blocks
     from asyncpipe.optim import build_optimizer
     from asyncpipe.runtime.device import vocab_size_for
 
@@ -149,13 +149,23 @@ def stage_cost_model(summaries: list[dict], P: int, m: int, steps: int, batches:
     }
 
 
-def _standin_records(cfgs: dict, jobs: dict, standin: tuple[float, float], P: int, m: int, skip: int) -> dict:
-    from asyncpipe.bench.standin import standin_record
+def _standin_records(cfgs: dict, jobs: dict, P: int, m: int, skip: int) -> dict:
+    """Each variant's stand-in record (`asyncpipe.bench.standin`): F, B per stage as configured, or a per-layer
+    profile's per chunk under the variant's cut (`pipeline.standin.profile`)."""
+    from asyncpipe.bench.standin import stage_figures, standin_record
+    from asyncpipe.standin_costs import profile_of
 
-    recs = [
-        {"variant": n, **standin_record(cfgs[n].pipeline.schedule, P, m, *standin, js, skip)} for n, js in jobs.items()
-    ]
-    return {"forward_s": standin[0], "backward_s": standin[1], "records": recs}
+    recs = []
+    for n, js in jobs.items():
+        F, B, chunks = stage_figures(cfgs[n])
+        recs.append({"variant": n, **standin_record(cfgs[n].pipeline.schedule, P, m, F, B, js, skip, chunks=chunks)})
+        recs[-1]["cut"] = cut_blocks(cfgs[n])
+    cfg = next(iter(cfgs.values()))
+    node = cfg.pipeline.standin
+    out = {"forward_s": float(node.forward_s), "backward_s": float(node.backward_s), "records": recs}
+    if profile_of(cfg):
+        out.update(profile=profile_of(cfg), scale=float(node.get("scale", 1.0)))
+    return out
 
 
 def _stage_memory(summaries: list[dict], mem: list[dict], P: int) -> list[dict]:
@@ -192,6 +202,7 @@ def summarise(
     standin: Optional[tuple[float, float]] = None,
 ) -> dict:
     """The bench's record from its jobs' results (one per job of ``plan.order``) and the load before and after."""
+    from asyncpipe.standin_costs import profile_of
     from asyncpipe.timelines.orders import bubble_table
 
     P, m, t, p = plan.P, plan.m, plan.train, plan.pipeline
@@ -229,8 +240,8 @@ def summarise(
     out["analytic_bubble"] = analytic
     out["variants"] = variants = _variants(plan, jobs, analytic, b_over_f, steps)
     _ratios(variants, analytic)
-    if standin:
-        out["standin"] = _standin_records(plan.cfgs, jobs, standin, P, m, skip)
+    if standin or profile_of(cfg):
+        out["standin"] = _standin_records(plan.cfgs, jobs, P, m, skip)
     if "2bw" in jobs:
         out["stage_cost_model"] = stage_cost_model(jobs["2bw"][-1]["stages"], P, m, steps)
     _targets(out, variants, P, m)
@@ -263,6 +274,7 @@ def _variants(plan: BenchPlan, jobs: dict, analytic: dict, b_over_f: float, step
         )
         out[name] = {
             "schedule": pt.label(name) if pt.is_torch(name) else f"asyncpipe/DeepSpeed {base_name}",
+            "cut": cut_blocks(cfg) if not pt.is_torch(base_name) else None,  # blocks per stage (a V: per chunk)
             "synchronous": pt.is_torch(base_name) or spec.flush,
             "tokens_per_s": statistics.median(j["tokens_per_s"] for j in js),
             "tokens_per_s_per_round": [j["tokens_per_s"] for j in js],

@@ -77,21 +77,31 @@ def standin_overrides(forward_s: float, backward_s: float) -> list[str]:
 
 
 def ideal_step_s(
-    schedule: str, P: int, m: int, forward_s: float, backward_s: float, batches: int = 4
+    schedule: str,
+    P: int,
+    m: int,
+    forward_s: float,
+    backward_s: float,
+    batches: int = 4,
+    chunks: Optional[tuple[Sequence[float], Sequence[float]]] = None,
 ) -> Optional[float]:
-    """The step time of ``schedule`` with stage costs F, B per micro-batch, a free optimizer step and free
-    messages: a flushed one-batch order replayed (`asyncpipe.timelines.orders`), or what one more batch adds
-    to a run of the schedule's own instruction streams (no flush: its steady state). None where it cannot run."""
+    """The step time of ``schedule`` with stage costs F, B per micro-batch (or ``chunks``: F and B of every chunk,
+    a per-layer stand-in's: `pipe.standin.chunk_seconds`), a free optimizer step and free messages: a flushed
+    one-batch order replayed (`asyncpipe.timelines.orders`), or what one more batch adds to a run of the
+    schedule's own instruction streams (no flush: its steady state). None where it cannot run."""
     from asyncpipe.schedules import get
     from asyncpipe.timelines import orders
     from asyncpipe.timelines.timeline import simulate_schedule
 
     spec = get(schedule)
+    fwd, bwd = (forward_s, backward_s) if chunks is None else (list(chunks[0]), list(chunks[1]))
     try:
         if spec.orders:
-            return orders.replay(orders.plan(spec.orders, P, m), forward_s, backward_s).makespan
+            per_chunk = None if chunks is None else {"F": fwd, "B": bwd}
+            plan = orders.plan(spec.orders, P, m)
+            return orders.replay(plan, forward_s, backward_s, chunk_costs=per_chunk).makespan
         runs = [
-            simulate_schedule(spec.name, m, P, n, forward=forward_s, backward=backward_s, step=0.0).makespan
+            simulate_schedule(spec.name, m, P, n, forward=fwd, backward=bwd, step=0.0).makespan
             for n in (batches, batches + 1)
         ]
     except UserError:
@@ -186,12 +196,21 @@ def instruction_figures(summaries: list[dict], P: int, skip: int = 1) -> dict[st
 
 
 def standin_record(
-    schedule: str, P: int, m: int, forward_s: float, backward_s: float, jobs: Sequence[dict], skip: int = 1
+    schedule: str,
+    P: int,
+    m: int,
+    forward_s: float,
+    backward_s: float,
+    jobs: Sequence[dict],
+    skip: int = 1,
+    chunks: Optional[tuple[Sequence[float], Sequence[float]]] = None,
 ) -> dict[str, Any]:
     """One (schedule, P, m) record from its jobs' stats (`asyncpipe.bench.pipeline` ``job_stats``: step
-    times of the steady steps and the stage summaries; the last job's summaries give the instruction figures)."""
+    times of the steady steps and the stage summaries; the last job's summaries give the instruction figures).
+    ``chunks``: a per-layer stand-in's F and B per chunk (then ``forward_s`` / ``backward_s`` are the slowest
+    stage's), kept in the record as ``forward_s_per_chunk`` / ``backward_s_per_chunk``."""
     step = statistics.median(j["step_time_s"] for j in jobs)
-    ideal = ideal_step_s(schedule, P, m, forward_s, backward_s)
+    ideal = ideal_step_s(schedule, P, m, forward_s, backward_s, chunks=chunks)
     return {
         "schedule": schedule,
         "stages": P,
@@ -199,6 +218,7 @@ def standin_record(
         "forward_s": forward_s,
         "backward_s": backward_s,
         "weight_s": None,
+        **({} if chunks is None else {"forward_s_per_chunk": list(chunks[0]), "backward_s_per_chunk": list(chunks[1])}),
         "step_time_s": step,
         "min_step_time_s": min(j["min_step_time_s"] for j in jobs),
         "step_time_s_per_round": [j["step_time_s"] for j in jobs],
@@ -211,3 +231,20 @@ def standin_record(
         "timing": sorted({x.get("timing", "host") for x in jobs[-1]["stages"]}),
         **instruction_figures(jobs[-1]["stages"], P, skip),
     }
+
+
+def stage_figures(cfg: Any) -> tuple[float, float, Optional[tuple[list[float], list[float]]]]:
+    """(F, B) per stage and micro-batch of ``cfg``'s stand-in, and its per-chunk (F, B) lists under a per-layer
+    profile (None otherwise; F and B then the slowest stage's: a V's two chunks summed)."""
+    from asyncpipe.pipe.standin import chunk_seconds
+
+    chunks = chunk_seconds(cfg)
+    if chunks is None:
+        node = cfg.pipeline.standin
+        return float(node.forward_s), float(node.backward_s), None
+    fwd, bwd = chunks
+    n = len(fwd)
+    P = int(cfg.pipeline.stages)
+    mine = [[r] if n == P else [r, n - 1 - r] for r in range(P)]
+    slowest = max(range(P), key=lambda r: sum(fwd[c] + bwd[c] for c in mine[r]))
+    return sum(fwd[c] for c in mine[slowest]), sum(bwd[c] for c in mine[slowest]), chunks

@@ -7,7 +7,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from asyncpipe.bench.pipeline import check_jobs
-from asyncpipe.bench.standin import standin_overrides, standin_record
+from asyncpipe.bench.standin import stage_figures, standin_overrides, standin_record
 from asyncpipe.errors import UserError
 
 
@@ -21,10 +21,13 @@ def bench_standin(
     rounds: int = 1,
     skip: int = 1,
     log: Callable[[str], None] = print,
+    cuts: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Every schedule at every m on the stages ``overrides`` set, stand-in compute F, B, in ONE launch (a warm-up
-    job, then ``rounds`` alternating rounds): {"records": [...], "skipped": {"schedule m=M": why}}. A schedule
-    that refuses an m (DualPipeV with m < 2P, 2BW with m < P) is skipped with its reason."""
+    """Every schedule at every m on the stages ``overrides`` set, stand-in compute F, B (0, 0 where the overrides
+    give a per-layer profile, `pipeline.standin.profile`), in ONE launch (a warm-up job, then ``rounds``
+    alternating rounds): {"records": [...], "skipped": {"schedule m=M": why}}. A schedule that refuses an m
+    (DualPipeV with m < 2P, 2BW with m < P) is skipped with its reason. ``cuts`` (`pipeline.cut` values): each
+    schedule once per cut, its variant named ``schedule+cut``, side by side in the same rounds."""
     from asyncpipe.config import compose
     from asyncpipe.spawn import Job, launch
 
@@ -34,18 +37,22 @@ def bench_standin(
         )
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     base = _base_overrides(overrides, forward_s, backward_s, steps)
-    cfgs, skipped = _schedule_configs(base, micro_batches, schedules)
+    cfgs, skipped = _schedule_configs(base, micro_batches, schedules, cuts)
     P = next(iter(cfgs.values())).pipeline.stages
     warm_up = [*base, "delay=1", "pipeline.schedule=2bw", f"train.micro_batches={max(micro_batches)}"]
     warm = compose([*warm_up, "train.steps=2", "train.eval_every=2"])
     order = [key for _ in range(rounds) for key in cfgs]
+    from asyncpipe.standin_costs import profile_of
+
+    first = next(iter(cfgs.values()))
+    what = f"profile {profile_of(first)}" if profile_of(first) else f"F={forward_s}, B={backward_s} s"
     log(
-        f"bench standin: P={P}, F={forward_s}, B={backward_s} s, m in {list(micro_batches)}, "
+        f"bench standin: P={P}, {what}, m in {list(micro_batches)}, "
         f"{len(order)} jobs of {steps} steps" + "".join(f"\n  {k}: {v}" for k, v in skipped.items())
     )
     results = launch([Job(c, None, show_progress=False) for c in [warm, *[cfgs[k] for k in order]]])[1:]
     check_jobs("bench standin", [f"job {name} m={m}" for name, m in order], results, steps)
-    records = _records(cfgs, order, results, P, forward_s, backward_s, skip, log)
+    records = _records(cfgs, order, results, P, skip, log)
     return {"records": records, "skipped": skipped}
 
 
@@ -68,7 +75,7 @@ def _base_overrides(overrides: Sequence[str], forward_s: float, backward_s: floa
 
 
 def _schedule_configs(
-    base: list[str], micro_batches: Sequence[int], schedules: Sequence[str]
+    base: list[str], micro_batches: Sequence[int], schedules: Sequence[str], cuts: Sequence[str] = ()
 ) -> tuple[dict[tuple[str, int], Any], dict[str, str]]:
     """The config of every (schedule, m) that accepts that m, and why each one that refuses it is not run. Refuses,
     in one line, a request where none runs."""
@@ -77,6 +84,8 @@ def _schedule_configs(
     from asyncpipe.errors import ConfigError
 
     table = variants_of(schedules)
+    if cuts:
+        table = {f"{n}+{c}": [*over, f"pipeline.cut={c}"] for n, over in table.items() for c in cuts}
     cfgs: dict[tuple[str, int], Any] = {}
     skipped: dict[str, str] = {}
     for m in micro_batches:
@@ -95,13 +104,12 @@ def _records(
     order: list[tuple[str, int]],
     results: list,
     P: int,
-    forward_s: float,
-    backward_s: float,
     skip: int,
     log: Callable[[str], None],
 ) -> list[dict]:
     """One record per (schedule, m) over its rounds' jobs: its step time against the stand-in ideal, logged."""
     from asyncpipe.bench.pipeline_summary import job_stats
+    from asyncpipe.partition import cut_blocks
 
     per: dict[tuple[str, int], list[dict]] = {}
     for key, r in zip(order, results):
@@ -110,10 +118,10 @@ def _records(
         per.setdefault(key, []).append(job_stats(r, tokens, skip))
     records = []
     for (name, m), js in per.items():
-        rec = {
-            "variant": name,
-            **standin_record(cfgs[(name, m)].pipeline.schedule, P, m, forward_s, backward_s, js, skip),
-        }
+        cfg = cfgs[(name, m)]
+        F, B, chunks = stage_figures(cfg)  # F, B as configured, or a per-layer profile's under the cut
+        rec = {"variant": name, **standin_record(cfg.pipeline.schedule, P, m, F, B, js, skip, chunks=chunks)}
+        rec["cut"] = cut_blocks(cfg)
         log(
             f"  {name:9s} P={P} m={m:2d}: step {rec['step_time_s'] * 1e3:7.1f} ms, ideal {rec['ideal_step_s'] * 1e3:7.1f}"
             f" ms, fraction {rec['fraction_of_ideal']:.3f}"

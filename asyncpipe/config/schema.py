@@ -135,6 +135,10 @@ class StandinConfig:
 
     forward_s: float = 0.0  # seconds a stage's forward lasts per micro-batch (0: real compute only)
     backward_s: float = 0.0  # seconds its backward lasts (one that recomputes its forward: forward_s more)
+    # per-layer stand-in instead: each layer waits its own seconds from conf/standin/NAME.yaml (or a path), a stage
+    # the sum over its cut's layers (`asyncpipe.standin_costs`); None: off
+    profile: Optional[str] = None
+    scale: float = 1.0  # the profile's seconds times this
 
 
 @dataclass

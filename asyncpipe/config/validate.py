@@ -119,7 +119,11 @@ def check_pipeline_sizes(cfg: DictConfig) -> None:
     for key in ("forward_s", "backward_s"):
         v = float(standin.get(key, 0.0))
         _need(math.isfinite(v) and 0 <= v <= 60, f"pipeline.standin.{key}={v} must be a time in [0, 60] seconds")
-    if any(float(standin.get(k, 0.0)) > 0 for k in ("forward_s", "backward_s")):
+    from asyncpipe.standin_costs import standin_problem
+
+    why = standin_problem(cfg)
+    _need(not why, why)
+    if any(float(standin.get(k, 0.0)) > 0 for k in ("forward_s", "backward_s")) or standin.get("profile"):
         _need(
             cfg.engine == "pipeline" and p.get("torch_schedule") is None,
             "pipeline.standin runs only in engine=pipeline on a declared schedule (not engine=simulate, "

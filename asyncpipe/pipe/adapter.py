@@ -23,6 +23,7 @@ from asyncpipe.dist import Comm
 from asyncpipe.lr_schedule import LRSchedule
 from asyncpipe.model.compile import CompileClock, eager, wanted
 from asyncpipe.partition import cut_blocks
+from asyncpipe.pipe.standin import stage_standin
 from asyncpipe.registry import describe
 from asyncpipe.registry import resolve as load_named
 from asyncpipe.runtime.device import use_bf16
@@ -85,7 +86,7 @@ def build_deepspeed_engine(
         lr_schedule=LRSchedule.of(t),
         trace=p.trace,
         defer_step=p.defer_step,
-        standin=(float(p.standin.forward_s), float(p.standin.backward_s)) if p.get("standin") else (0.0, 0.0),
+        standin=stage_standin(cfg, coord.pipe),  # pipeline.standin: per stage, or per chunk from a profile
         tied=bool(cfg.model.tie_embeddings) and spec.chunks == 1 and p.stages > 1,
     )
     mpu = module.mpu()

@@ -219,12 +219,12 @@ class ScheduledPipelineEngine(BatchedP2P, StageMetrics, BatchEnd, PipelineEngine
             if isinstance(cmd, _FORWARD):
                 with self.activations.forward((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"])):
                     fn(self, **cmd.kwargs)
-                self.standin.pad(0, "forward", start)
+                self.standin.pad(0, "forward", start, cmd.kwargs.get("phase"))
             else:
                 fn(self, **cmd.kwargs)
                 if isinstance(cmd, _BACKWARD):
                     self.activations.backward_done((cmd.kwargs.get("phase"), cmd.kwargs["buffer_id"]))
-                    self.standin.pad(1, "backward", start)
+                    self.standin.pad(1, "backward", start, cmd.kwargs.get("phase"))
         if self.settings.trace and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()

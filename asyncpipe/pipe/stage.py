@@ -56,5 +56,5 @@ class PipeSettings:
     trace: bool = False  # record (instruction, micro-batch, start, end) per instruction
     # Stand-in compute (pipeline.standin): seconds each forward / backward of a stage's micro-batch lasts at least,
     # its real op padded by a wait (a V's chunks half each; a recomputed forward adds the forward's): known compute.
-    standin: tuple[float, float] = (0.0, 0.0)
+    standin: tuple[float, ...] = (0.0, 0.0)  # (F, B) per stage, or per chunk held (`pipe.standin.stage_standin`)
     tied: bool = False  # a tied embedding split over stage 0 and stage P-1: sum its two copies' gradients (`pipe.tied`)

@@ -4,7 +4,8 @@ engine's overhead per instruction (a `CostModel`), replayed through the schedule
 
 How the work becomes a step time (`predict`):
 - The layer list [embedding, blocks, head] is cut as the engine cuts it (`asyncpipe.partition`: P chunks, or 2P in
-  a V for a two-chunk schedule); a stage's forward (backward) per micro-batch is the sum of its layers', its
+  a V for a two-chunk schedule; `predict`'s ``cut``, the run's `pipeline.cut`); a chunk's forward (backward) per
+  micro-batch is the sum of its layers' (+ ``chunk_s``, the engine's own work around one pass), a stage's
   optimizer step is ``step_per_param`` x its parameters (+ ``ef_per_param`` x them with error feedback: EF's extra
   vector work per step), + the data-parallel gradient all-reduce when D > 1 (ring: 2 (D-1)/D x 4 bytes x params at
   ``allreduce_bytes_per_s``, + ``allreduce_latency_s``).
@@ -23,7 +24,7 @@ Where the costs come from: `asyncpipe.timelines.cost_source` (a bench calibratio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from asyncpipe.errors import UserError
 
@@ -44,6 +45,9 @@ class CostModel:
     overhead_s: float = 0.0  # the engine's own time per instruction
     allreduce_latency_s: float = 0.0  # one small all-reduce (the global gradient norm; the start of a big one)
     allreduce_bytes_per_s: Optional[float] = None  # data-parallel gradient all-reduce bandwidth; None: not known
+    # seconds every chunk's forward and backward pass adds beyond its layers' (the engine's own work around a pass:
+    # measured in the stand-in mode, where a V pays it once per chunk, twice per micro-batch and rank)
+    chunk_s: tuple[float, float] = (0.0, 0.0)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def with_overhead(self, overhead_s: float) -> "CostModel":
@@ -68,10 +72,16 @@ class Prediction:
 
 
 def stage_costs(
-    model: CostModel, stages: int, chunks: int = 1, data_parallel: int = 1, ef: bool = False
+    model: CostModel,
+    stages: int,
+    chunks: int = 1,
+    data_parallel: int = 1,
+    ef: bool = False,
+    cut: Optional[Sequence[int]] = None,
 ) -> tuple[list[float], list[float], list[float], list[int]]:
     """Per chunk (P x chunks of them, in model order): forward and backward seconds per micro-batch; per rank:
-    optimizer-step seconds (+ EF, + the data-parallel all-reduce) and parameters."""
+    optimizer-step seconds (+ EF, + the data-parallel all-reduce) and parameters. ``cut``: blocks per chunk
+    (`asyncpipe.partition`, `pipeline.cut`); None: the even cut."""
     from asyncpipe.partition import partition
 
     n_chunks = stages * chunks
@@ -80,9 +90,9 @@ def stage_costs(
         raise UserError(
             f"{n_chunks} model chunks need at least {n_chunks} transformer blocks; the model has {n_layers - 2}"
         )
-    parts = partition(n_layers, n_chunks)
-    fwd = [sum(model.forward[parts[c] : parts[c + 1]]) for c in range(n_chunks)]
-    bwd = [sum(model.backward[parts[c] : parts[c + 1]]) for c in range(n_chunks)]
+    parts = partition(n_layers, n_chunks, cut)
+    fwd = [sum(model.forward[parts[c] : parts[c + 1]]) + model.chunk_s[0] for c in range(n_chunks)]
+    bwd = [sum(model.backward[parts[c] : parts[c + 1]]) + model.chunk_s[1] for c in range(n_chunks)]
     chunk_params = [sum(model.params[parts[c] : parts[c + 1]]) for c in range(n_chunks)]
     rank_chunks = [[r] if chunks == 1 else [r, n_chunks - 1 - r] for r in range(stages)]
     params = [sum(chunk_params[c] for c in cs) for cs in rank_chunks]
@@ -126,10 +136,12 @@ def predict(
     ef: bool = False,
     clip: Optional[str] = None,
     batches: int = 4,
+    cut: Optional[Sequence[int]] = None,
 ) -> Prediction:
     """The steady-state step of ``schedule`` (a declared schedule the pipeline engine runs) at P, m and D under
     ``model``; ``clip``: global (one norm all-reduce across stages per step) or stage (default: global where the
-    schedule can). Torch-free: the report calls it."""
+    schedule can); ``cut``: blocks per chunk (P, or 2P for a V; None: even), as `pipeline.cut` gives the engine.
+    Torch-free: the report calls it."""
     from asyncpipe.schedules import get
     from asyncpipe.timelines.timeline import simulate
 
@@ -137,7 +149,7 @@ def predict(
     P, m = stages, micro_batches
     clip = clip or spec.clip_modes[0]
     collective = clip == "global"
-    fwd, bwd, upd, _ = stage_costs(model, P, spec.chunks, data_parallel, ef)
+    fwd, bwd, upd, _ = stage_costs(model, P, spec.chunks, data_parallel, ef, cut)
     if spec.chunks > 1:
         return _predict_orders(model, spec, P, m, data_parallel, ef, collective, fwd, bwd, upd)
     if spec.stream is None and spec.ideal is None:

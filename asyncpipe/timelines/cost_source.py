@@ -24,6 +24,9 @@ optimizer step, and two fitted figures: the overhead per instruction and the lat
 both records' replayed steps equal their measured ones (1F1B's flush and 2BW's slack-free steady state put
 different shares of exchanges on the critical path, so the two separate; one overhead alone, fitted on 1F1B,
 over-priced the schedules without a flush by 5-9 %).
+Per-layer stand-in compute (`from_standin_layers`, `pipeline.standin.profile`): each layer at its own stand-in
+seconds (`asyncpipe.standin_costs`), the rest as above, fitted on records at their own cuts, so that any cut can be
+predicted (`predict(..., cut=...)`).
 """
 
 from __future__ import annotations
@@ -32,26 +35,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncpipe.device_profile import PROFILE_DIR, PROFILE_KEYS, layer_seconds, load_profile  # noqa: F401 (re-exported)
 from asyncpipe.errors import UserError
 from asyncpipe.timelines.cost import CostModel, predict
-
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "conf" / "device_profile"
-PROFILE_KEYS = (
-    "name",
-    "measured",
-    "note",
-    "matmul_flops",
-    "efficiency",
-    "backward_over_forward",
-    "memory_bytes_per_s",
-    "step_bytes_per_param",
-    "ef_bytes_per_param",
-    "p2p_bytes_per_s",
-    "p2p_latency_s",
-    "allreduce_bytes_per_s",
-    "allreduce_latency_s",
-    "overhead_s",
-)
 
 
 def _config(overrides: list[str]) -> Any:
@@ -103,7 +89,8 @@ def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = 
     P, m, steps = int(record["stages"]), int(record["micro_batches"]), int(record["steps_per_job"])
     cfg = _config(list(record.get("overrides", [])))
     shapes = _layers(cfg)
-    parts = partition(len(shapes), P)
+    cut = v.get("cut")  # the variant's `pipeline.cut` (records from before it ran the even cut)
+    parts = partition(len(shapes), P, cut)
     forwards = steps * m + 2 * max(
         1, _eval_batches(list(record.get("overrides", []))) // max(1, record.get("data_parallel", 1))
     )
@@ -137,40 +124,28 @@ def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = 
         ef_per_param=ef_per_param,
         notes=tuple(notes),
     )
-    return fit_overhead(model, variant, P, m, float(v["step_time_s"])) if fit else model
+    schedule = variant.split("+")[0]  # a `bench pipeline --cuts` variant: schedule+cut
+    return fit_overhead(model, schedule, P, m, float(v["step_time_s"]), cut) if fit else model
 
 
-def fit_overhead(model: CostModel, schedule: str, P: int, m: int, measured_s: float) -> CostModel:
-    """``model`` with the per-instruction overhead at which ``schedule``'s predicted step equals ``measured_s``
-    (0 when the replay alone already takes longer)."""
-    if predict(model, schedule, P, m).step_s >= measured_s:
+def fit_overhead(
+    model: CostModel, schedule: str, P: int, m: int, measured_s: float, cut: Optional[list[int]] = None
+) -> CostModel:
+    """``model`` with the per-instruction overhead at which ``schedule``'s predicted step (at ``cut``) equals
+    ``measured_s`` (0 when the replay alone already takes longer)."""
+
+    def step(o: float) -> float:
+        return predict(model.with_overhead(o), schedule, P, m, cut=cut).step_s
+
+    if step(0.0) >= measured_s:
         return model.with_overhead(0.0)
     lo, hi = 0.0, measured_s / 10
-    while predict(model.with_overhead(hi), schedule, P, m).step_s < measured_s:
+    while step(hi) < measured_s:
         hi *= 2
     for _ in range(40):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if predict(model.with_overhead(mid), schedule, P, m).step_s < measured_s else (lo, mid)
+        lo, hi = (mid, hi) if step(mid) < measured_s else (lo, mid)
     return model.with_overhead((lo + hi) / 2)
-
-
-def load_profile(name_or_path: str) -> dict:
-    """A device profile by name (conf/device_profile/NAME.yaml) or path; unknown keys or a missing one: one line."""
-    from omegaconf import OmegaConf
-
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PROFILE_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
-        raise UserError(
-            f"--profile {name_or_path}: no such device profile; give a YAML path or one of: {', '.join(known)}"
-        )
-    data = OmegaConf.to_container(OmegaConf.load(path))
-    if not isinstance(data, dict) or set(data) != set(PROFILE_KEYS):
-        got = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise UserError(f"--profile {path}: a device profile has exactly the keys {', '.join(PROFILE_KEYS)}; got {got}")
-    return data
 
 
 def from_profile(profile: dict, cfg: Any) -> CostModel:
@@ -179,16 +154,7 @@ def from_profile(profile: dict, cfg: Any) -> CostModel:
     shapes = _layers(cfg)
     vocab = int(m.vocab_size or cfg.tokenizer.vocab_size)
     tokens = int(t.micro_batch_size) * int(t.seq_len)
-    rate = float(profile["matmul_flops"]) * float(profile["efficiency"])
-
-    def flops(x: Any) -> float:
-        if x.kind == "embedding":
-            return 0.0
-        if x.kind == "head":
-            return 2.0 * m.d_model * vocab
-        return 2.0 * (x.active - 2 * m.d_model) + 2.0 * t.seq_len * m.d_model  # matmuls; causal QK^T and AV
-
-    fwd = [flops(x) * tokens / rate for x in shapes]
+    fwd, bwd = layer_seconds(profile, m, vocab, tokens, int(t.seq_len))
     bw = float(profile["memory_bytes_per_s"])
     measured = bool(profile["measured"])
     kind = "measured" if measured else "stated, not measured"
@@ -196,7 +162,7 @@ def from_profile(profile: dict, cfg: Any) -> CostModel:
         label=f"device profile {profile['name']} ({kind}: {profile['note']})",
         measured=measured,
         forward=fwd,
-        backward=[f * float(profile["backward_over_forward"]) for f in fwd],
+        backward=bwd,
         params=[x.params for x in shapes],
         tokens_per_micro_batch=tokens,
         step_per_param=float(profile["step_bytes_per_param"]) / bw,
@@ -223,18 +189,19 @@ def calibration(paths: list[str], P: int = 2) -> Optional[tuple[str, dict]]:
     return None
 
 
-def fit_overhead_latency(model: CostModel, calibration: list[tuple[str, int, int, float]]) -> CostModel:
+def fit_overhead_latency(model: CostModel, calibration: list[tuple]) -> CostModel:
     """``model`` with the per-instruction overhead and per-exchange latency at which two calibration records'
-    predicted steps equal their measured ones: ``calibration`` = [(schedule, P, m, measured step s)] x 2, one
+    predicted steps equal their measured ones: ``calibration`` = [(schedule, P, m, measured step s[, cut])] x 2, one
     with a flush and one without (1F1B and 2BW), whose critical paths hold different shares of instructions and
     exchanges. A replayed step is piecewise linear in the two (seconds on the critical path per instruction and per
     exchange), so Newton's method with a finite-difference Jacobian solves the 2 x 2 system in a few replays. Where
     no non-negative pair fits both, the latency is 0 and the overhead fits the first record alone (`fit_overhead`)."""
-    measured = [t for *_, t in calibration]
+    runs = [(c[0], c[1], c[2], c[3], c[4] if len(c) > 4 else None) for c in calibration]
+    measured = [t for _, _, _, t, _ in runs]
 
     def residual(o: float, lat: float) -> list[float]:
         m = replace(model, overhead_s=o, p2p_s=lat)
-        return [predict(m, s, P, mb).step_s - t for s, P, mb, t in calibration]
+        return [predict(m, s, P, mb, cut=cut).step_s - t for s, P, mb, t, cut in runs]
 
     o = lat = 0.0
     h = 1e-6 * max(measured)
@@ -252,13 +219,20 @@ def fit_overhead_latency(model: CostModel, calibration: list[tuple[str, int, int
         o, lat = max(o, 0.0), max(lat, 0.0)
     if lat > 0 and max(abs(x) / t for x, t in zip(residual(o, lat), measured)) < 1e-3:
         return replace(model, overhead_s=o, p2p_s=lat)
-    s, P, mb, t = calibration[0]
-    return fit_overhead(replace(model, p2p_s=0.0), s, P, mb, t)
+    s, P, mb, t, cut = runs[0]
+    return fit_overhead(replace(model, p2p_s=0.0), s, P, mb, t, cut)
 
 
-def standin_calibration(records: list[dict], flushed: str = "1f1b", unflushed: str = "2bw") -> list[dict]:
+def standin_calibration(
+    records: list[dict], flushed: str = "1f1b", unflushed: str = "2bw", cut: Optional[str] = None
+) -> list[dict]:
     """The stand-in records `from_standin` calibrates on: a schedule with a flush (1F1B, the reference) and one
-    without (2BW), each at the smallest depth and its largest m."""
+    without (2BW), each at the smallest depth and its largest m; ``cut``: only variants run at that
+    `pipeline.cut` (named ``schedule+cut``, `bench_standin(cuts=...)`)."""
+    if cut is not None:
+        records = [r for r in records if str(r.get("variant", "")).endswith(f"+{cut}")]
+    if not records:
+        raise UserError(f"stand-in calibration: no record at pipeline.cut={cut}")
     P = min(int(r["stages"]) for r in records)
     out = []
     for name in (flushed, unflushed):
@@ -267,6 +241,26 @@ def standin_calibration(records: list[dict], flushed: str = "1f1b", unflushed: s
             raise UserError(f"stand-in calibration needs a {name} record at P = {P}")
         out.append(max(mine, key=lambda r: int(r["micro_batches"])))
     return out
+
+
+def _engine_figures(calibration: list[dict]) -> tuple[tuple[float, float], float]:
+    """What the engine measurably adds in stand-in records: per ForwardPass / BackwardPass over its wait (mean over
+    the records), and the optimizer step + gradient reduction per stage less its norm wait (mean over stages)."""
+    over = [r.get("overhead_s_per_instruction", {}) for r in calibration]
+    excess = tuple(sum(float(o.get(k, 0.0)) for o in over) / len(over) for k in ("ForwardPass", "BackwardPass"))
+    parts = [x for r in calibration for x in r["step_breakdown_s"]]
+    update = sum(x["optimizer_step"] - x["norm_wait"] + x["reduce"] for x in parts) / len(parts)
+    return (excess[0], excess[1]), update
+
+
+def _fitted(model: CostModel, calibration: list[dict], cuts: bool = False) -> CostModel:
+    """`fit_overhead_latency` on stand-in records (at each record's own cut with ``cuts``)."""
+    runs = [
+        (str(r["schedule"]), int(r["stages"]), int(r["micro_batches"]), float(r["step_time_s"]))
+        + ((r.get("cut"),) if cuts else ())
+        for r in calibration
+    ]
+    return fit_overhead_latency(model, runs)
 
 
 def from_standin(calibration: list[dict], stages: int, path: str = "") -> CostModel:
@@ -279,28 +273,19 @@ def from_standin(calibration: list[dict], stages: int, path: str = "") -> CostMo
     (`fit_overhead_latency`). Labelled measured."""
     first = calibration[0]
     F, B = float(first["forward_s"]), float(first["backward_s"])
-    over = [r.get("overhead_s_per_instruction", {}) for r in calibration]
-    f = (F + sum(float(o.get("ForwardPass", 0.0)) for o in over) / len(over)) / 2
-    b = (B + sum(float(o.get("BackwardPass", 0.0)) for o in over) / len(over)) / 2
-    parts = [x for r in calibration for x in r["step_breakdown_s"]]
-    update = sum(x["optimizer_step"] - x["norm_wait"] + x["reduce"] for x in parts) / len(parts)
+    excess, update = _engine_figures(calibration)
     name = Path(path).name if path else "stand-in records"
     used = ", ".join(f"{r['schedule']} at P={r['stages']}, m={r['micro_batches']}" for r in calibration)
     model = CostModel(
         label=f"measured: {name} (stand-in F={F:g} s, B={B:g} s; {used})",
         measured=True,
-        forward=[0.0, f, f, 0.0],
-        backward=[0.0, b, b, 0.0],
+        forward=[0.0, (F + excess[0]) / 2, (F + excess[0]) / 2, 0.0],
+        backward=[0.0, (B + excess[1]) / 2, (B + excess[1]) / 2, 0.0],
         params=[0, 1, 1, 0],
         tokens_per_micro_batch=1,
         step_per_param=update / 2,
     )
-    P = int(first["stages"])
-    fitted = fit_overhead_latency(
-        model_at(model, P),
-        [(str(r["schedule"]), P, int(r["micro_batches"]), float(r["step_time_s"])) for r in calibration],
-    )
-    return model_at(fitted, stages)
+    return model_at(_fitted(model_at(model, int(first["stages"])), calibration), stages)
 
 
 def model_at(model: CostModel, stages: int) -> CostModel:
@@ -309,3 +294,34 @@ def model_at(model: CostModel, stages: int) -> CostModel:
     f, b = model.forward[1], model.backward[1]
     n = 2 * stages
     return replace(model, forward=[0.0] + [f] * n + [0.0], backward=[0.0] + [b] * n + [0.0], params=[0] + [1] * n + [0])
+
+
+def from_standin_layers(calibration: list[dict], cfg: Any, path: str = "") -> CostModel:
+    """A cost model of per-layer stand-in compute (`pipeline.standin.profile`, `asyncpipe.standin_costs`: every
+    layer of ``cfg``'s model waits its own seconds, a chunk their sum under its cut) from stand-in records of that
+    run (1F1B and 2BW, `standin_calibration`, each carrying its ``cut``): each layer at its stand-in seconds, every
+    chunk's pass plus the engine's measured excess (``chunk_s``), the measured optimizer step spread over the
+    model's real parameters, and the overhead per instruction and latency per exchange fitted to the records'
+    steps at their own cuts. Predicts any P and cut of the same model and profile (`predict(..., cut=...)`)."""
+    from asyncpipe.standin_costs import layer_costs, profile_of
+
+    costs = layer_costs(cfg)
+    if costs is None:
+        raise UserError("from_standin_layers: the run has no pipeline.standin.profile")
+    excess, update = _engine_figures(calibration)
+    params = [x.params for x in _layers(cfg)]
+    P = int(calibration[0]["stages"])
+    name = Path(path).name if path else "stand-in records"
+    used = ", ".join(f"{r['schedule']} at P={r['stages']}, m={r['micro_batches']}" for r in calibration)
+    scale = float(cfg.pipeline.standin.get("scale", 1.0))
+    model = CostModel(
+        label=f"measured: {name} (per-layer stand-in {profile_of(cfg)} x {scale:g}; {used})",
+        measured=True,
+        forward=list(costs[0]),
+        backward=list(costs[1]),
+        params=params,
+        tokens_per_micro_batch=int(cfg.train.micro_batch_size) * int(cfg.train.seq_len),
+        step_per_param=update * P / sum(params),
+        chunk_s=excess,
+    )
+    return _fitted(model, calibration, cuts=True)
