@@ -56,6 +56,42 @@ def test_1f1b_and_interleaved_bubbles(P: int, m: int, f: float, b: float) -> Non
         assert bubble("interleaved-1f1b", P, m, f, b) == pytest.approx((P - 1) / (2 * m + P - 1))
 
 
+@pytest.mark.parametrize("P,m", [(1, 1), (2, 2), (3, 5), (4, 8), (8, 16)])
+def test_1f1b_one_batch_by_hand(P: int, m: int) -> None:
+    # F = 1, B = 2: the fill and the drain each take P - 1 slots of F + B around m of them, and every rank works
+    # 3m; whole numbers, so the replay must hit them exactly.
+    tl = replay(plan("1f1b", P, m), forward=1.0, backward=2.0)
+    assert tl.makespan == 3.0 * (m + P - 1)
+    assert tl.busy == [3.0 * m] * P
+    assert bubble("1f1b", P, m) == pytest.approx((P - 1) / (m + P - 1), rel=1e-15)
+
+
+def test_latency_and_op_overhead_by_hand() -> None:
+    # 1F1B, P = 2, m = 1; F = 1 and B = 2, each op 0.25 longer, each result read on the other rank 0.5 later.
+    tl = replay(plan("1f1b", 2, 1), forward=1.0, backward=2.0, latency=0.5, op_overhead=0.25)
+    spans = [(e.stage, e.kind, e.start, e.end) for e in tl.events]
+    assert spans == [(0, "forward", 0.0, 1.25), (1, "forward", 1.75, 3.0), (1, "backward", 3.0, 5.25),
+                     (0, "backward", 5.75, 8.0)]  # fmt: skip
+    assert tl.makespan == 8.0 and tl.busy == [3.5, 3.5]
+
+
+def test_broken_orders_say_where() -> None:
+    good = plan("1f1b", 2, 2)
+    cases = {
+        "bad: deadlock: rank 0 at Op(kind='B', chunk=0, micro_batch=1); rank 1 at Op(kind='F', chunk=1, micro_batch=0)":
+            [list(reversed(good.ranks[0])), good.ranks[1]],
+        "rank 0 runs Op(kind='F', chunk=1, micro_batch=5), but chunk 1 lives on rank 1":
+            [good.ranks[0] + [Op("F", 1, 5)], good.ranks[1]],
+        "Op(kind='F', chunk=0, micro_batch=0) runs twice (ranks 0 and 0)": [good.ranks[0] + [Op("F", 0, 0)], good.ranks[1]],
+        "Op(kind='B', chunk=1, micro_batch=1) on rank 1 needs Op(kind='F', chunk=1, micro_batch=1), which no rank runs":
+            [good.ranks[0], [op for op in good.ranks[1] if op != Op("F", 1, 1)]],
+    }  # fmt: skip
+    for message, ranks in cases.items():
+        with pytest.raises(ScheduleError) as err:
+            replay(Plan("bad", 2, 2, good.chunk_rank, ranks))
+        assert str(err.value) == message
+
+
 @pytest.mark.parametrize("P,m", [(2, 2), (2, 4), (3, 5), (4, 8)])
 def test_zb_h1_bubble_is_the_papers(P: int, m: int) -> None:
     # F = B = W = 1 (backward 2 split in halves): ZB-H1 idles (P-1)(F + B - W) = P-1 per rank and batch,

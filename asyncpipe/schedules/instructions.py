@@ -35,11 +35,19 @@ class LoadMicroBatch(Instruction):
 
 
 class ForwardPass(Instruction):
-    """Forward of ``micro_batch`` (in ``buffer_id``) on weight ``version``."""
+    """Forward of ``micro_batch`` (in ``buffer_id``) on weight ``version``.
+
+    A pass of a one-batch order (`asyncpipe.schedules.orders.plan_streams`) names its model ``chunk`` and ``needs``, the
+    ops whose results it reads (`orders.Op`): it starts once they are done, with no send or receive between."""
 
 
 class BackwardPass(Instruction):
-    """Backward of ``micro_batch``; gradients accumulate on the same weight ``version`` its forward used."""
+    """Backward of ``micro_batch``; gradients accumulate on the same weight ``version`` its forward used. In a
+    one-batch order that splits the backward, the input gradient only (a `WeightPass` follows)."""
+
+
+class WeightPass(Instruction):
+    """The weight gradient of ``micro_batch`` on ``chunk``, split off its backward (zero-bubble orders)."""
 
 
 class SendActivation(Instruction):

@@ -1,5 +1,6 @@
 """One-batch compute orders per pipeline rank, for the synchronous schedules that are drawn and replayed by data
-dependencies (`asyncpipe.timelines.orders.replay`). Pure Python: no torch.
+dependencies (`asyncpipe.timelines.orders.replay`, which runs `plan_streams`, the order as instruction streams, through
+the one replay). Pure Python: no torch.
 
 A plan is, per pipeline rank, the order in which it runs forwards (F), backwards (B) and, for zero-bubble
 schedules, deferred weight-gradient passes (W) of one batch, on model chunks (virtual stages).
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from asyncpipe.errors import UserError
+from asyncpipe.schedules.instructions import BackwardPass, ForwardPass, Instruction, WeightPass
 
 
 @dataclass(frozen=True)
@@ -140,3 +142,26 @@ def deps(op: Op, n_chunks: int, split_backward: bool) -> list[Op]:
         own = [Op("F", op.chunk, op.micro_batch)]
         return own + ([Op("B", op.chunk + 1, op.micro_batch)] if op.chunk < n_chunks - 1 else [])
     return [Op("B", op.chunk, op.micro_batch)]
+
+
+PASSES = {"F": ForwardPass, "B": BackwardPass, "W": WeightPass}  # an op's kind -> its instruction
+
+
+def plan_streams(p: Plan) -> list[list[Instruction]]:
+    """Each rank's order as an instruction stream: one pass per op, on its chunk, naming the ops it reads (`deps`)."""
+    n_chunks = len(p.chunk_rank)
+    return [
+        [
+            PASSES[op.kind](
+                micro_batch=op.micro_batch, chunk=op.chunk, needs=tuple(deps(op, n_chunks, p.split_backward))
+            )
+            for op in p.ranks[r]
+        ]
+        for r in range(p.stages)
+    ]
+
+
+def op_of(cmd: Instruction) -> Op:
+    """The op a pass of `plan_streams` runs."""
+    kind = next(k for k, cls in PASSES.items() if isinstance(cmd, cls))
+    return Op(kind, cmd.chunk, cmd.micro_batch)  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """Replay of one-batch compute orders (`asyncpipe.schedules.orders`) by data dependencies: `replay` starts every op
 as soon as its rank is free and its inputs exist (communication is free and eager): the idealised timeline, its
 bubble, and a deadlock check; the bubble table of every schedule and the ideal timelines of the engine's streams.
-Pure Python: no torch.
+Every one goes through the one replay, `asyncpipe.timelines.timeline.simulate`. Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from asyncpipe.errors import UserError
 from asyncpipe.schedules import get, schedules
-from asyncpipe.schedules.orders import Op, Plan, deps, drawn_orders, plan, sync_schedules
+from asyncpipe.schedules.orders import Op, Plan, drawn_orders, plan, plan_streams, sync_schedules
 
 if TYPE_CHECKING:
     from asyncpipe.timelines.timeline import Timeline
@@ -31,18 +31,28 @@ def replay(
     `ScheduleError` on a deadlock, a dependency on an op no rank runs, or an op run twice or on the wrong rank.
     ``chunk_costs`` ({"F": [...], "B": [...]}, one cost per chunk) replaces the uniform costs (the cost model's
     measured, unequal chunks); ``latency`` delays a result read on another rank; ``op_overhead`` is added to
-    every op (the engine's instructions around it)."""
-    from asyncpipe.timelines.timeline import Event, ScheduleError, Timeline
+    every op's duration (the engine's instructions around it). The order runs as instruction streams
+    (`schedules.orders.plan_streams`) through the one replay, `timelines.timeline.simulate`."""
+    from asyncpipe.timelines.timeline import simulate
 
     n_chunks, v = len(p.chunk_rank), p.chunks_per_rank
     cost = {"F": forward / v, "B": backward / v, "W": 0.0}
     if p.split_backward:
         cost["B"], cost["W"] = backward * (1 - weight_share) / v, backward * weight_share / v
+    _check_ranks(p)
 
-    def duration(op: Op) -> float:
-        if chunk_costs is None or op.kind not in chunk_costs:
-            return cost[op.kind] + op_overhead
-        return float(chunk_costs[op.kind][op.chunk]) + op_overhead
+    def per_chunk(kind: str) -> list[float]:
+        if chunk_costs is None or kind not in chunk_costs:
+            return [cost[kind] + op_overhead] * n_chunks
+        return [float(chunk_costs[kind][c]) + op_overhead for c in range(n_chunks)]
+
+    fwd, bwd, wgt = per_chunk("F"), per_chunk("B"), per_chunk("W")
+    return simulate(plan_streams(p), fwd, bwd, latency=latency, weight=wgt, name=p.name)
+
+
+def _check_ranks(p: Plan) -> None:
+    """Every op once, on the rank that holds its chunk."""
+    from asyncpipe.timelines.timeline import ScheduleError
 
     owner: dict[Op, int] = {}
     for r, ops in enumerate(p.ranks):
@@ -52,32 +62,6 @@ def replay(
             if p.chunk_rank[op.chunk] != r:
                 raise ScheduleError(f"rank {r} runs {op}, but chunk {op.chunk} lives on rank {p.chunk_rank[op.chunk]}")
             owner[op] = r
-    end: dict[Op, float] = {}
-    pc, clock = [0] * p.stages, [0.0] * p.stages
-    events, busy = [], [0.0] * p.stages
-    while any(pc[r] < len(p.ranks[r]) for r in range(p.stages)):
-        moved = False
-        for r in range(p.stages):
-            while pc[r] < len(p.ranks[r]):
-                op = p.ranks[r][pc[r]]
-                need = deps(op, n_chunks, p.split_backward)
-                missing = [d for d in need if d not in owner]
-                if missing:
-                    raise ScheduleError(f"{op} on rank {r} needs {missing[0]}, which no rank runs")
-                if any(d not in end for d in need):
-                    break
-                start = max([clock[r]] + [end[d] + (latency if owner[d] != r else 0.0) for d in need])
-                dur = duration(op)
-                kind = {"F": "forward", "B": "backward", "W": "weight"}[op.kind]
-                events.append(Event(r, kind, op.micro_batch, start, start + dur, chunk=op.chunk))
-                end[op] = clock[r] = start + dur
-                busy[r] += dur
-                pc[r] += 1
-                moved = True
-        if not moved:
-            stuck = "; ".join(f"rank {r} at {p.ranks[r][pc[r]]}" for r in range(p.stages) if pc[r] < len(p.ranks[r]))
-            raise ScheduleError(f"{p.name}: deadlock: {stuck}")
-    return Timeline(events, max(clock, default=0.0), busy)
 
 
 def bubble(name: str, stages: int, micro_batches: int, forward: float = 1.0, backward: float = 2.0) -> Optional[float]:

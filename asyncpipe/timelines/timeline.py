@@ -1,8 +1,12 @@
-"""Replay per-stage instruction streams against each other: a timeline with idle time, or a deadlock report.
+"""The one replay of pipeline orders: per-stage instruction streams run against each other, giving a timeline with
+idle time, or a deadlock report. Every timeline goes through it: the engine's streams (ideal, modelled by the cost
+model, drawn), and the one-batch orders of `asyncpipe.schedules.orders` (`asyncpipe.timelines.orders.replay`).
 
 Used by the schedule tests (every send meets its receive in an order that cannot hang) and for drawing
 schedules. Communication is rendezvous: an op completes only when its partner is posted, as with NCCL. Ops
 queued before a `CommitP2P` are posted together; a stream without commits blocks on every send and receive.
+A pass of a one-batch order (on a model ``chunk``, naming the ops it ``needs``) has no sends or receives: it starts
+once those ops are done (communication free and eager, ``latency`` after an op on another stage).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from asyncpipe.schedules.instructions import (
     RecvGrad,
     SendActivation,
     SendGrad,
+    WeightPass,
 )
+from asyncpipe.schedules.orders import Op, op_of
 
 
 class ScheduleError(AssertionError):
@@ -66,6 +72,12 @@ class _Stage:
     queued: list = field(default_factory=list)
     waiting: Optional[list] = None  # posted (channel, side, index) awaiting partners
     collective: Optional[int] = None  # waiting in OptimizerStep for this batch's all-reduce
+    pending: Optional[Instruction] = None  # a pass of an order waiting for the ops it reads
+
+    @property
+    def finished(self) -> bool:
+        """At the end of its stream, waiting for nothing."""
+        return self.pc >= len(self.stream) and self.waiting is None and self.collective is None and self.pending is None
 
 
 def _channel(cmd: Instruction, stage: int) -> tuple[tuple[str, int, int], str]:
@@ -81,7 +93,7 @@ def _channel(cmd: Instruction, stage: int) -> tuple[tuple[str, int, int], str]:
     raise TypeError(cmd)
 
 
-Cost = Union[float, Sequence[float]]  # one duration for every stage, or one per stage
+Cost = Union[float, Sequence[float]]  # one duration for every stage, or one per stage (per chunk: an order's passes)
 
 
 def simulate(
@@ -93,23 +105,27 @@ def simulate(
     collective_steps: bool = False,
     overhead: float = 0.0,
     recompute: bool = False,
+    weight: Cost = 0.0,
+    name: Optional[str] = None,
 ) -> Timeline:
     """Run the stages' streams against each other with the given durations (per stage where a sequence: a
-    measured, unequal pipeline); raises `ScheduleError`.
+    measured, unequal pipeline; per chunk for the passes of a one-batch order); raises `ScheduleError`.
 
     ``collective_steps``: a cross-stage all-reduce (global-norm clipping) starts at each stage's
     `ReduceGrads(b)` without blocking, and `OptimizerStep(b)` waits until every stage has started it.
     ``overhead``: seconds the engine spends on every instruction besides its work (the cost model's
-    per-instruction term, `asyncpipe.timelines.cost`); ``latency``: seconds each completed exchange adds.
+    per-instruction term, `asyncpipe.timelines.cost`); ``latency``: seconds each completed exchange adds (for an
+    order's pass, each op it reads from another stage).
     ``recompute``: a backward on a newer version than its forward's (a straddler) recomputes that forward first
     (paci-recompute); otherwise it costs a backward (paci's in-place recipe).
+    ``weight``: a split-off weight gradient (`WeightPass`); ``name``: the one-batch order the streams are, whose
+    deadlock report names the op each rank waits at.
     """
-    n = len(streams)
-    fwd, bwd, upd = (
-        [float(c)] * n if isinstance(c, (int, float)) else [float(x) for x in c] for c in (forward, backward, step)
-    )
-    replay = _Replay(streams, fwd, bwd, upd, latency, collective_steps, overhead, recompute)
-    return replay.run()
+    costs = {
+        kind: float(c) if isinstance(c, (int, float)) else [float(x) for x in c]
+        for kind, c in (("F", forward), ("B", backward), ("W", weight), ("U", step))
+    }
+    return _Replay(streams, costs, latency, collective_steps, overhead, recompute, name).run()
 
 
 class _Replay:
@@ -119,16 +135,14 @@ class _Replay:
     def __init__(
         self,
         streams: Sequence[Sequence[Instruction]],
-        fwd: list[float],
-        bwd: list[float],
-        upd: list[float],
+        costs: dict[str, Union[float, list[float]]],
         latency: float,
         collective_steps: bool,
         overhead: float,
         recompute: bool,
+        name: Optional[str],
     ) -> None:
-        self.n = len(streams)
-        self.fwd, self.bwd, self.upd = fwd, bwd, upd
+        self.n, self.costs, self.name = len(streams), costs, name
         self.latency, self.overhead, self.recompute = latency, overhead, recompute
         self.collective_steps = collective_steps
         self.stages = [_Stage(s, any(isinstance(c, CommitP2P) for c in s)) for s in streams]
@@ -138,10 +152,13 @@ class _Replay:
         self.read: dict[tuple[int, int], Optional[int]] = {}  # (stage, micro-batch) -> the version its forward read
         self.busy = [0.0] * self.n
         self.started: dict[int, list[float]] = {}  # batch -> start times of its all-reduce, one per stage
+        # An order's ops: the stage that runs each, and when each finished.
+        self.owner = {op_of(c): i for i, s in enumerate(streams) for c in s if getattr(c, "chunk", None) is not None}
+        self.done: dict[Op, float] = {}
         self.handlers: list[tuple[Any, Callable[[int, Any], None]]] = [
             (COMM, self._comm),
             (CommitP2P, self._commit),
-            ((ForwardPass, BackwardPass), self._pass),
+            ((ForwardPass, BackwardPass, WeightPass), self._pass),
             (ReduceGrads, self._reduce),
             (OptimizerStep, self._step),
         ]  # the rest (loading a micro-batch) takes no time here
@@ -149,10 +166,10 @@ class _Replay:
     def run(self) -> Timeline:
         while True:
             moved = any([self.advance(i) for i in range(self.n)])
-            if all(st.pc >= len(st.stream) and st.waiting is None and st.collective is None for st in self.stages):
+            if all(st.finished for st in self.stages):
                 break
             if not moved:
-                raise ScheduleError("deadlock: " + "; ".join(self._where(i) for i in range(self.n)))
+                raise ScheduleError(self._deadlock())
         for i, st in enumerate(self.stages):
             if st.queued:
                 raise ScheduleError(f"stage {i}: communication queued but never committed: {st.queued}")
@@ -162,12 +179,20 @@ class _Replay:
         makespan = max((st.clock for st in self.stages), default=0.0)
         return Timeline(self.events, makespan, self.busy)
 
+    def _deadlock(self) -> str:
+        """Where every stage is stuck; for a one-batch order, the op each unfinished rank waits at."""
+        if self.name is None:
+            return "deadlock: " + "; ".join(self._where(i) for i in range(self.n))
+        stuck = [f"rank {i} at {op_of(st.pending)}" for i, st in enumerate(self.stages) if st.pending is not None]
+        return f"{self.name}: deadlock: " + "; ".join(stuck)
+
     def _where(self, i: int) -> str:
         st = self.stages[i]
         return (
             f"stage {i}: at #{st.pc} {st.stream[st.pc - 1] if st.pc else None!r}"
             + (f" waiting on {st.waiting}" if st.waiting else "")
             + (f" in the all-reduce of batch {st.collective}" if st.collective is not None else "")
+            + (f" waiting for the inputs of {op_of(st.pending)}" if st.pending is not None else "")
         )
 
     def advance(self, i: int) -> bool:
@@ -181,6 +206,10 @@ class _Replay:
                 moved = True
             if st.waiting is not None:
                 if not self._finish_wait(i):
+                    return moved
+                moved = True
+            if st.pending is not None:
+                if not self._finish_pending(i):
                     return moved
                 moved = True
             if st.pc >= len(st.stream):
@@ -208,19 +237,40 @@ class _Replay:
         st.queued = []
 
     def _pass(self, i: int, cmd: Instruction) -> None:
-        """A forward or backward: its duration on the stage; a straddler's backward recomputes its forward first
-        under ``recompute``."""
+        """A forward, backward or weight gradient; a pass of an order first waits for the ops it ``needs``."""
+        needs = getattr(cmd, "needs", None)
+        if needs is None:
+            self._compute(i, cmd)
+            return
+        missing = [d for d in needs if d not in self.owner]
+        if missing:
+            raise ScheduleError(f"{op_of(cmd)} on rank {i} needs {missing[0]}, which no rank runs")
+        self.stages[i].pending = cmd  # run by `_finish_pending` once they are done
+
+    def _compute(self, i: int, cmd: Instruction) -> None:
+        """A pass's duration on the stage (on its chunk, for an order's); a straddler's backward recomputes its
+        forward first under ``recompute``."""
         st, forward = self.stages[i], isinstance(cmd, ForwardPass)
-        dur = self.fwd[i] if forward else self.bwd[i]
+        chunk = getattr(cmd, "chunk", None)
+        at = i if chunk is None else chunk
+        kind = "forward" if forward else "backward" if isinstance(cmd, BackwardPass) else "weight"
+        dur = self._cost(kind[0].upper(), at)
         version = getattr(cmd, "version", None)
         if forward:
             self.read[(i, cmd.micro_batch)] = version
-        straddle = not forward and self.read.get((i, cmd.micro_batch), version) != version
-        dur += self.fwd[i] if straddle and self.recompute else 0.0
-        kind = "forward" if forward else "backward"
-        self.events.append(Event(i, kind, cmd.micro_batch, st.clock, st.clock + dur, version, straddle=straddle))
+        straddle = kind == "backward" and self.read.get((i, cmd.micro_batch), version) != version
+        dur += self._cost("F", at) if straddle and self.recompute else 0.0
+        event = Event(i, kind, cmd.micro_batch, st.clock, st.clock + dur, version, chunk=chunk, straddle=straddle)
+        self.events.append(event)
         st.clock += dur
         self.busy[i] += dur
+        if chunk is not None:
+            self.done[op_of(cmd)] = st.clock
+
+    def _cost(self, kind: str, at: int) -> float:
+        """Seconds of one ``kind`` (F, B, W, U) on stage or chunk ``at``."""
+        c = self.costs[kind]
+        return c if isinstance(c, float) else c[at]
 
     def _reduce(self, i: int, cmd: Instruction) -> None:
         if self.collective_steps:
@@ -235,9 +285,10 @@ class _Replay:
 
     def _run_step(self, i: int, begin: float, batch: int) -> None:
         st = self.stages[i]
-        self.events.append(Event(i, "step", None, begin, st.clock + self.upd[i], batch=batch))
-        st.clock += self.upd[i]
-        self.busy[i] += self.upd[i]
+        upd = self._cost("U", i)
+        self.events.append(Event(i, "step", None, begin, st.clock + upd, batch=batch))
+        st.clock += upd
+        self.busy[i] += upd
 
     # -- waiting ---------------------------------------------------------------------------------------------
     def _finish_collective(self, i: int) -> bool:
@@ -249,6 +300,18 @@ class _Replay:
         st.clock = max([st.clock] + arrivals)
         batch, st.collective = st.collective, None
         self._run_step(i, begin, batch)  # type: ignore[arg-type]
+        return True
+
+    def _finish_pending(self, i: int) -> bool:
+        """Run the waiting pass once every op it reads is done: at the latest of their ends, ``latency`` later for
+        one on another stage."""
+        st = self.stages[i]
+        needs = st.pending.needs  # type: ignore[union-attr]
+        if any(d not in self.done for d in needs):
+            return False
+        st.clock = max([st.clock] + [self.done[d] + (self.latency if self.owner[d] != i else 0.0) for d in needs])
+        cmd, st.pending = st.pending, None
+        self._compute(i, cmd)  # type: ignore[arg-type]
         return True
 
     def _post(self, i: int, ops: list[Instruction]) -> None:
