@@ -203,11 +203,19 @@ def cut_problem(cfg: Any) -> str:
 
 
 def ends_read_one_version(spec: Any, stages: int, micro_batches: int, batches: int = 4) -> bool:
-    """Whether the first and the last stage read one weight version for every micro-batch, forward and backward
-    (its declared `versions`, over a few batches): what two tied copies stepped alike need."""
-    for k in range(batches * micro_batches):
-        first = spec.versions(stages, micro_batches, 0, k)
-        last = spec.versions(stages, micro_batches, stages - 1, k)
+    """Whether two tied copies, one on the first stage and one on the last, each reading its own stage's declared
+    `versions`, read the simulator's one matrix (checked over a few batches): either both stages read one version
+    for every micro-batch, forward and backward (1F1B, 2BW: the simulator's per-parameter delay), or the simulator
+    runs the stages apart in place (``stage_delay`` None, the in-place straddle recipe: PACI) and the last stage
+    reads batch b's own version W(b) for each of its micro-batches, forward and backward, the version the
+    simulator's head reads (`engines.staged` moves only stage 0's parameters, the matrix included, to an older
+    version, and only for stage 0's forward; the lookup's backward reads no weight). See `pipe.tied`."""
+    m, ks = micro_batches, range(batches * micro_batches)
+    if spec.stage_delay is None and spec.straddle == "inplace":
+        return all(spec.versions(stages, m, stages - 1, k) == (k // m, k // m) for k in ks)
+    for k in ks:
+        first = spec.versions(stages, m, 0, k)
+        last = spec.versions(stages, m, stages - 1, k)
         if first != last or first[0] != first[1]:
             return False
     return True
@@ -215,21 +223,25 @@ def ends_read_one_version(spec: Any, stages: int, micro_batches: int, batches: i
 
 def tied_problem(cfg: Any) -> str:
     """Why ``cfg``'s tied embeddings cannot run on `engine=pipeline` ('' when they can): split over the first and
-    the last stage, the two copies are summed and stepped alike (`pipe.tied`) under 1F1B and 2BW (+ EF) and
-    PyTorch's schedules that do not split their backward (`torch_schedules.config_problem` refuses those), where
-    both stages read one weight version per step, with one global clipping norm."""
+    the last stage, the two copies are summed and stepped alike (`pipe.tied`) under 1F1B, 2BW (+ EF) and PACI
+    (in place), where each copy reads the simulator's version of the matrix (`ends_read_one_version`), and under
+    PyTorch's schedules that do not split their backward (`torch_schedules.config_problem` refuses those). Clipping
+    per stage only where the simulator clips per stage (a schedule it runs stage by stage: PACI)."""
     from asyncpipe.schedules import resolve
 
     p, spec = cfg.pipeline, resolve(cfg)
     untie = f"add model.tie_embeddings=false (model '{cfg.model.name}' ties them)"
     if p.stages == 1 or (spec.chunks > 1 and p.get("torch_schedule") is None):
         return ""  # the embedding and the head in one process (a V): tied there
+    name = spec.name
     if not ends_read_one_version(spec, p.stages, cfg.train.micro_batches):
-        name = spec.name
         return (
-            f"engine=pipeline ties embeddings across stages under 1f1b and 2bw only (pipeline.schedule={name}: "
-            f"its stages read different weight versions at one step); {untie}"
+            f"engine=pipeline ties embeddings across stages under 1f1b, 2bw and paci only (pipeline.schedule={name}: "
+            f"its first and last stage do not read the simulator's version of the one tied matrix); {untie}"
         )
-    if p.clip == "stage" and cfg.train.grad_clip > 0:
-        return f"tied embeddings across stages need pipeline.clip=global (one norm for the shared matrix); {untie}"
+    if p.clip == "stage" and cfg.train.grad_clip > 0 and spec.stage_delay is not None:
+        return (
+            f"tied embeddings across stages need pipeline.clip=global under pipeline.schedule={name} (the "
+            f"simulator clips it by one norm; per stage under paci only); {untie}"
+        )
     return ""

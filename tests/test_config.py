@@ -59,7 +59,7 @@ def test_every_group_option_composes(tmp_path: Path) -> None:
         (["engine=pipeline", "delay=2"], "engine=pipeline supports delay 0 (1F1B) or 1 (2BW)"),
         (["engine=pipeline", "delay=1", "pipeline.stages=4", "train.micro_batches=2"], "2BW needs train.micro_batches >= pipeline.stages"),
         (["engine=pipeline", "pipeline.stages=5"], "pipeline.stages=5 exceeds the 4 transformer blocks"),
-        (["engine=pipeline", "model=135m", "train.seq_len=64", "pipeline.schedule=paci"], "ties embeddings across stages under 1f1b and 2bw only"),
+        (["engine=pipeline", "model=135m", "train.seq_len=64", "pipeline.schedule=paci-recompute"], "ties embeddings across stages under 1f1b, 2bw and paci only"),
         (["engine=warp"], "engine=warp is not allowed; choose one of: simulate, pipeline"),
         (["optimizer=muon", "optimizer.adjust_lr_fn=sqrt"], "optimizer.adjust_lr_fn=sqrt is not allowed"),
         (["optimizer=muon", "optimizer.ns_steps=0"], "optimizer.ns_steps=0 must be >= 1"),

@@ -65,6 +65,8 @@ class BatchEnd:
         self.tied.reduce(grads, self._waiting)  # a tied matrix: the two copies' gradients summed
         norms = torch.stack(torch._foreach_norm(self.tied.counted(grads), 2, dtype=torch.float32))
         stage_sq = _sq_norm_of(norms)
+        if self.settings.max_norm > 0 and not self._global_norm:
+            self.tied.share_norm(stage_sq)  # per-stage clipping: the copy is clipped by stage 0's norm
         work = None
         if self._global_norm:
             everywhere = torch.zeros(self._n_tensors_total, dtype=torch.float32, device=norms.device)
@@ -91,16 +93,16 @@ class BatchEnd:
         s = self.settings
         src = self.stash.latest if src_version is None else src_version
         # Compensation reads the batch's weight version while it is still stashed; the step writes a fresh one.
-        (norm,) = apply_update(
+        norm = apply_update(
             self.optimizer,
             b,
             s.lr_schedule,
             s.max_norm,
-            [(params, total_sq.sqrt())],
+            self.tied.clip_groups(params, total_sq.sqrt()),
             dict(zip(params, self.stash.weights(self._batch_version(b)))),
             before_step=lambda: self.stash.begin_update(src, src + 1 if dst_version is None else dst_version),
             after_step=lambda: self.stash.end_update(self.stash.latest + 1),
-        )
+        )[0]
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
         self._record(b, float(stage_sq), norm if self._global_norm else math.nan)

@@ -5,21 +5,41 @@ Each of the two stages holds its own copy of the matrix (`model.build_layers` in
 embedding; `Head.tied_copy`). At a batch's `ReduceGrads` the two copies' gradients (the lookup's on stage 0, the
 output projection's on stage P-1, each accumulated over the batch's micro-batches) are summed by an all-reduce on
 a two-rank group per replica: the gradient of the one tied parameter the simulator's whole model has. Both stages
-then take the same update from the same summed gradient and the same optimizer state, so the copies stay equal
-bit for bit. The last stage starts its all-reduce without waiting and waits only at its optimizer step (where it
-already waits for the norm all-reduce); stage 0, which reaches the cut last, completes it at once, so its
-per-tensor norm list holds the summed matrix's norm. The last stage's copy is left out of the norm list, which is
-then the simulator's (the tied matrix counted once, where `model.parameters()` lists it: first).
+then take the same update from the same summed gradient, clipping coefficient and optimizer state, so the copies
+stay equal bit for bit at every version. The last stage starts its all-reduce without waiting and waits only at its
+optimizer step; stage 0, which reaches the cut last, completes it at once.
 
-Which weights each copy reads: the same version as every other parameter of its stage. Under 1F1B, every
-micro-batch of batch b reads W(b) on every stage; under 2BW (delay 1), W(b-1) on every stage; so both copies read
-the version the simulator's one tied parameter has at that step (`optim.DelayedWeights`, delay 0 or 1).
-Schedules whose stages read different versions of one step (PACI's straddlers, per-stage clipping) are refused in
-`config.validate` until the simulator models two copies.
+Which version each copy reads (W(v): the matrix after v updates; batch b holds micro-batches b*m .. b*m+m-1), the
+simulator's (`engines.simulator`: one parameter, stage 0's in `engines.staged`, read by the head through
+`Head.tied_to`) and so the engine's:
+
+- 1F1B (delay 0): every micro-batch of batch b, forward and backward, on both copies: W(b).
+- 2BW, 2BW + EF (delay 1): W(b-1) on both copies (W(-1) = W(0)); the simulator's `DelayedWeights` swaps the one
+  matrix to W(b-1) for the whole batch. EF reads W(b-1) from each stage's stash, the same tensor on both.
+- PACI (in place, `schedules.paci`): the head's copy (stage P-1, no warm-up, never a straddler) reads W(b) in the
+  forward and the backward of every micro-batch of batch b. The embedding's copy reads stage 0's versions: its
+  first P-1 micro-batches of batch b >= 1 forward on W(b-1) (before stage 0's step that makes W(b); the simulator copies
+  W(b-1) into stage 0's parameters, the matrix included, for that stage's forward only, so the head of the same
+  micro-batch still reads W(b)), the rest on W(b). The lookup's backward does not read the matrix (its gradient is
+  the output gradient scattered to the token ids), so every micro-batch's two halves add to batch b's gradient,
+  which both copies apply to W(b) at the batch's end. So the last stage waits at its step b for stage 0's half of
+  batch b's gradient (the last micro-batch's backward reaching stage 0), before its first forward of batch b+1:
+  a dependency untied PACI does not have (about P-1 backward hops per batch on the last stage).
+- Any other schedule runs tied only where `partition.ends_read_one_version` holds (paci-recompute and PipeDream do
+  not: `partition.tied_problem` refuses them in one line).
+
+Clipping. Global (`pipeline.clip=global`): the last stage's copy is left out of the model-wide norm list, which is
+then the simulator's (the tied matrix counted once, where `model.parameters()` lists it: first). Per stage
+(`pipeline.clip=stage`, PACI's): the simulator's stages own their layers' parameters, so the matrix is counted in
+stage 0's norm and clipped by it; here stage 0 sends its squared stage norm (tied gradient summed) to the last stage
+on the same two-rank group, which clips its copy by that norm and the rest of its parameters by its own (the copy
+left out of it). Per-stage clipping under 1F1B and 2BW is refused with a tied matrix: the simulator clips those
+by one global norm (`partition.tied_problem`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Optional
 
 import torch
@@ -35,7 +55,10 @@ class TiedGrads:
     def __init__(self, params: list, module: Any, pairs: list[list[int]]) -> None:
         self.index: Optional[int] = None
         self.group: Any = None
-        self.work: Any = None
+        # Per batch reduced here and not yet stepped, oldest first (2BW's deferred step on the last stage reduces
+        # batch b+1 before it steps b): [gradient all-reduce, norm all-reduce, stage 0's squared norm].
+        self.pending: deque[list] = deque()
+        self.shared: Optional[torch.Tensor] = None  # the stepped batch's stage-0 squared norm (per-stage clipping)
         self.is_copy = False
         self.params: list = []
         mine = None
@@ -92,12 +115,38 @@ class TiedGrads:
         (`wait`), stage 0 here, before its norms are taken."""
         if self.index is None:
             return
-        self.work = tdist.all_reduce(grads[self.index], group=self.group, async_op=True)
+        work = tdist.all_reduce(grads[self.index], group=self.group, async_op=True)
         if not self.is_copy:
-            self.wait(waiting)
+            with waiting("tied_grad_allreduce"):
+                work.wait()
+            work = None
+        self.pending.append([work, None, None])
+
+    def share_norm(self, stage_sq: torch.Tensor) -> None:
+        """Per-stage clipping: start sending stage 0's squared stage norm (taken after `reduce`, so over the summed
+        matrix) to the copy's rank, on the pair's group (the copy adds zeros: the sum is stage 0's value exactly)."""
+        if self.index is None:
+            return
+        shared = torch.zeros_like(stage_sq) if self.is_copy else stage_sq.detach().clone()
+        self.pending[-1][1:] = [tdist.all_reduce(shared, group=self.group, async_op=True), shared]
 
     def wait(self, waiting: Any) -> None:
-        if self.work is not None:
+        """At the step of the oldest batch reduced: complete its gradient's all-reduce and, under per-stage
+        clipping, its norm's."""
+        if not self.pending:
+            return
+        work, norm_work, self.shared = self.pending.popleft()
+        if work is not None:
             with waiting("tied_grad_allreduce"):
-                self.work.wait()
-            self.work = None
+                work.wait()
+        if norm_work is not None:
+            with waiting("tied_norm_allreduce"):
+                norm_work.wait()
+
+    def clip_groups(self, params: list, norm: Any) -> list[tuple[list, Any]]:
+        """What `optim.apply_update` clips together (after `wait`): ``params`` by ``norm``, except that under
+        per-stage clipping the copy is clipped by stage 0's norm (`share_norm`) and the rest by this stage's."""
+        shared, self.shared = self.shared, None
+        if shared is None or not self.is_copy:
+            return [(params, norm)]
+        return [(self.counted(params), norm), ([self.copy], shared.sqrt())]
