@@ -13,7 +13,9 @@ packages, so adding one needs no list edited). Those modules import no torch: `c
 them in processes that never train. A builder imports torch when it is called, or is named by import path
 (``build="module:function"``, resolved when a run builds the component): a method's update rule, a
 `torch.optim.Optimizer` subclass, lives in `asyncpipe.optim.compensation` and its declaration names its builder
-there. Code outside the package is named by import path, Hydra's `_target_` convention:
+there. The registry and the built-in methods' declarations are one layer (it walks their package, they import it
+to declare themselves); it names the builders on the torch side and never calls them: `resolve` imports one and its
+caller, `asyncpipe.optim`, calls it. Code outside the package is named by import path, Hydra's `_target_` convention:
 ``optimizer._target_=mypkg.lion`` imports ``mypkg.lion``, whose `declare_optimizer` decorator registers it
 (docs/extending.md); such a module may import torch itself. This module imports no torch.
 """
@@ -39,7 +41,7 @@ Builder = Union[Callable[..., Any], str]  # the builder, or "module:function" na
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """``optimizer.name=<name>``: ``build(module, cfg.optimizer, hidden) -> torch optimizer``."""
+    """``optimizer.name=<name>``: ``resolve(builder)(module, cfg.optimizer, hidden) -> torch optimizer``."""
 
     name: str
     builder: Builder
@@ -48,9 +50,6 @@ class OptimizerSpec:
     check: Optional[Check] = None
     module: str = ""
     revision: int = 1  # bumped when its update rule changes (asyncpipe.report.revisions keeps what each one was)
-
-    def build(self, module: Any, cfg: Any, hidden: Any) -> Any:
-        return resolve(self.builder)(module, cfg, hidden)
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class Switch:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """``compensation=<name>``: ``build(optimizer, cfg.compensation, delays) -> wrapped optimizer``."""
+    """``compensation=<name>``: ``resolve(builder)(optimizer, cfg.compensation, delays) -> wrapped optimizer``."""
 
     name: str
     builder: Builder
@@ -86,9 +85,6 @@ class MethodSpec:
     fingerprint_key: Optional[str] = None  # checkpoints name it {key: True} (every run records key: whether it runs
     # this method) in place of {"compensation": name}; older checkpoints must keep matching
 
-    def build(self, optimizer: Any, cfg: Any, delays: Any) -> Any:
-        return resolve(self.builder)(optimizer, cfg, delays)
-
 
 _OPTIMIZERS: dict[str, OptimizerSpec] = {}
 _METHODS: dict[str, MethodSpec] = {}
@@ -97,7 +93,8 @@ _loaded = False
 
 def resolve(builder: Builder) -> Any:
     """``builder`` itself, or the object a ``"module:name"`` path names (a builder, a schedule's engine class),
-    imported now; one line if it is not there."""
+    imported now; one line if it is not there. The caller, which builds the component, calls what it returns: the
+    registry never calls up into the torch side it names."""
     if not isinstance(builder, str):
         return builder
     module, _, name = builder.partition(":")

@@ -135,9 +135,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "asyncpipe.track.files", "asyncpipe.track.lock", "asyncpipe.paths", "asyncpipe.dist"),
     ("asyncpipe.config.tree", "asyncpipe.config.tuned"),  # conf/ and the tuned-lr table (a run's regime)
     ("asyncpipe.data",),  # corpora, tokenizers, micro-batches
-    ("asyncpipe.registry",),  # the extension points (optimizers, compensation methods)
-    # torch-free declarations: schedules (instructions, orders, one module each), the built-in methods
-    ("asyncpipe.schedules", "asyncpipe.compensation"),
+    # the extension points, torch-free: the registry and the declarations it finds (it imports the built-in methods
+    # by walking their package; each imports it to declare itself, so they are one layer); schedules (instructions,
+    # orders, one module each)
+    ("asyncpipe.registry", "asyncpipe.schedules", "asyncpipe.compensation"),
     # the layer list's sizes, the stage cut (reads the schedule), PyTorch's schedules (their chunks' layers)
     # ... and the per-layer seconds of a device profile and of a stand-in profile (the balanced cut weighs them)
     ("asyncpipe.shapes", "asyncpipe.partition", "asyncpipe.torch_schedules", "asyncpipe.device_profile",

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 
-from asyncpipe.registry import declare_optimizer, names, optimizer_spec, optimizers, target_of
+from asyncpipe.registry import declare_optimizer, names, optimizer_spec, optimizers, resolve, target_of
 
 HiddenFn = Callable[[str, nn.Parameter], bool]
 Builder = Callable[[nn.Module, Any, Optional[HiddenFn]], torch.optim.Optimizer]
@@ -87,7 +87,7 @@ def build_optimizer(
     spec = optimizer_spec(cfg.name, target_of(cfg))
     if not trainable(module):
         raise ValueError("the module has no trainable parameters to optimise")
-    optimizer = spec.build(module, cfg, hidden)
+    optimizer = resolve(spec.builder)(module, cfg, hidden)
     for group in optimizer.param_groups:
         group.setdefault("base_lr", group["lr"])
     if compensation is None or compensation.name == "none":

@@ -11,7 +11,7 @@ from typing import Any, ContextManager
 import torch
 
 from asyncpipe.errors import UserError
-from asyncpipe.registry import MethodSpec, declare_method, method_spec, methods, names
+from asyncpipe.registry import MethodSpec, declare_method, method_spec, methods, names, resolve
 
 Builder = Callable[[torch.optim.Optimizer, Any, Mapping[torch.Tensor, int]], torch.optim.Optimizer]
 Method = MethodSpec
@@ -40,7 +40,7 @@ def build(
     m = method_spec(cfg.name, cfg.get("_target_"))
     if pipeline and not m.fits_2bw:
         raise UserError(f"compensation={m.name} does not run in engine=pipeline: {m.note}; use engine=simulate")
-    return m.build(optimizer, cfg, delays)
+    return resolve(m.builder)(optimizer, cfg, delays)
 
 
 def compensate_grads(optimizer: torch.optim.Optimizer, stale: Mapping[torch.Tensor, torch.Tensor]) -> None:
