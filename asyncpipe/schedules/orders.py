@@ -16,14 +16,15 @@ schedules, deferred weight-gradient passes (W) of one batch, on model chunks (vi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from asyncpipe.errors import UserError
 from asyncpipe.schedules.instructions import BackwardPass, ForwardPass, Instruction, WeightPass
 
 
-@dataclass(frozen=True)
-class Op:
+class Op(NamedTuple):
+    """One pass of a one-batch order (a tuple: hashed and compared at C speed, the replay keys on it)."""
+
     kind: str  # "F", "B" (whole backward, or input gradient when the plan splits it), "W" (weight gradient)
     chunk: int  # virtual stage: 0 holds the embedding, n_chunks - 1 the loss
     micro_batch: int
@@ -161,7 +162,9 @@ def plan_streams(p: Plan) -> list[list[Instruction]]:
     ]
 
 
+_KINDS = {cls: kind for kind, cls in PASSES.items()}
+
+
 def op_of(cmd: Instruction) -> Op:
     """The op a pass of `plan_streams` runs."""
-    kind = next(k for k, cls in PASSES.items() if isinstance(cmd, cls))
-    return Op(kind, cmd.chunk, cmd.micro_batch)  # type: ignore[attr-defined]
+    return Op(_KINDS[type(cmd)], cmd.chunk, cmd.micro_batch)  # type: ignore[attr-defined]

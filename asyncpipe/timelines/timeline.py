@@ -305,11 +305,11 @@ class _Replay:
     def _finish_pending(self, i: int) -> bool:
         """Run the waiting pass once every op it reads is done: at the latest of their ends, ``latency`` later for
         one on another stage."""
-        st = self.stages[i]
+        st, done = self.stages[i], self.done
         needs = st.pending.needs  # type: ignore[union-attr]
-        if any(d not in self.done for d in needs):
+        if not all(d in done for d in needs):
             return False
-        st.clock = max([st.clock] + [self.done[d] + (self.latency if self.owner[d] != i else 0.0) for d in needs])
+        st.clock = max([st.clock] + [done[d] + (self.latency if self.owner[d] != i else 0.0) for d in needs])
         cmd, st.pending = st.pending, None
         self._compute(i, cmd)  # type: ignore[arg-type]
         return True
