@@ -20,7 +20,7 @@ from asyncpipe.dist import Comm
 from asyncpipe.model import GPT, count_parameters, lm_loss, pop_moe_stats, set_aux_grad_scale
 from asyncpipe.model.compile import CompileClock, TrainingForward, compile_modules, wanted
 from asyncpipe.optim import DelayedWeights, LRSchedule, apply_update, build_optimizer, forward_weights, set_lr
-from asyncpipe.engines.staged import StagedStaleness, param_delays
+from asyncpipe.engines.staged import StagedStaleness, param_delays, stage_params
 from asyncpipe.registry import describe
 from asyncpipe.partition import cut_blocks
 from asyncpipe.schedules import resolve, staged
@@ -99,8 +99,13 @@ class SimulatorEngine:
         self.optimizer = build_optimizer(self.model, cfg.optimizer, compensation=cfg.compensation, delays=delays)
         self.params = [p for _, p in named]
         self.delayed = DelayedWeights(self.params, [stale[name] for name, _ in named])
-        # Clipping per stage where the config asks for it (a schedule with no global step requires it).
-        self.clip_groups = self.staged.stage_params() if self.staged and cfg.pipeline.clip == "stage" else [self.params]
+        # Clipping per stage where the config asks for it (a schedule with no global step requires it), over the
+        # pipeline's cut whatever the schedule's staleness: one norm per stage, as engine=pipeline takes them.
+        self.clip_groups = [self.params]
+        if cfg.pipeline.clip == "stage" and P > 1:
+            self.clip_groups = (
+                self.staged.stage_params() if self.staged else stage_params(self.model, P, cut_blocks(cfg, P))
+            )
         # train.compile: the model with its loss, in place (the model's state dict unchanged; evaluation and
         # diagnostics call the model itself, eagerly); the first step pays the compile.
         self.train_forward = TrainingForward(self.model)

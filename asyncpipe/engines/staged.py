@@ -32,6 +32,21 @@ def stage_cut(model: nn.Module, stages: int, blocks: Optional[list[int]] = None)
     return partition(len(model.layers), stages, blocks)  # type: ignore[arg-type]
 
 
+def stage_params(model: nn.Module, stages: int, blocks: Optional[list[int]] = None) -> list[list[nn.Parameter]]:
+    """Each stage's parameters under the cut, a parameter shared by two stages (a tied matrix) counted once, on the
+    first: the groups per-stage clipping (`pipeline.clip=stage`) takes its norms over."""
+    parts, layers = stage_cut(model, stages, blocks), list(model.layers)  # type: ignore[arg-type]
+    seen: set[int] = set()
+    groups: list[list[nn.Parameter]] = [[] for _ in range(stages)]
+    for s in range(stages):
+        for layer in layers[parts[s] : parts[s + 1]]:
+            for p in layer.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    groups[s].append(p)
+    return groups
+
+
 def param_delays(
     model: nn.Module, spec: ScheduleSpec, stages: int, delay: int, blocks: Optional[list[int]] = None
 ) -> dict[str, int]:
