@@ -94,7 +94,8 @@ def table(res: dict) -> dict:
     recs = res["records"]
     cal = standin_calibration(recs, cut=CUTS[0])
     P0 = int(cal[0]["stages"])
-    model = from_standin_layers(cal, compose(overrides(P0, res["profile"], res["scale"])), JSON.name)
+    cfg = compose([*overrides(P0, res["profile"], res["scale"]), "engine=pipeline"])
+    model = from_standin_layers(cal, cfg, JSON.name)
     rows = []
     for r in recs:
         pred = predict(model, r["schedule"], r["stages"], r["micro_batches"], cut=r["cut"]).step_s
@@ -203,8 +204,9 @@ def main() -> None:
 
         stages = [int(x) for x in a.stages.split(",")]
         res = measure(stages, a.schedules.split(","), a.profile, a.scale, a.steps, a.rounds)
-        res["table"] = table(res)
         a.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(a.out, res)  # the measurement first: --from-json redraws it if the table fails
+        res["table"] = table(res)
         atomic_write_json(a.out, res)
         print(f"wrote {a.out}", file=sys.stderr)
     print(render(res, res.get("table") or table(res)))
