@@ -5,6 +5,7 @@ the schema). Imports nothing heavy.
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,6 @@ MAIN_KEYS = (
     "precision",
     "optimizer.lr",
     "optimizer.weight_decay",
-    "optimizer.ef.enabled",
-    "optimizer.ef.lam",
     "train.steps",
     "train.micro_batch_size",
     "train.micro_batches",
@@ -42,11 +41,11 @@ _CLASS = re.compile(r"^class (\w+)")
 _FIELD = re.compile(r"^    (\w+): ([^=#]+?)(?:\s*=\s*([^#]*?))?\s*(?:#\s*(.*))?$")
 
 
-def schema_fields() -> dict[str, tuple[str, str, str]]:
-    """Every schema key -> (type, default, comment), dotted from the root `Config`."""
+def _fields_in(path: Path) -> dict[str, dict[str, tuple[str, str, str]]]:
+    """Per dataclass in the source file ``path``: field -> (type, default, comment), read from the source lines."""
     fields: dict[str, dict[str, tuple[str, str, str]]] = {}
     current = None
-    for line in SCHEMA.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         m = _CLASS.match(line)
         if m:
             current = fields.setdefault(m.group(1), {})
@@ -55,7 +54,13 @@ def schema_fields() -> dict[str, tuple[str, str, str]]:
         if m and current is not None:
             kind, default, comment = m.group(2).strip(), (m.group(3) or "").strip(), (m.group(4) or "").strip()
             current[m.group(1)] = (kind, default, comment)
+    return fields
 
+
+def schema_fields() -> dict[str, tuple[str, str, str]]:
+    """Every schema key -> (type, default, comment), dotted from the root `Config`, and each declared method's
+    switch node ``optimizer.<key>.*`` (`asyncpipe.registry.Switch`), read from the module that declares it."""
+    fields = _fields_in(SCHEMA)
     out: dict[str, tuple[str, str, str]] = {}
 
     def walk(cls: str, prefix: str) -> None:
@@ -66,11 +71,32 @@ def schema_fields() -> dict[str, tuple[str, str, str]]:
                 out[f"{prefix}{name}"] = (kind, default, comment)
 
     walk("Config", "")
+    for key, cls in switches():
+        source = inspect.getsourcefile(cls)
+        for name, field in (_fields_in(Path(source)).get(cls.__name__, {}) if source else {}).items():
+            out[f"optimizer.{key}.{name}"] = field
     return out
 
 
-def help_epilog(keys: tuple[str, ...] = MAIN_KEYS) -> str:
+def switches() -> list[tuple[str, type]]:
+    """(key, dataclass) of every declared method's switch node ``optimizer.<key>``."""
+    from asyncpipe import registry
+
+    return [(m.switch.key, m.switch.config) for m in registry.methods() if m.switch is not None]
+
+
+def main_keys() -> tuple[str, ...]:
+    """`MAIN_KEYS` with each declared method switch's keys (``optimizer.<key>.*``) after the optimizer's."""
+    import dataclasses
+
+    at = MAIN_KEYS.index("optimizer.weight_decay") + 1
+    extra = tuple(f"optimizer.{key}.{f.name}" for key, cls in switches() for f in dataclasses.fields(cls))
+    return MAIN_KEYS[:at] + extra + MAIN_KEYS[at:]
+
+
+def help_epilog(keys: tuple[str, ...] | None = None) -> str:
     """Help text: config groups and their options, then the main keys (click's \\b keeps the lines as they are)."""
+    keys = main_keys() if keys is None else keys
     try:
         conf_dir()
     except Exception:  # no conf/ tree: help still works, without the lists
