@@ -46,18 +46,23 @@ smoke-test: install
 	$(BIN)/asyncpipe sweep --file sweeps/smoke.yaml --out $(SMOKE_OUT)
 	$(BIN)/asyncpipe report $(SMOKE_OUT)/smoke
 
-# The wall-clock verdict from the committed records, no training: study v5's time-to-target runs
-# (results/cpu_study_v5: 2 seeds, AdamW and Muon, 2BW / 2BW+EF / PACI at six token budgets) with the measured P = 2
-# throughputs (benchmarks/results/pipeline-small-P2-m*.json; P = 4, 8 from the cost model calibrated on them). Writes
-# a report (report.md, speedups.csv, verdict.png, wallclock.png, ...) into VERDICT_OUT, never into docs/.
+# The wall-clock verdict from the committed records, no training: study v6's time-to-target runs (v5's seeds 3-4
+# pooled with v6's 5-7 in results/cpu_study_v5 and results/cpu_study_v6: AdamW and Muon, 2BW and 2BW+EF at six token
+# budgets, in-place PACI at three seeds, v5's recompute-recipe PACI) with the P = 2 throughputs measured with each
+# optimizer's own step (benchmarks/results/pipeline-small-P2-m*-{adamw,muon}.json; P = 4, 8 from the cost model
+# calibrated on them). Writes a report (report.md, speedups.csv, verdict.png, wallclock.png, ...) into VERDICT_OUT,
+# never into docs/ (docs/results/cpu_study/v6/ttt is the committed copy).
 VERDICT_OUT ?= runs/verdict
 V5 := results/cpu_study_v5
-BENCH := benchmarks/results
+V6 := results/cpu_study_v6
+BENCH := benchmarks/results/pipeline-small-P2
 verdict: install
-	@echo "make verdict: study v5's wall-clock verdict from committed records into $(VERDICT_OUT) (no training, ~1-2 min)"
-	$(BIN)/asyncpipe report $(V5)/ttt_adamw $(V5)/ttt_muon $(V5)/paci_adamw --merge --target paper \
-		--bench $(BENCH)/pipeline-small-P2-m2.json --bench $(BENCH)/pipeline-small-P2-m4.json \
-		--bench $(BENCH)/pipeline-small-P2-m8.json --wallclock-at 4,8 --no-wandb-log --out $(VERDICT_OUT)
+	@echo "make verdict: study v6's wall-clock verdict from committed records into $(VERDICT_OUT) (no training, ~1 min)"
+	$(BIN)/asyncpipe report $(V5)/ttt_adamw $(V6)/ttt_adamw $(V5)/ttt_muon $(V6)/ttt_muon $(V5)/paci_adamw \
+		$(V6)/paci_adamw $(V6)/paci_muon --merge --target paper \
+		--bench $(BENCH)-m2-adamw.json --bench $(BENCH)-m4-adamw.json --bench $(BENCH)-m8-adamw.json \
+		--bench $(BENCH)-m2-muon.json --bench $(BENCH)-m4-muon.json --bench $(BENCH)-m8-muon.json \
+		--wallclock-at 4,8 --no-wandb-log --out $(VERDICT_OUT)
 
 # On a CUDA machine (< 5 min): 135m bf16 tokens/s and MFU, CPU-vs-CUDA losses, the pipeline on >= 2 GPUs.
 gpu-check: install

@@ -32,22 +32,23 @@ def test_make_test_names_what_it_installs_and_how_to_skip_it() -> None:
 
 def test_make_verdict_reports_committed_records_into_runs_never_docs() -> None:
     """`make verdict` (issue 55): the wall-clock verdict from committed records alone (no training), written under
-    runs/ by default, with the same report arguments as the v5 write-up's time-to-target report."""
+    runs/ by default, with the same report arguments as the v6 write-up's time-to-target report."""
     lines = recipe("verdict")
     assert lines[0].startswith("@echo") and "no training" in lines[0]
     assert not [ln for ln in lines if re.search(r"\brm\b|\bsweep\b|\btrain\b ", ln)]
     out = re.search(r"^VERDICT_OUT \?= (\S+)$", MAKEFILE, re.M)
     assert out and out.group(1).startswith("runs/")
-    v5, bench = (re.search(rf"^{k} := (\S+)$", MAKEFILE, re.M).group(1) for k in ("V5", "BENCH"))
+    names = {k: re.search(rf"^{k} := (\S+)$", MAKEFILE, re.M).group(1) for k in ("V5", "V6", "BENCH")}
     command = " ".join(ln.rstrip("\\").strip() for ln in lines[1:])
-    command = command.replace("$(V5)", v5).replace("$(BENCH)", bench).replace("$(BIN)/", "")
-    args = command.split()
+    for k, v in names.items():
+        command = command.replace(f"$({k})", v)
+    args = command.replace("$(BIN)/", "").split()
     assert args[:2] == ["asyncpipe", "report"] and args[args.index("--out") + 1] == "$(VERDICT_OUT)"
     repo = Path(__file__).resolve().parents[1]
     read = [a for a in args if a.startswith(("results/", "benchmarks/"))]
-    assert len(read) == 6 and all((repo / a).exists() for a in read)
-    doc = (repo / "docs" / "results" / "cpu_study_v5.md").read_text()
+    assert len(read) == 13 and all((repo / a).exists() for a in read)
+    doc = (repo / "docs" / "results" / "cpu_study_v6.md").read_text()
     written = next(ln for ln in doc.splitlines() if ln.startswith("asyncpipe report") and "--wallclock-at" in ln)
-    written = written.replace("$R", v5).split()
+    written = written.replace("$R", "results").split()
     strip = lambda a: [x for i, x in enumerate(a) if x != "--out" and (i == 0 or a[i - 1] != "--out")]  # noqa: E731
     assert sorted(strip(written)) == sorted(strip([a for a in args if a != "--no-wandb-log"]))

@@ -6,7 +6,7 @@ the smoke test's.
   decimals the text gives.
 - README's headline is docs/results/headline/report.md's first line (gap per optimizer and their ratio); its first
   screen shows the verdict figure.
-- README's wall-clock half is `make verdict`'s committed copy (docs/results/headline/verdict/): each interval is that
+- README's wall-clock half is `make verdict`'s committed copy (docs/results/cpu_study/v6/ttt/): each interval is that
   report's, each verdict ("beats", "slower in every cell", "not resolved") is its speedups.csv's, and its seed-0
   smoke numbers and model sizes are recomputed (the smoke report's Runs table, `asyncpipe plan`).
 - Table rows and takeaway quotes in docs/usage.md's smoke section appear verbatim in docs/results/smoke/report.md.
@@ -86,7 +86,7 @@ def test_readme_headline_is_the_reports_first_line() -> None:
     assert f"AdamW's gap is **{ratio.group(1)}** Muon's" in first
     lo = float(re.search(r"\[(\d+\.\d+)x", ratio.group(1)).group(1))
     assert (lo < 2.5) == ("its interval reaches below 2.5x" in first)  # the caveat is said exactly when true
-    assert len(first.splitlines()) <= 45 and "](docs/results/headline/verdict/verdict.png)" in first
+    assert len(first.splitlines()) <= 45 and "](docs/results/cpu_study/v6/ttt/verdict.png)" in first
 
 
 def _smoke_section() -> str:
@@ -135,7 +135,7 @@ def test_seed0_adamw_cells_still_train_to_the_reported_loss(delay: int, tmp_path
     assert final == pytest.approx(reported, abs=TOL)
 
 
-VERDICT = REPO / "docs" / "results" / "headline" / "verdict"
+VERDICT = REPO / "docs" / "results" / "cpu_study" / "v6" / "ttt"
 
 
 def _wallclock() -> str:
@@ -162,8 +162,8 @@ def test_readme_wallclock_half_is_the_committed_verdict_reports() -> None:
         assert shown[found.group(0)] != text[:found.start()].endswith("not resolved ("), found.group(0)
     adamw = cells[(cells["optimizer"] == "adamw") & (cells["variant"] == "1-step")]
     assert "AdamW with 2BW is slower in every cell" in _wallclock() and (adamw["hi"] < 1).all()
-    unresolved = cells[cells["variant"].isin(["1-step+EF", "PACI@r1"]) & (cells["optimizer"] == "adamw")]
-    assert "AdamW + EF and PACI: not resolved" in _wallclock() and not unresolved["resolved"].any()
+    unresolved = cells[cells["variant"].isin(["PACI", "PACI@r1"]) & (cells["optimizer"] == "adamw")]
+    assert "AdamW PACI: not resolved" in _wallclock() and not unresolved["resolved"].any()
 
 
 def test_readme_seed0_smoke_numbers_and_model_sizes_are_recomputed() -> None:
