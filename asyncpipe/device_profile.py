@@ -29,18 +29,23 @@ PROFILE_KEYS = (
 )
 
 
+def named_yaml(name_or_path: str, folder: Path, setting: str, kind: str) -> Path:
+    """``folder/NAME.yaml`` for a bare name, else the path itself; one line naming ``setting`` and the known names
+    when there is no such file."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = folder / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise UserError(f"{setting}: no such {kind}; give a YAML path or one of: {', '.join(known)}")
+    return path
+
+
 def load_profile(name_or_path: str) -> dict:
     """A device profile by name (conf/device_profile/NAME.yaml) or path; unknown keys or a missing one: one line."""
     from omegaconf import OmegaConf
 
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PROFILE_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
-        raise UserError(
-            f"--profile {name_or_path}: no such device profile; give a YAML path or one of: {', '.join(known)}"
-        )
+    path = named_yaml(name_or_path, PROFILE_DIR, f"--profile {name_or_path}", "device profile")
     data = OmegaConf.to_container(OmegaConf.load(path))
     if not isinstance(data, dict) or set(data) != set(PROFILE_KEYS):
         got = sorted(data) if isinstance(data, dict) else type(data).__name__

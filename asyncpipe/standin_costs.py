@@ -36,15 +36,9 @@ def load_standin(name_or_path: str) -> dict:
     """A stand-in profile by name (conf/standin/NAME.yaml) or path, its keys checked: one line when it is wrong."""
     from omegaconf import OmegaConf
 
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = STANDIN_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in STANDIN_DIR.glob("*.yaml"))
-        raise UserError(
-            f"pipeline.standin.profile={name_or_path}: no such stand-in profile; give a YAML path or one of: "
-            f"{', '.join(known)}"
-        )
+    from asyncpipe.device_profile import named_yaml
+
+    path = named_yaml(name_or_path, STANDIN_DIR, f"pipeline.standin.profile={name_or_path}", "stand-in profile")
     try:
         data = OmegaConf.to_container(OmegaConf.load(path))
     except Exception as exc:  # the YAML parser's many error types
