@@ -59,7 +59,7 @@ BENCH := benchmarks/results/pipeline-small-P2
 verdict: install
 	@echo "make verdict: study v6's wall-clock verdict from committed records into $(VERDICT_OUT) (no training, ~1 min)"
 	$(BIN)/asyncpipe report $(V5)/ttt_adamw $(V6)/ttt_adamw $(V5)/ttt_muon $(V6)/ttt_muon $(V5)/paci_adamw \
-		$(V6)/paci_adamw $(V6)/paci_muon --merge --target paper \
+		$(V6)/paci_adamw $(V6)/paci_muon $(V6)/clip_adamw $(V6)/clip_muon --merge --target paper \
 		--bench $(BENCH)-m2-adamw.json --bench $(BENCH)-m4-adamw.json --bench $(BENCH)-m8-adamw.json \
 		--bench $(BENCH)-m2-muon.json --bench $(BENCH)-m4-muon.json --bench $(BENCH)-m8-muon.json \
 		--wallclock-at 4,8 --no-wandb-log --out $(VERDICT_OUT)

@@ -46,7 +46,7 @@ def test_make_verdict_reports_committed_records_into_runs_never_docs() -> None:
     assert args[:2] == ["asyncpipe", "report"] and args[args.index("--out") + 1] == "$(VERDICT_OUT)"
     repo = Path(__file__).resolve().parents[1]
     read = [a for a in args if a.startswith(("results/", "benchmarks/"))]
-    assert len(read) == 13 and all((repo / a).exists() for a in read)
+    assert len(read) == 15 and all((repo / a).exists() for a in read)
     doc = (repo / "docs" / "results" / "cpu_study_v6.md").read_text()
     written = next(ln for ln in doc.splitlines() if ln.startswith("asyncpipe report") and "--wallclock-at" in ln)
     written = written.replace("$R", "results").split()
