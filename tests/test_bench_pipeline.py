@@ -73,6 +73,8 @@ def test_bench_pipeline_writes_every_field(tmp_path: Path) -> None:
     assert "dualpipev" in res.output and "2 x pipeline.stages" in res.output
     r = json.loads(out.read_text())
     assert r["stages"] == 2 and r["micro_batches"] == 2 and r["ideal_ratio"] == pytest.approx(1.5)
+    # real compute: each layer kind timed alone on the run's micro-batch, for the cost model's stage-0 split
+    assert r["layer_profile"]["micro_batch"] == [2, 16] and all(r["layer_profile"][k][0] > 0 for k in ("block", "head"))
     # PyTorch's own schedules run beside ours by default; its DualPipeV refuses m < 2P in its own words.
     torch_names = {"pt_1f1b", "pt_interleaved1f1b", "pt_loopedbfs", "pt_interleavedzb", "pt_zbv"}
     assert set(r["variants"]) == {"1f1b", "2bw", "2bw_ef", "paci", "paci-recompute", *torch_names}

@@ -100,6 +100,10 @@ def bench_pipeline(
     plan, warm = plan_bench(overrides, rounds, steps, warmup_steps, compose, variants, modes, standin, cuts)
     results, loads = run_bench(plan, warm, warmup_steps, rounds, steps, log, stop)
     out = summarise(plan, results, loads, overrides, rounds, steps, skip, standin)
+    if "standin" not in out:  # real compute: how stage 0's time splits between its embedding and its blocks
+        from asyncpipe.bench.layer_profile import layer_profile
+
+        out["layer_profile"] = layer_profile(next(iter(plan.cfgs.values())), threads=plan.pipeline.threads)
     if cuts:
         from asyncpipe.bench.pipeline_cuts import cut_comparison
 

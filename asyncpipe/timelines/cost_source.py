@@ -5,8 +5,10 @@ Calibration (`from_bench`), on one variant of a bench file (1F1B by default), fr
 seconds per stage (`seconds_by_op_per_stage`, `asyncpipe.pipe.clock.StageClock`):
 - forward per micro-batch: the stage's ForwardPass seconds over its forwards (steps x m training forwards plus the
   2 x eval_batches of the job's evaluations at step 0 and at its last step); backward: BackwardPass over steps x m;
-- per layer: the blocks of stage 0 share its cost equally (the embedding, a table lookup, is taken as free), and
-  the head is what the last stage costs beyond its blocks at that block cost (floored at 0). A depth P then sums
+- per layer: stage 0's cost is its embedding and its blocks, the embedding at its share of a block measured alone
+  (the file's ``layer_profile``, `asyncpipe.bench.layer_profile`; free in files without one), the blocks sharing
+  the rest equally; the head is what the last stage costs beyond its blocks at that block cost (floored at 0). A
+  depth P then sums
   the layers the engine's cut gives each stage (`asyncpipe.partition`), so per-stage costs scale by blocks per
   stage, with the head on the last stage;
 - optimizer step: (OptimizerStep + ReduceGrads - time blocked in the norm all-reduce) per step, summed over
@@ -79,6 +81,16 @@ def _recomputed(variant: str, v: dict, stage: int, P: int, m: int, steps: int) -
     return (steps - 1) * min(P - 1 - stage, m)
 
 
+def _embedding_share(record: dict) -> tuple[float, float]:
+    """The embedding's forward and backward as a fraction of one block's, from the file's ``layer_profile``
+    (`asyncpipe.bench.layer_profile`: each layer timed alone); (0, 0) for a file without one."""
+    prof = record.get("layer_profile")
+    if not isinstance(prof, dict):
+        return 0.0, 0.0
+    (ef, eb), (bf, bb) = prof["embedding"], prof["block"]
+    return (ef / bf if bf > 0 else 0.0), (eb / bb if bb > 0 else 0.0)
+
+
 def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = True) -> CostModel:
     """A cost model calibrated on ``variant`` of one `bench pipeline` result (see the module docstring)."""
     from asyncpipe.partition import partition
@@ -99,9 +111,12 @@ def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = 
     # A recomputing backward holds its forward's time: the replay adds it back (`simulate(recompute=...)`)
     bwd = [b - _recomputed(variant, v, s, P, m, steps) * f / (steps * m) for s, (f, b) in enumerate(zip(fwd, bwd))]
     blocks = [sum(x.kind == "block" for x in shapes[parts[s] : parts[s + 1]]) for s in range(P)]
-    per_block = (fwd[0] / blocks[0], bwd[0] / blocks[0])
+    # stage 0 = the embedding + its blocks; the embedding at its measured share of a block where the file has one
+    share = _embedding_share(record)
+    per_block = (fwd[0] / (blocks[0] + share[0]), bwd[0] / (blocks[0] + share[1]))
+    embedding = (share[0] * per_block[0], share[1] * per_block[1])
     head = (max(0.0, fwd[-1] - blocks[-1] * per_block[0]), max(0.0, bwd[-1] - blocks[-1] * per_block[1]))
-    cost = {"embedding": (0.0, 0.0), "block": per_block, "head": head}
+    cost = {"embedding": embedding, "block": per_block, "head": head}
     params = [x.params for x in shapes]
     total = sum(params)
     step_per_param = sum(_update_s(v, s, steps) for s in range(P)) / total
