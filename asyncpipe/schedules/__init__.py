@@ -47,6 +47,9 @@ class ScheduleSpec:
     )
     # or its one-batch op order, (P, m) -> `asyncpipe.schedules.orders.Plan` (replayed by data dependencies)
     order: Optional[Callable[[int, int], Any]] = None
+    # the engine's own stream written out, when neither ``stream`` nor ``ideal`` is it (the cost model replays it;
+    # the ideal timeline, drawings and bubbles keep ``order``): DualPipeV's DeepSpeed ticks, with their commits
+    cost_stream: Optional[Stream] = None
     bubble_note: str = ""  # a few words on its bubble, for the bubble table
     label: str = ""  # how tables and figures name it ("1F1B"); "" = its name
     # (P) -> the fewest micro-batches per batch its order runs with, checked centrally (`fits`) wherever the order

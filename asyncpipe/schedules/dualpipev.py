@@ -2,7 +2,8 @@
 baseline. The model is cut into 2P chunks in a V (rank r holds chunk r and chunk 2P-1-r, so rank 0 holds the
 embedding and the loss); one weight version, a flush per batch. The engine is `asyncpipe.pipe.dualpipev`'s.
 Its one-batch order is DeepSpeed's `DualPipeVSchedule`'s (which keeps W inside B), written out here without importing
-DeepSpeed (`dualpipev_from_deepspeed` reads DeepSpeed's own, for the test)."""
+DeepSpeed (`dualpipev_from_deepspeed` reads DeepSpeed's own, for the test); its per-rank instruction stream, with
+DeepSpeed's commits, is `dualpipev_stream`'s (the cost model replays it)."""
 
 from __future__ import annotations
 
@@ -10,61 +11,32 @@ from typing import Any
 
 from asyncpipe.errors import ConfigError, UserError
 from asyncpipe.schedules import ScheduleSpec, declare_schedule, uniform
+from asyncpipe.schedules.dualpipev_stream import dualpipev_stream
+from asyncpipe.schedules.instructions import BackwardPass, ForwardPass, flatten
 from asyncpipe.schedules.orders import Op, Plan
 
 
 def dualpipev(stages: int, micro_batches: int) -> Plan:
     """DualPipeV's one-batch order as DeepSpeed's `DualPipeVSchedule` runs it (W inside B), without importing it:
-    phase 0 of rank r is chunk r, phase 1 is chunk 2P-1-r; the n-th forward (backward) of a phase on a rank is
-    micro-batch n; rank r runs `_dualpipev_rounds` in turn. Needs m >= 2P (DeepSpeed's own check).
-    `tests/test_orders_dualpipev.py` holds it equal to `dualpipev_from_deepspeed` for P <= 8, 2P <= m <= 4P + 3."""
+    each rank's passes in its stream's order (`dualpipev_stream`): phase 0 of rank r is chunk r, phase 1 is chunk
+    2P-1-r; the n-th forward (backward) of a phase on a rank is micro-batch n. Needs m >= 2P (DeepSpeed's own
+    check). `tests/test_orders_dualpipev.py` holds it equal to `dualpipev_from_deepspeed` for P <= 8,
+    2P <= m <= 4P + 3."""
     P, m = stages, micro_batches
     if m < 2 * P:
         raise UserError(f"dualpipev needs micro-batches >= 2 x stages (got m={m}, P={P})")
     ranks = []
     for r in range(P):
-        chunk = (r, 2 * P - 1 - r)
-        seen = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}
-        ops = []
-        for repeats, pattern, _ in _dualpipev_rounds(P, m, r):
-            for _ in range(repeats):
-                for kind, phase in ((w[0], int(w[1])) for w in pattern.split()):
-                    ops.append(Op(kind, chunk[phase], seen[(kind, phase)]))
-                    seen[(kind, phase)] += 1
-        ranks.append(ops)
+        passes = [c for c in flatten(dualpipev_stream(m, P, r)) if isinstance(c, (ForwardPass, BackwardPass))]
+        ranks.append([Op("F" if isinstance(c, ForwardPass) else "B", c.chunk, c.micro_batch) for c in passes])
     chunk_rank = list(range(P)) + list(reversed(range(P)))
     return Plan("dualpipev", P, m, chunk_rank, ranks)
 
 
-def _dualpipev_rounds(P: int, m: int, r: int) -> list[tuple[int, str, int]]:
-    """Rank r's batch of DualPipeV as (repeats, ops of one round, CommitP2P's per round), the eight steps of the
-    DualPipe paper (DeepSeek-V3 report) folded into a V: F0/B0 run the rank's phase-0 chunk (towards the last rank),
-    F1/B1 its phase-1 chunk (back towards rank 0). A rank further from the end (a = P-1-r) fills more of the warm-up
-    with phase-0 forwards; the main rounds overlap a forward of one phase with a backward of the other."""
-    a, b = P - 1 - r, r + 1
-    return [
-        (2 * a, "F0", 1),  # warm-up: phase-0 forwards until phase-1 inputs can arrive
-        (b, "F0 F1", 2),
-        (a, "B1 F1", 3),  # the third commit stands where the reference runs a deferred W
-        (m - 2 * P + b, "F0 B1 F1 B0", 2),  # steady state: two overlapped forward-backward pairs
-        (a, "B1 F1 B0", 2),
-        (b, "B1 B0", 2),
-        (a, "B0", 2),
-        (b, "", 1),  # the reference's deferred W's: only their commits here
-    ]
-
-
 def dualpipev_instructions(stages: int, micro_batches: int, rank: int) -> int:
-    """How many engine instructions DeepSpeed's `DualPipeVSchedule` gives rank ``rank`` for one batch: its passes,
-    rank 0's micro-batch loads, a send and a receive each way across every chunk boundary to another rank, the
-    CommitP2P's of `_dualpipev_rounds` (+ one where the last rank sends its first phase-1 activation apart, + the
-    batch's closing one) and ReduceTiedGrads, ReduceGrads, OptimizerStep."""
-    P, m, r = stages, micro_batches, rank
-    chunk_rank = list(range(P)) + list(reversed(range(P)))
-    mine = [c for c in range(2 * P) if chunk_rank[c] == r]
-    crossings = sum((c > 0 and chunk_rank[c - 1] != r) + (c < 2 * P - 1 and chunk_rank[c + 1] != r) for c in mine)
-    commits = sum(n * k for n, _, k in _dualpipev_rounds(P, m, r)) + (r == P - 1) + 1
-    return 4 * m + (m if r == 0 else 0) + 2 * m * crossings + commits + 3
+    """How many engine instructions DeepSpeed's `DualPipeVSchedule` gives rank ``rank`` for one batch: its stream
+    written out (`dualpipev_stream`) and the `ReduceTiedGrads` our vocabulary leaves out."""
+    return len(flatten(dualpipev_stream(micro_batches, stages, rank))) + 1
 
 
 def dualpipev_from_deepspeed(stages: int, micro_batches: int) -> tuple[Plan, list[int]]:
@@ -128,6 +100,7 @@ SPEC = declare_schedule(
         in_flight=in_flight,
         stream=None,
         order=dualpipev,
+        cost_stream=dualpipev_stream,
         bubble_note="2 chunks per rank (V), W inside B",
         label="DualPipeV",
         delay=0,

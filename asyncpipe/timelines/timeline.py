@@ -6,7 +6,9 @@ Used by the schedule tests (every send meets its receive in an order that cannot
 schedules. Communication is rendezvous: an op completes only when its partner is posted, as with NCCL. Ops
 queued before a `CommitP2P` are posted together; a stream without commits blocks on every send and receive.
 A pass of a one-batch order (on a model ``chunk``, naming the ops it ``needs``) has no sends or receives: it starts
-once those ops are done (communication free and eager, ``latency`` after an op on another stage).
+once those ops are done (communication free and eager, ``latency`` after an op on another stage). A pass of a
+stream that names its ``chunk`` (a V's two chunks per stage, DualPipeV's) costs that chunk's figure; its sends and
+receives name their ``phase`` (1: towards stage 0).
 """
 
 from __future__ import annotations
@@ -81,15 +83,18 @@ class _Stage:
 
 
 def _channel(cmd: Instruction, stage: int) -> tuple[tuple[str, int, int], str]:
-    """(kind, src, dst) of the link an op uses, and which side of it this stage is."""
+    """(kind, src, dst) of the link an op uses, and which side of it this stage is. Phase 0 (the default) flows
+    towards the last stage; phase 1 (a V's second chunk) back towards stage 0: its activation goes to the stage
+    before, its gradient to the stage after."""
+    step = -1 if getattr(cmd, "phase", 0) == 1 else 1
     if isinstance(cmd, SendActivation):
-        return ("act", stage, stage + 1), "send"
+        return ("act", stage, stage + step), "send"
     if isinstance(cmd, RecvActivation):
-        return ("act", stage - 1, stage), "recv"
+        return ("act", stage - step, stage), "recv"
     if isinstance(cmd, SendGrad):
-        return ("grad", stage, stage - 1), "send"
+        return ("grad", stage, stage - step), "send"
     if isinstance(cmd, RecvGrad):
-        return ("grad", stage + 1, stage), "recv"
+        return ("grad", stage + step, stage), "recv"
     raise TypeError(cmd)
 
 
@@ -153,7 +158,7 @@ class _Replay:
         self.busy = [0.0] * self.n
         self.started: dict[int, list[float]] = {}  # batch -> start times of its all-reduce, one per stage
         # An order's ops: the stage that runs each, and when each finished.
-        self.owner = {op_of(c): i for i, s in enumerate(streams) for c in s if getattr(c, "chunk", None) is not None}
+        self.owner = {op_of(c): i for i, s in enumerate(streams) for c in s if getattr(c, "needs", None) is not None}
         self.done: dict[Op, float] = {}
         self.handlers: list[tuple[Any, Callable[[int, Any], None]]] = [
             (COMM, self._comm),
@@ -264,7 +269,7 @@ class _Replay:
         self.events.append(event)
         st.clock += dur
         self.busy[i] += dur
-        if chunk is not None:
+        if getattr(cmd, "needs", None) is not None:
             self.done[op_of(cmd)] = st.clock
 
     def _cost(self, kind: str, at: int) -> float:
