@@ -49,15 +49,17 @@ def test_step_times_derived_by_hand() -> None:
 
 
 def test_dualpipev_replays_each_chunk_at_its_own_cost() -> None:
-    """Four blocks at P = 2: 4 chunks of one block in a V. Equal chunks: DeepSpeed's order replayed at the stage's
-    cost (`orders.replay`), plus the step; a heavier loss chunk (rank 0 holds it) makes the batch longer."""
+    """Four blocks at P = 2: 4 chunks of one block in a V, F = 0.5, B = 1 each, a free step. Its ticks (DeepSpeed's
+    commits included) take 14: `tests/test_dualpipev_stream.py` replays this batch by hand at 10 / 20 per chunk
+    (280), where the order replayed by data dependencies takes 13.5 (270); a heavier loss chunk (rank 0 holds it)
+    makes the batch longer."""
     from asyncpipe.timelines import orders
 
     model = hand_model(blocks=4, f=0.5, b=1.0, u_per_block=0.0)
-    base = orders.replay(orders.plan("dualpipev", 2, 4), forward=1.0, backward=2.0).makespan
-    assert predict(model, "dualpipev", 2, 4).step_s == pytest.approx(base)
+    assert orders.replay(orders.plan("dualpipev", 2, 4), forward=1.0, backward=2.0).makespan == pytest.approx(13.5)
+    assert predict(model, "dualpipev", 2, 4).step_s == pytest.approx(14.0)
     heavy = CostModel(**{**model.__dict__, "forward": model.forward[:-1] + [0.5], "backward": model.backward[:-1] + [1.0]})
-    assert predict(heavy, "dualpipev", 2, 4).step_s > base
+    assert predict(heavy, "dualpipev", 2, 4).step_s > 14.0
 
 
 def test_predict_runs_the_cut_it_is_given() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncpipe.errors import UserError
 from asyncpipe.schedules import get
 from asyncpipe.schedules.dualpipev import dualpipev
 from asyncpipe.schedules.dualpipev_stream import dualpipev_stream, dualpipev_stream_from_deepspeed
@@ -80,5 +81,32 @@ def test_the_ticks_ideal_is_slower_than_the_orders_at_depth(P: int, m: int, orde
 
 
 def test_fewer_than_2p_micro_batches_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"dualpipev needs micro-batches >= 2 x stages \(got m=7, P=4\)"):
+    with pytest.raises(UserError, match=r"dualpipev needs micro-batches >= 2 x stages \(got m=7, P=4\)"):
         list(dualpipev_stream(7, 4, 0))
+
+
+def test_the_cost_model_predicts_the_committed_standin_records_within_5_percent() -> None:
+    """DualPipeV's stand-in records (benchmarks/results/cost-standin.json: P = 2, 4, 8, F = 20 ms, B = 40 ms per
+    stage) against the cost model calibrated on that file's 1F1B and 2BW at P = 2 (`cost_source.from_standin`):
+    every P within 5 %, where the order's replay ran -4.3 % at P = 8, m = 16. The replay is the streams' own: the
+    prediction minus the step is one batch of `simulate` on `dualpipev_stream` at those costs."""
+    import json
+    from pathlib import Path
+
+    from asyncpipe.timelines.cost import predict, stage_costs
+    from asyncpipe.timelines.cost_source import from_standin, model_at, standin_calibration
+
+    run = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/cost-standin.json").read_text())
+    fitted = from_standin(standin_calibration(run["records"]), 2, "cost-standin.json")
+    rows = [r for r in run["records"] if r["schedule"] == "dualpipev"]
+    assert {r["stages"] for r in rows} == {2, 4, 8}
+    for r in rows:
+        P, m = r["stages"], r["micro_batches"]
+        model = model_at(fitted, P)
+        step = predict(model, "dualpipev", P, m).step_s
+        assert abs(step / r["step_time_s"] - 1) <= 0.05, (P, m, step, r["step_time_s"])
+        fwd, bwd, upd, _ = stage_costs(model, P, 2)
+        streams = [flatten(dualpipev_stream(m, P, s)) for s in range(P)]
+        upd = [u + model.allreduce_latency_s for u in upd]  # global clipping: the norm all-reduce in every step
+        one = simulate(streams, fwd, bwd, upd, model.p2p_s, collective_steps=True, overhead=model.overhead_s)
+        assert step == pytest.approx(one.makespan, rel=1e-9)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from asyncpipe.errors import UserError
 from asyncpipe.schedules.instructions import (
     BackwardPass,
     CommitP2P,
@@ -83,7 +84,7 @@ def dualpipev_stream(
     check_stream(micro_batches, stages, stage_id, batches)
     P, m, r = stages, micro_batches, stage_id
     if m < 2 * P:
-        raise ValueError(f"dualpipev needs micro-batches >= 2 x stages (got m={m}, P={P})")
+        raise UserError(f"dualpipev needs micro-batches >= 2 x stages (got m={m}, P={P})")
     chunk = (r, 2 * P - 1 - r)
     tokens = [t for n, pattern in _rounds(P, m, r) for _ in range(n) for t in pattern.split()]
     tokens = [t for t in tokens if t == "C" or _exists(t, P, r)]

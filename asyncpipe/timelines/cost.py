@@ -9,14 +9,13 @@ How the work becomes a step time (`predict`):
   optimizer step is ``step_per_param`` x its parameters (+ ``ef_per_param`` x them with error feedback: EF's extra
   vector work per step), + the data-parallel gradient all-reduce when D > 1 (ring: 2 (D-1)/D x 4 bytes x params at
   ``allreduce_bytes_per_s``, + ``allreduce_latency_s``).
-- A schedule with an instruction stream (1F1B as DeepSpeed's `TrainSchedule`, 2BW with its deferred step where
-  global clipping needs it, PACI with its per-stage steps, and paci-recompute's recomputed straddlers) is replayed by
-  `timelines.timeline.simulate` with those costs, ``overhead_s`` per instruction, ``p2p_s`` per exchange, and, under
-  global clipping, every stage's step waiting for the norm all-reduce (``allreduce_latency_s``). The step time is
-  the steady state: the makespan ``batches + 1`` batches add over ``batches``.
-- DualPipeV (no stream of ours: DeepSpeed's order over two chunks per rank, written out in `schedules.dualpipev`) is replayed by data dependencies
-  (`timelines.orders.replay`, each chunk at its own cost, the overhead of its instructions spread over its ops);
-  a flush per batch, so a step is that batch, then the all-reduce and the slowest stage's optimizer step.
+- Every schedule's instruction stream (1F1B as DeepSpeed's `TrainSchedule`, 2BW with its deferred step where
+  global clipping needs it, PACI with its per-stage steps, paci-recompute's recomputed straddlers, DualPipeV as
+  DeepSpeed's `DualPipeVSchedule` ticks, two chunks per rank with their commits: `ScheduleSpec.cost_stream`) is
+  replayed by `timelines.timeline.simulate` with those costs (a V's pass at its chunk's), ``overhead_s`` per
+  instruction, ``p2p_s`` per completed exchange, and, under global clipping, every stage's step waiting for the
+  norm all-reduce (``allreduce_latency_s``). The step time is the steady state: the makespan ``batches + 1``
+  batches add over ``batches``.
 Bubble: the idle share of the least busy stage over a steady step. Memory is `asyncpipe.plan`'s.
 Where the costs come from: `asyncpipe.timelines.cost_source` (a bench calibration or a device profile). Pure Python.
 """
@@ -118,7 +117,8 @@ def _streams(name: str, m: int, P: int, batches: int, defer: bool) -> list[list]
     from asyncpipe.schedules.instructions import flatten
 
     spec = get(name)
-    make = spec.ideal or spec.stream  # torch-free: 1F1B's is DeepSpeed's TrainSchedule order written out
+    # torch-free: 1F1B's is DeepSpeed's TrainSchedule order written out, DualPipeV's its DualPipeVSchedule ticks
+    make = spec.ideal or spec.stream or spec.cost_stream
     return [flatten(make(m, P, s, batches, 0, defer)) for s in range(P)]
 
 
@@ -150,10 +150,8 @@ def predict(
     clip = clip or spec.clip_modes[0]
     collective = clip == "global"
     fwd, bwd, upd, _ = stage_costs(model, P, spec.chunks, data_parallel, ef, cut)
-    if spec.chunks > 1:
-        return _predict_orders(model, spec, P, m, data_parallel, ef, collective, fwd, bwd, upd)
-    if spec.stream is None and spec.ideal is None:
-        raise UserError(f"schedule {schedule}: no instruction stream and no one-batch order to replay")
+    if spec.stream is None and spec.ideal is None and spec.cost_stream is None:
+        raise UserError(f"schedule {schedule}: no instruction stream to replay")
     if not spec.fits(P, m):
         raise UserError(f"schedule {schedule} needs micro-batches >= stages (got m={m}, P={P})")
     defer = _defers(spec, P, clip)
@@ -175,52 +173,9 @@ def predict(
     a, b = run(batches), run(batches + 1)
     step = b.makespan - a.makespan
     busy = [y - x for x, y in zip(a.busy, b.busy)]
+    if spec.chunks > 1:  # per rank: its chunks together (rank r holds chunk r and its mirror 2P-1-r)
+        fwd, bwd = ([c[r] + c[2 * P - 1 - r] for r in range(P)] for c in (fwd, bwd))
     return Prediction(spec.name, P, m, data_parallel, ef, step, max(0.0, 1 - min(busy) / step), fwd, bwd, upd)
-
-
-def _predict_orders(
-    model: CostModel,
-    spec: Any,
-    P: int,
-    m: int,
-    D: int,
-    ef: bool,
-    collective: bool,
-    fwd: list[float],
-    bwd: list[float],
-    upd: list[float],
-) -> Prediction:
-    """A two-chunk schedule's batch replayed by data dependencies (`timelines.orders`), then the step."""
-    from asyncpipe.timelines import orders
-
-    plan = orders.plan(spec.name, P, m)
-    per_op = model.overhead_s * _instructions_per_op(spec.name, P, m)
-    tl = orders.replay(plan, chunk_costs={"F": fwd, "B": bwd}, latency=model.p2p_s, op_overhead=per_op)
-    step = tl.makespan + (model.allreduce_latency_s if collective else 0.0) + max(upd)
-    busy = [x + u for x, u in zip(tl.busy, upd)]
-    return Prediction(
-        spec.name,
-        P,
-        m,
-        D,
-        ef,
-        step,
-        max(0.0, 1 - min(busy) / step),
-        [fwd[r] + fwd[2 * P - 1 - r] for r in range(P)],
-        [bwd[r] + bwd[2 * P - 1 - r] for r in range(P)],
-        upd,
-    )
-
-
-def _instructions_per_op(name: str, P: int, m: int) -> float:
-    """Engine instructions per forward or backward of a two-chunk schedule: DualPipeV's as DeepSpeed's ticks give
-    them (loads, sends, receives, commits and passes; `schedules.dualpipev.dualpipev_instructions`, torch-free), the most on
-    any rank."""
-    if name != "dualpipev":
-        return 3.0  # receive, pass, send
-    from asyncpipe.schedules.dualpipev import dualpipev_instructions
-
-    return max(dualpipev_instructions(P, m, r) for r in range(P)) / (4 * m)
 
 
 def ratio(model: CostModel, schedule: str, reference: str, stages: int, micro_batches: int, ef: bool = False) -> float:
