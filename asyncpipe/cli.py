@@ -76,7 +76,12 @@ MAX_GPU_MEM_GIB = 1e5  # per device; above any accelerator (H200: 141 GiB) by fa
 @app.command("plan")
 def plan_cmd(
     overrides: Optional[List[str]] = OVERRIDES,
-    gpu_mem: float = typer.Option(80.0, "--gpu-mem", help="Memory budget per device, GiB."),
+    gpu_mem: Optional[float] = typer.Option(
+        None,
+        "--gpu-mem",
+        help="Memory budget per device, GiB: sets pipeline.memory_gib, so each balanced cut is chosen within it "
+        "as such a run chooses it (default: pipeline.memory_gib, else 80 GiB with cuts unconstrained).",
+    ),
     profile: str = typer.Option(
         "h100_assumed",
         "--profile",
@@ -95,13 +100,19 @@ def plan_cmd(
     schedule, memory beside predicted step time and tokens/s (`asyncpipe.plan_speed`), its bubble (the least busy
     stage's idle share of a step: the flush plus overhead, p2p waits and uneven stages) and the fastest that fits.
     Ends with a one-line verdict; exits 1 when a stage does not fit or the schedule cannot run the batch."""
-    if not 0 < gpu_mem <= MAX_GPU_MEM_GIB:  # also refuses nan (every comparison with it is false)
+    if gpu_mem is not None and not 0 < gpu_mem <= MAX_GPU_MEM_GIB:  # also refuses nan (no comparison is true)
         raise UserError(f"--gpu-mem {gpu_mem:g} must be a memory budget in GiB, > 0 and at most {MAX_GPU_MEM_GIB:g}")
     from asyncpipe.config import compose
     from asyncpipe.plan import plan
     from asyncpipe.plan_table import BUBBLE_LEGEND, render
 
     cfg = compose(overrides or [])
+    key = cfg.pipeline.memory_gib  # one budget: --gpu-mem is the run's pipeline.memory_gib (plan refuses two)
+    if gpu_mem is None:
+        gpu_mem = 80.0 if key is None else float(key)
+    elif key is None:
+        overrides = [*(overrides or []), f"pipeline.memory_gib={gpu_mem!r}"]
+        cfg = compose(overrides)
     result = plan(cfg, gpu_mem)
     table, verdict = render(result, cfg).rsplit("\n", 1)
     speeds = ""

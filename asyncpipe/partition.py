@@ -11,16 +11,26 @@ rides with chunk 0 and the head with the last chunk, every chunk holds at least 
   the cut that minimises the predicted step; a device profile scales every layer's FLOPs alike (backward a fixed
   multiple of forward), so the cut does not depend on which profile prices it. Deterministic: where the even cut
   is as fast it is kept (small heads, byte tokens), else, among the fastest cuts, the one whose chunk costs have
-  the least sum of squares, ties to the earliest boundaries;
+  the least sum of squares, ties to the earliest boundaries. Within a memory budget (`pipeline.memory_gib`, or
+  `asyncpipe plan --gpu-mem`) the same search runs over only the cuts whose every chunk a caller's ``fits``
+  predicate accepts (`asyncpipe.plan.cut_within` passes the plan's memory model; this module knows no bytes);
 - a list of blocks per chunk (P entries, 2P for DualPipeV's V), summing to the model's blocks.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 CUTS = ("even", "balanced")
 _TIE = 1e-9  # relative: two bottlenecks this close are equal (float sums in another order)
+# fits(chunk, first_layer, end_layer): whether chunk ``chunk`` may hold layers [first_layer, end_layer)
+Fits = Callable[[int, int, int], bool]
+# cost(chunk, first_layer, end_layer): a chunk's figure (seconds, bytes) were it to hold those layers
+ChunkCost = Callable[[int, int, int], float]
+
+
+class NoCutFits(ValueError):
+    """No cut of the layer list has every chunk accepted by the ``fits`` predicate."""
 
 
 def even_blocks(n_blocks: int, chunks: int) -> list[int]:
@@ -65,15 +75,41 @@ def chunk_costs(costs: Sequence[float], blocks: Sequence[int]) -> list[float]:
     return [sum(costs[parts[c] : parts[c + 1]]) for c in range(len(blocks))]
 
 
-def balanced_blocks(costs: Sequence[float], chunks: int) -> list[int]:
+def balanced_blocks(costs: Sequence[float], chunks: int, fits: Optional[Fits] = None) -> list[int]:
     """The cut (blocks per chunk) of the layer list with per-layer ``costs`` that minimises the costliest chunk
-    (see the module docstring for the tie rules)."""
+    (see the module docstring for the tie rules); ``fits``: only cuts whose every chunk it accepts (None: all),
+    `NoCutFits` when none is."""
     n_blocks = len(costs) - 2
     even = even_blocks(n_blocks, chunks)
-    best = _min_bottleneck(costs, chunks)
-    if max(chunk_costs(costs, even)) <= best * (1 + _TIE):
+    best = _min_bottleneck(costs, chunks, fits)
+    if best == float("inf"):
+        raise NoCutFits(f"no cut of {n_blocks} blocks into {chunks} chunks has every chunk fit")
+    if max(chunk_costs(costs, even)) <= best * (1 + _TIE) and _all_fit(even, fits):
         return even
-    return _least_squares_under(costs, chunks, best * (1 + _TIE))
+    return _least_squares_under(costs, chunks, best * (1 + _TIE), fits)
+
+
+def _all_fit(blocks: Sequence[int], fits: Optional[Fits]) -> bool:
+    parts = partition(sum(blocks) + 2, len(blocks), blocks)
+    return fits is None or all(fits(c, parts[c], parts[c + 1]) for c in range(len(blocks)))
+
+
+def least_peak(n_layers_total: int, chunks: int, cost: ChunkCost) -> tuple[float, list[int]]:
+    """(the smallest possible costliest chunk, a cut that reaches it) where a chunk's figure is ``cost(chunk,
+    first_layer, end_layer)``, any figure that is not a sum of per-layer ones (a stage's memory: it depends on
+    which stage holds the layers)."""
+    n, inf = n_layers_total, float("inf")
+    best = [[inf] * (n + 1) for _ in range(chunks + 1)]
+    back = [[-1] * (n + 1) for _ in range(chunks + 1)]
+    best[0][0] = 0.0
+    for c in range(1, chunks + 1):
+        for j in _ends(c, chunks, n):
+            for i in _starts(c, chunks, j):
+                if best[c - 1][i] < inf:
+                    peak = max(best[c - 1][i], cost(c - 1, i, j))
+                    if peak < best[c][j]:
+                        best[c][j], back[c][j] = peak, i
+    return best[chunks][n], _blocks_of(back, chunks, n)
 
 
 def _prefix(costs: Sequence[float]) -> list[float]:
@@ -83,8 +119,9 @@ def _prefix(costs: Sequence[float]) -> list[float]:
     return out
 
 
-def _min_bottleneck(costs: Sequence[float], chunks: int) -> float:
-    """The smallest possible costliest chunk (dynamic programme over the boundaries, O(chunks x n^2))."""
+def _min_bottleneck(costs: Sequence[float], chunks: int, fits: Optional[Fits] = None) -> float:
+    """The smallest possible costliest chunk among the cuts ``fits`` accepts (inf: none) (dynamic programme over
+    the boundaries, O(chunks x n^2))."""
     pre, n = _prefix(costs), len(costs)
     inf = float("inf")
     # best[c][j]: the least costliest chunk when chunks 0..c-1 hold layers [0, j); chunk 0 starts with the embedding
@@ -93,7 +130,7 @@ def _min_bottleneck(costs: Sequence[float], chunks: int) -> float:
     for c in range(1, chunks + 1):
         for j in _ends(c, chunks, n):
             for i in _starts(c, chunks, j):
-                if best[c - 1][i] < inf:
+                if best[c - 1][i] < inf and (fits is None or fits(c - 1, i, j)):
                     best[c][j] = min(best[c][j], max(best[c - 1][i], pre[j] - pre[i]))
     return best[chunks][n]
 
@@ -113,9 +150,9 @@ def _starts(c: int, chunks: int, j: int) -> range:
     return range(c, j - (2 if c == chunks else 1) + 1)
 
 
-def _least_squares_under(costs: Sequence[float], chunks: int, cap: float) -> list[int]:
-    """Among the cuts whose every chunk costs at most ``cap``, the one with the least sum of squared chunk costs
-    (earliest boundaries on ties)."""
+def _least_squares_under(costs: Sequence[float], chunks: int, cap: float, fits: Optional[Fits] = None) -> list[int]:
+    """Among the cuts whose every chunk costs at most ``cap`` (and ``fits``), the one with the least sum of
+    squared chunk costs (earliest boundaries on ties)."""
     pre, n = _prefix(costs), len(costs)
     inf = float("inf")
     score = [[inf] * (n + 1) for _ in range(chunks + 1)]
@@ -125,11 +162,16 @@ def _least_squares_under(costs: Sequence[float], chunks: int, cap: float) -> lis
         for j in _ends(c, chunks, n):
             for i in _starts(c, chunks, j):
                 cost = pre[j] - pre[i]
-                if score[c - 1][i] == inf or cost > cap:
+                if score[c - 1][i] == inf or cost > cap or (fits is not None and not fits(c - 1, i, j)):
                     continue
                 s = score[c - 1][i] + cost * cost
                 if s < score[c][j] * (1 - _TIE):
                     score[c][j], back[c][j] = s, i
+    return _blocks_of(back, chunks, n)
+
+
+def _blocks_of(back: list[list[int]], chunks: int, n: int) -> list[int]:
+    """Blocks per chunk from a programme's back pointers (``back[c][j]``: where chunk c-1 starts if it ends at j)."""
     bounds, j = [n], n
     for c in range(chunks, 0, -1):
         j = back[c][j]
@@ -169,9 +211,13 @@ def layer_weights(cfg: Any) -> list[float]:
     return layer_flops(m, int(m.vocab_size or cfg.tokenizer.vocab_size), int(cfg.train.seq_len))
 
 
-def cut_blocks(cfg: Any, chunks: Optional[int] = None) -> list[int]:
+def cut_blocks(cfg: Any, chunks: Optional[int] = None, fits: Optional[Fits] = None) -> list[int]:
     """Blocks per chunk of the run ``cfg`` (a composed config) under its `pipeline.cut`; ``chunks``: P x the
-    schedule's chunks per rank (None: read from the schedule `pipeline.schedule` resolves to)."""
+    schedule's chunks per rank (None: read from the schedule `pipeline.schedule` resolves to); ``fits``: the
+    balanced cut only among cuts whose every chunk it accepts (`asyncpipe.plan.cut_within` passes a memory
+    budget's). A balanced cut under `pipeline.memory_gib` needs that predicate: without it, one line."""
+    from asyncpipe.errors import ConfigError
+
     if chunks is None:
         from asyncpipe.schedules import resolve
 
@@ -181,12 +227,16 @@ def cut_blocks(cfg: Any, chunks: Optional[int] = None) -> list[int]:
     if cut == "even":
         return even_blocks(m.n_layer, chunks)
     if cut == "balanced":
-        return balanced_blocks(layer_weights(cfg), chunks)
+        budget = cfg.pipeline.get("memory_gib")
+        if budget is not None and fits is None:
+            raise ConfigError(
+                f"pipeline.memory_gib={budget:g} balances the cut within the budget for asyncpipe train, sweep and "
+                "plan only; here give the cut as a list (pipeline.cut=[...], as `asyncpipe plan` prints it)"
+            )
+        return balanced_blocks(layer_weights(cfg), chunks, fits)
     blocks = list(cut)
     problem = check_blocks(blocks, m.n_layer, chunks)
     if problem:
-        from asyncpipe.errors import ConfigError
-
         raise ConfigError(problem)
     return blocks
 

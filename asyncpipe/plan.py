@@ -113,6 +113,8 @@ class Plan:
     n_layer: int = 0  # transformer blocks (the layer list is [embedding, blocks, head])
 
     runs: bool = True  # False: the schedule cannot run this batch on the pipeline engine (2BW with m < P)
+    cut: list[int] = field(default_factory=list)  # blocks per chunk it cuts at (balanced: within the budget)
+    cut_note: str = ""  # how the budget moved the balanced cut, or why it could not ('' when it did not)
 
     @property
     def fits(self) -> bool:
@@ -163,96 +165,198 @@ def _tied_copy(shapes: list[LayerShape], m: Any, vocab: int, apart: bool) -> lis
 
 
 def plan(cfg: Any, gpu_mem_gib: float = 80.0) -> Plan:
-    """The memory plan of ``cfg`` (a composed config) as `engine=pipeline` would run it on P x D devices."""
+    """The memory plan of ``cfg`` (a composed config) as `engine=pipeline` would run it on P x D devices, against
+    ``gpu_mem_gib`` per device (the run's `pipeline.memory_gib` where it sets one, within which a balanced cut is
+    chosen: `cut_within`)."""
     from asyncpipe.errors import UserError
-    from asyncpipe.partition import cut_blocks, partition
-    from asyncpipe.schedules import resolve
+    from asyncpipe.partition import partition
 
-    m, t, p = cfg.model, cfg.train, cfg.pipeline
-    spec = resolve(cfg)
+    m, p = cfg.model, cfg.pipeline
     if gpu_mem_gib <= 0:
         raise UserError(f"--gpu-mem={gpu_mem_gib} must be > 0 (GiB per device)")
+    key = p.get("memory_gib")
+    if key is not None and float(key) != float(gpu_mem_gib):
+        raise UserError(
+            f"pipeline.memory_gib={key:g} and --gpu-mem {gpu_mem_gib:g} are two budgets for one plan: give one "
+            "(--gpu-mem sets pipeline.memory_gib; without it the plan takes pipeline.memory_gib)"
+        )
     if p.stages > m.n_layer:
         raise UserError(f"pipeline.stages={p.stages} exceeds the {m.n_layer} transformer blocks of model '{m.name}'")
-    vocab = _vocab(cfg)
-    shapes = layer_shapes(m, vocab)
-    P = p.stages
-    # As the engine: a step can be deferred where the stream runs on while a second version holds the old weights.
-    deferred = (
-        spec.stream is not None
-        and spec.weight_versions(P, 0) > 1
-        and p.clip == "global"
-        and t.grad_clip > 0
-        and P > 1
-        and p.defer_step is not False
-    )
-    n_chunks = spec.chunks * P
+    mem = Memory(cfg)
+    spec, P, n_chunks = mem.spec, p.stages, mem.spec.chunks * p.stages
     if n_chunks > m.n_layer:
         raise UserError(
             f"pipeline.schedule={spec.name} cuts the model into {n_chunks} chunks of at least one block; "
             f"model '{m.name}' has {m.n_layer} blocks"
         )
-    parts = partition(len(shapes), n_chunks, cut_blocks(cfg, n_chunks))
-    shapes = _tied_copy(shapes, m, vocab, spec.chunks == 1 and P > 1)
-    stages = [_stage_plan(cfg, spec, shapes, parts, s, deferred, gpu_mem_gib * GIB) for s in range(P)]
-    total, active = model_params(m, vocab)
-    runs = not (min(int(cfg.delay), 1) == 1 and P > 1 and t.micro_batches < P)
-    notes = _notes(cfg, spec, stages[-1].versions, runs, deferred)
-    return Plan(m.name, total, active, stages, spec.name.upper(), gpu_mem_gib, notes, m.n_layer, runs)
+    cut, cut_note = cut_within(cfg, mem)
+    parts = partition(mem.n_layers, n_chunks, cut)
+    stages = [mem.stage(s, mem.ranges(parts, s), gpu_mem_gib * GIB) for s in range(P)]
+    total, active = model_params(m, _vocab(cfg))
+    runs = not (min(int(cfg.delay), 1) == 1 and P > 1 and cfg.train.micro_batches < P)
+    notes = _notes(cfg, spec, stages[-1].versions, runs, mem.deferred) + ([cut_note] if cut_note else [])
+    return Plan(m.name, total, active, stages, spec.name.upper(), gpu_mem_gib, notes, m.n_layer, runs, cut, cut_note)
 
 
-def _stage_plan(
-    cfg: Any, spec: Any, shapes: list[LayerShape], parts: list[int], s: int, deferred: bool, budget: float
-) -> StagePlan:
-    """Stage ``s``'s bytes: its chunks' weights (as many versions as the schedule keeps), gradients, optimizer and
-    compensation state, bf16 casts and the activations of its micro-batches in flight, against ``budget``."""
-    m, t, p = cfg.model, cfg.train, cfg.pipeline
-    P, n_chunks, vocab = p.stages, spec.chunks * p.stages, _vocab(cfg)
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cfg.device != "cpu")  # a plan is for GPUs
-    tokens = t.micro_batch_size * t.seq_len
-    chunks = [s] if spec.chunks == 1 else [s, n_chunks - 1 - s]  # a V: rank s holds chunk s and its mirror
-    held = spec.in_flight(P, t.micro_batches, s)
-    own = [x for c in chunks for x in shapes[parts[c] : parts[c + 1]]]
-    n = sum(x.params for x in own)
-    w = 4.0 * n
-    versions = spec.weight_versions(P, s)
-    if spec.stage_delay is not None and spec.delay is None:  # the simulator's k-step generalisation
-        versions = max(versions, 1 + spec.stage_delay(P, s, int(cfg.delay)))
-    grads = w * ((2 if deferred else 1) + (1 if p.data_parallel > 1 else 0))
-    opt = _optimizer_bytes(cfg, own)
-    ef = _compensation_bytes(cfg, own)
-    per_chunk = []
-    for c in chunks:
-        per_token = sum(_saved_per_token(m, x.kind, vocab, bf16) for x in shapes[parts[c] : parts[c + 1]])
-        if c < n_chunks - 1:
-            per_token += m.d_model * (2 if bf16 else 4)  # the output activation, held until its gradient returns
-        per_chunk.append(per_token)
-    held_per_token = sum(k * x for k, x in zip(held, per_chunk))  # each chunk at its own peak: an upper bound
-    casts = 0.0
-    if bf16:  # each chunk's copies, per micro-batch held
-        casts = 2.0 * sum(
-            k * sum(_cast_params(x, vocab, m.d_model) for x in shapes[parts[c] : parts[c + 1]])
-            for k, c in zip(held, chunks)
+class Memory:
+    """The memory model of one config: what every stage shares (the schedule, the layer shapes with a tied copy
+    where the head and the embedding sit apart, whether 2BW defers its step, each layer's saved bytes per token and
+    bf16 copies), and a stage's bytes for whatever layers it holds (`stage`), so a cut can be searched within a
+    budget (`cut_within`)."""
+
+    def __init__(self, cfg: Any) -> None:
+        from asyncpipe.schedules import resolve
+
+        m, t, p = cfg.model, cfg.train, cfg.pipeline
+        self.cfg, self.spec = cfg, resolve(cfg)
+        self.P, self.m, self.seq_len, self.dp = int(p.stages), int(t.micro_batches), int(t.seq_len), p.data_parallel
+        self.tokens, self.delay = int(t.micro_batch_size) * self.seq_len, int(cfg.delay)
+        P, spec, vocab = self.P, self.spec, _vocab(cfg)
+        self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cfg.device != "cpu")  # plans are for GPUs
+        shapes = layer_shapes(m, vocab)
+        self.n_layers = len(shapes)
+        self.shapes = _tied_copy(shapes, m, vocab, spec.chunks == 1 and P > 1)
+        self.saved = [_saved_per_token(m, x.kind, vocab, self.bf16) for x in self.shapes]  # bytes per token
+        self.cast = [_cast_params(x, vocab, m.d_model) for x in self.shapes]
+        self.out_act = m.d_model * (2 if self.bf16 else 4)  # a chunk's output, held until its gradient returns
+        # As the engine: a step can be deferred where the stream runs on while a second version holds the old weights.
+        self.deferred = (
+            spec.stream is not None
+            and spec.weight_versions(P, 0) > 1
+            and p.clip == "global"
+            and t.grad_clip > 0
+            and P > 1
+            and p.defer_step is not False
         )
-    static = versions * w + grads + opt + ef + casts
-    fit = int((budget - static) // (held_per_token * t.seq_len)) if budget > static else 0
-    return StagePlan(
-        s,
-        (parts[chunks[0]], parts[chunks[0] + 1]),
-        n,
-        versions,
-        versions * w,
-        grads,
-        opt,
-        ef,
-        max(held),
-        sum(per_chunk) * tokens,
-        held_per_token * tokens,
-        static + held_per_token * tokens,
-        max(0, fit),
-        [(parts[c], parts[c + 1]) for c in chunks],
-        casts,
+
+    def ranges(self, parts: list[int], s: int) -> list[tuple[int, int, int]]:
+        """(chunk, first layer, end layer) of each chunk stage ``s`` holds (a V: chunk s and its mirror 2P-1-s)."""
+        n_chunks = len(parts) - 1
+        chunks = [s] if self.spec.chunks == 1 else [s, n_chunks - 1 - s]
+        return [(c, parts[c], parts[c + 1]) for c in chunks]
+
+    def chunk_bytes(self, chunk: int, first: int, end: int) -> float:
+        """Stage ``chunk``'s total were it to hold layers [first, end) (one chunk per stage)."""
+        return self.stage(chunk, [(chunk, first, end)], 0.0).total
+
+    def stage(self, s: int, ranges: list[tuple[int, int, int]], budget: float) -> StagePlan:
+        """Stage ``s``'s bytes: its chunks' (``ranges``: chunk, first layer, end layer) weights (as many versions as
+        the schedule keeps), gradients, optimizer and compensation state, bf16 casts and the activations of its
+        micro-batches in flight, against ``budget``."""
+        spec, P, n_chunks = self.spec, self.P, self.spec.chunks * self.P
+        held = spec.in_flight(P, self.m, s)
+        own = [x for _, a, b in ranges for x in self.shapes[a:b]]
+        n = sum(x.params for x in own)
+        w = 4.0 * n
+        versions = spec.weight_versions(P, s)
+        if spec.stage_delay is not None and spec.delay is None:  # the simulator's k-step generalisation
+            versions = max(versions, 1 + spec.stage_delay(P, s, self.delay))
+        grads = w * ((2 if self.deferred else 1) + (1 if self.dp > 1 else 0))
+        opt = _optimizer_bytes(self.cfg, own)
+        ef = _compensation_bytes(self.cfg, own)
+        per_chunk = [sum(self.saved[a:b]) + (self.out_act if c < n_chunks - 1 else 0) for c, a, b in ranges]
+        held_per_token = sum(k * x for k, x in zip(held, per_chunk))  # each chunk at its own peak: an upper bound
+        casts = 2.0 * sum(k * sum(self.cast[a:b]) for k, (_, a, b) in zip(held, ranges)) if self.bf16 else 0.0
+        static = versions * w + grads + opt + ef + casts
+        fit = int((budget - static) // (held_per_token * self.seq_len)) if budget > static else 0
+        chunks = [(a, b) for _, a, b in ranges]
+        act = held_per_token * self.tokens
+        return StagePlan(
+            s,
+            chunks[0],
+            n,
+            versions,
+            versions * w,
+            grads,
+            opt,
+            ef,
+            max(held),
+            sum(per_chunk) * self.tokens,
+            act,
+            static + act,
+            max(0, fit),
+            chunks,
+            casts,
+        )
+
+
+def cut_within(cfg: Any, mem: Optional[Memory] = None, strict: bool = False) -> tuple[list[int], str]:
+    """(blocks per chunk, a note): `pipeline.cut` as given, or under `pipeline.memory_gib` the balanced cut among
+    those whose every stage fits the budget by this memory model (`partition.balanced_blocks` with a ``fits``
+    predicate; the unconstrained balanced cut itself whenever it fits). The note says how the budget moved the
+    cut, or why it could not (no cut fits; a V): then the unconstrained cut, or with ``strict`` (a run) one
+    `ConfigError`."""
+    from asyncpipe.errors import ConfigError
+    from asyncpipe.partition import NoCutFits, balanced_blocks, cut_blocks, layer_weights, least_peak, partition
+
+    mem, p = mem or Memory(cfg), cfg.pipeline
+    n_chunks, budget = mem.spec.chunks * p.stages, p.get("memory_gib")
+    if budget is None or p.get("cut", "balanced") != "balanced":
+        return cut_blocks(cfg, n_chunks), ""
+    weights, gib, key = layer_weights(cfg), float(budget) * GIB, f"pipeline.memory_gib={budget:g}"
+    free = balanced_blocks(weights, n_chunks)
+    parts = partition(mem.n_layers, n_chunks, free)
+    if mem.spec.chunks > 1:  # a rank's two chunks lie apart: a stage is not one run of layers to search over
+        totals = [mem.stage(s, mem.ranges(parts, s), 0.0).total for s in range(p.stages)]
+        if max(totals) <= gib:
+            return free, ""
+        top = max(range(p.stages), key=lambda s: totals[s])
+        why = (
+            f"{key}: the V cut ({mem.spec.name}: rank r holds chunks r and {n_chunks - 1}-r) needs "
+            f"{_gib(totals[top])} GiB on rank {top} and is not re-cut within a budget; give pipeline.cut as a list"
+        )
+        if strict:
+            raise ConfigError(why)
+        return free, f"cut {_csv(free)} (balanced without the budget: {why}; a run with it stops)"
+    totals = [mem.chunk_bytes(c, parts[c], parts[c + 1]) for c in range(n_chunks)]
+    if max(totals) <= gib:
+        return free, ""
+    known: dict[tuple[int, int, int], float] = {}
+
+    def chunk_bytes(c: int, i: int, j: int) -> float:
+        if (c, i, j) not in known:
+            known[c, i, j] = mem.chunk_bytes(c, i, j)
+        return known[c, i, j]
+
+    try:
+        cut = balanced_blocks(weights, n_chunks, fits=lambda c, i, j: chunk_bytes(c, i, j) <= gib)
+    except NoCutFits:
+        least, at = least_peak(mem.n_layers, n_chunks, chunk_bytes)
+        why = (
+            f"{key}: no cut into {p.stages} stages fits by the plan's memory model (the least peak is "
+            f"{_gib(least)} GiB, at cut {_csv(at)}); raise the budget, lower train.micro_batch_size, or add stages"
+        )
+        if strict:
+            raise ConfigError(why) from None
+        return free, f"cut {_csv(free)} (balanced without the budget: {why}; a run with it stops)"
+    top = max(range(n_chunks), key=lambda c: totals[c])
+    return cut, (
+        f"cut {_csv(cut)} (balanced within {key}; unconstrained {_csv(free)} needs {_gib(totals[top])} GiB on "
+        f"stage {top})"
     )
+
+
+def _csv(blocks: list[int]) -> str:
+    return ",".join(map(str, blocks))
+
+
+def _gib(b: float) -> str:
+    return f"{b / GIB:.3f}" if b < 10 * GIB else f"{b / GIB:.1f}"  # as the table prints GiB
+
+
+def budgeted(cfg: Any) -> Any:
+    """``cfg`` with a balanced cut under `pipeline.memory_gib` resolved to its blocks per chunk (`cut_within`; a
+    copy), so that every reader of `partition.cut_blocks` (the engine, the simulator's per-stage staleness, the
+    cost model, the run's record) reads the cut the budget chose; ``cfg`` itself where no budget applies."""
+    import copy
+
+    p = cfg.pipeline
+    if p.get("memory_gib") is None or p.get("cut", "balanced") != "balanced":
+        return cfg
+    cut, _ = cut_within(cfg, strict=True)
+    out = copy.deepcopy(cfg)
+    out.pipeline.cut = cut
+    return out
 
 
 def _notes(cfg: Any, spec: Any, versions: int, runs: bool, deferred: bool) -> list[str]:

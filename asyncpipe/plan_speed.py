@@ -40,6 +40,7 @@ class Speed:
     bubble: float = 0.0
     cut: tuple[int, ...] = ()  # blocks per stage (per chunk in a V), as the engine cuts (`pipeline.cut`)
     over_even: float = 1.0  # predicted tokens/s over the same schedule at the even cut
+    cut_note: str = ""  # how the memory budget moved the balanced cut (`plan.cut_within`)
 
 
 def schedule_overrides(name: str) -> list[str]:
@@ -110,7 +111,6 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
     """Per schedule (in declaration order) its memory and predicted speed; and the cost model's label. A profile
     that cannot be read, or a calibration of another model, is one `UserError` before any row."""
     from asyncpipe.config import compose
-    from asyncpipe.partition import cut_blocks
     from asyncpipe.plan import GIB, plan
     from asyncpipe.schedules import schedules
     from asyncpipe.timelines.cost import predict
@@ -127,7 +127,7 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
             model = cost_model(cfg, profile)
             p, t = cfg.pipeline, cfg.train
             how = dict(ef=cfg.compensation.name == "ef", clip=p.clip if t.grad_clip > 0 else "stage")
-            cut = cut_blocks(cfg, p.stages * spec.chunks)
+            cut = pl.cut  # the plan's: balanced within the budget (`plan.cut_within`), as the run would cut
             m = cfg.model  # a tied matrix split over stage 0 and P-1: the last stage steps a copy
             split = m.tie_embeddings and len(cut) == p.stages > 1
             copy = m.d_model * int(m.vocab_size or cfg.tokenizer.vocab_size) if split else 0
@@ -150,6 +150,7 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
                 pred.bubble,
                 tuple(cut),
                 even.step_s / pred.step_s,
+                pl.cut_note,
             )
         )
     return out, label
@@ -174,6 +175,7 @@ def render(rows: list[Speed], gpu_mem_gib: float, label: str) -> str:
             f"  {r.schedule:10s} {r.peak_gib:9.1f} {'yes' if r.fits else 'NO':>4s} {r.step_s * 1e3:10.1f} "
             f"{r.tokens_per_s:12,.0f} {r.bubble:6.3f} {r.over_even:6.3f}  {','.join(map(str, r.cut))}"
         )
+    lines += [f"  {r.schedule}: {r.cut_note}" for r in rows if r.cut_note]
     best = fastest(rows)
     if best is None:
         lines.append(f"fastest within {gpu_mem_gib:g} GiB: none fits")

@@ -38,8 +38,9 @@ def compose_run(overrides: Sequence[str]) -> DictConfig:
     from asyncpipe.config.validate import check_delay_fits
     from asyncpipe.data import dataset_dir
     from asyncpipe.paths import data_root, own_dir
+    from asyncpipe.plan import budgeted
 
-    cfg = compose(list(overrides))
+    cfg = budgeted(compose(list(overrides)))  # a cut within pipeline.memory_gib: chosen once, recorded as a list
     check_delay_fits(cfg)
     own_dir(cfg.run.dir, "run.dir")
     data_root(cfg.data.root, prepared=(dataset_dir(cfg.data, cfg.tokenizer) / "manifest.json").is_file())

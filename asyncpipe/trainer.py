@@ -55,10 +55,12 @@ class Trainer:
 
     def __init__(self, cfg: DictConfig, run_dir: Optional[Path] = None, log: Log = _silent) -> None:
         from asyncpipe.data import MicroBatches
+        from asyncpipe.plan import budgeted
         from asyncpipe.runtime.setup import build_setup
 
         self.started = time.perf_counter()  # the run's wall time includes this set-up
         self.earlier_wall = 0.0  # seconds of the run's earlier segments (a resume adds them: summary.json's wall_time)
+        cfg = budgeted(cfg)  # pipeline.memory_gib: the balanced cut within it, as blocks per stage every reader takes
         self.cfg, self.run_dir = cfg, run_dir
         self.setup = build_setup(cfg, log)  # rank, determinism, device, process group, prepared data: one call
         self.say = self.setup.log

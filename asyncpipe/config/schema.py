@@ -159,6 +159,9 @@ class PipelineConfig:
         None  # run PyTorch's own schedule instead (torch.distributed.pipelining: 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev; delay 0)
     )
     cut: Any = "balanced"  # stage cut: balanced (slowest stage least, by FLOPs), even, or [blocks per stage] (asyncpipe.partition)
+    memory_gib: Optional[float] = (
+        None  # balanced cut within this many GiB per device by `asyncpipe plan`'s memory model (null: no budget)
+    )
 
 
 @dataclass

@@ -131,6 +131,8 @@ def check_pipeline_sizes(cfg: DictConfig) -> None:
         )
     _need(cfg.checkpoint.every >= 0 and cfg.checkpoint.keep >= 1, "checkpoint.every must be >= 0, checkpoint.keep >= 1")
     _need(cfg.diagnostics.fresh_grad_every >= 0, "diagnostics.fresh_grad_every must be >= 0")
+    gib = cfg.pipeline.memory_gib
+    _need(gib is None or gib > 0, f"pipeline.memory_gib={gib} must be > 0 (GiB per device; null: no budget)")
 
 
 def check_stage_cut(cfg: DictConfig) -> None:
