@@ -195,8 +195,11 @@ def test_the_recorded_config_and_the_simulator_take_the_budgeted_cut(tmp_path) -
     per-stage staleness (PACI runs stage by stage) and its clip groups read it through `cut_blocks`."""
     import torch
 
+    from omegaconf import OmegaConf
+
     from asyncpipe.config import to_yaml
     from asyncpipe.run import compose_run
+    from asyncpipe.session.rundir import changed_settings
     from asyncpipe.trainer import Trainer
 
     free = plan(compose(TINY_PACI), 80)
@@ -206,6 +209,8 @@ def test_the_recorded_config_and_the_simulator_take_the_budgeted_cut(tmp_path) -
     cut = list(cfg.pipeline.cut)
     assert cut != free.cut and cut[0] < free.cut[0]
     assert f"cut:\n  - {cut[0]}\n  - {cut[1]}\n  memory_gib: {budget}" in to_yaml(cfg)
+    recorded = OmegaConf.to_container(cfg, resolve=True)  # a resume composes the same overrides again
+    assert changed_settings(recorded, compose_run(over)) == []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
