@@ -41,7 +41,8 @@ def _predicted(model: Any, cfg: Any, cut: list[int], P: int, m: int, D: int) -> 
 
     p, t = cfg.pipeline, cfg.train
     clip = p.clip if t.grad_clip > 0 else "stage"
-    return predict(model, p.schedule, P, m, D, ef=cfg.compensation.name == "ef", clip=clip, cut=cut).step_s
+    ef, tied = cfg.compensation.name == "ef", bool(cfg.model.tie_embeddings)
+    return predict(model, p.schedule, P, m, D, ef=ef, clip=clip, cut=cut, tied=tied).step_s
 
 
 def cut_comparison(res: dict, cfgs: dict, cuts: Sequence[str]) -> dict[str, Any]:

@@ -137,11 +137,13 @@ def predict(
     clip: Optional[str] = None,
     batches: int = 4,
     cut: Optional[Sequence[int]] = None,
+    tied: bool = False,
 ) -> Prediction:
     """The steady-state step of ``schedule`` (a declared schedule the pipeline engine runs) at P, m and D under
     ``model``; ``clip``: global (one norm all-reduce across stages per step) or stage (default: global where the
-    schedule can); ``cut``: blocks per chunk (P, or 2P for a V; None: even), as `pipeline.cut` gives the engine.
-    Torch-free: the report calls it."""
+    schedule can); ``cut``: blocks per chunk (P, or 2P for a V; None: even), as `pipeline.cut` gives the engine;
+    ``tied``: tied embeddings, whose two copies (first and last stage, `pipe.tied`) sum their gradients each step:
+    without a global norm, those two stages' steps wait for each other. Torch-free: the report calls it."""
     from asyncpipe.schedules import get
     from asyncpipe.timelines.timeline import simulate
 
@@ -155,8 +157,12 @@ def predict(
     if not spec.fits(P, m):
         raise UserError(f"schedule {schedule} needs micro-batches >= stages (got m={m}, P={P})")
     defer = _defers(spec, P, clip)
+    groups: Any = collective
     if collective:  # the global-norm all-reduce: its latency is paid inside every stage's step
         upd = [u + model.allreduce_latency_s for u in upd]
+    elif tied and P > 1 and spec.chunks == 1:  # the tied matrix's all-reduce between the two stages holding it
+        groups = [[0, P - 1]]
+        upd = [u + (model.allreduce_latency_s if s in (0, P - 1) else 0.0) for s, u in enumerate(upd)]
 
     def run(n: int) -> Any:
         return simulate(
@@ -165,7 +171,7 @@ def predict(
             bwd,
             upd,
             latency=model.p2p_s,
-            collective_steps=collective,
+            collective_steps=groups,
             overhead=model.overhead_s,
             recompute=spec.recompute,
         )

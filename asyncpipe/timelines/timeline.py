@@ -107,7 +107,7 @@ def simulate(
     backward: Cost = 2.0,
     step: Cost = 0.0,
     latency: float = 0.0,
-    collective_steps: bool = False,
+    collective_steps: Union[bool, Sequence[Sequence[int]]] = False,
     overhead: float = 0.0,
     recompute: bool = False,
     weight: Cost = 0.0,
@@ -117,7 +117,9 @@ def simulate(
     measured, unequal pipeline; per chunk for the passes of a one-batch order); raises `ScheduleError`.
 
     ``collective_steps``: a cross-stage all-reduce (global-norm clipping) starts at each stage's
-    `ReduceGrads(b)` without blocking, and `OptimizerStep(b)` waits until every stage has started it.
+    `ReduceGrads(b)` without blocking, and `OptimizerStep(b)` waits until every stage has started it; given as
+    groups of stages (e.g. [[0, P-1]]: a tied matrix's two copies summed), only within each group, a stage in none
+    stepping at once.
     ``overhead``: seconds the engine spends on every instruction besides its work (the cost model's
     per-instruction term, `asyncpipe.timelines.cost`); ``latency``: seconds each completed exchange adds (for an
     order's pass, each op it reads from another stage).
@@ -142,21 +144,22 @@ class _Replay:
         streams: Sequence[Sequence[Instruction]],
         costs: dict[str, Union[float, list[float]]],
         latency: float,
-        collective_steps: bool,
+        collective_steps: Union[bool, Sequence[Sequence[int]]],
         overhead: float,
         recompute: bool,
         name: Optional[str],
     ) -> None:
         self.n, self.costs, self.name = len(streams), costs, name
         self.latency, self.overhead, self.recompute = latency, overhead, recompute
-        self.collective_steps = collective_steps
+        groups = [range(len(streams))] if collective_steps is True else collective_steps or []
+        self.group_of = {i: tuple(g) for g in groups for i in g}  # stage -> the stages its step waits for
         self.stages = [_Stage(s, any(isinstance(c, CommitP2P) for c in s)) for s in streams]
         # Per link and side: (micro_batch, post time) of every op posted so far, in order.
         self.posted: dict[tuple, dict[str, list[tuple[int, float]]]] = {}
         self.events: list[Event] = []
         self.read: dict[tuple[int, int], Optional[int]] = {}  # (stage, micro-batch) -> the version its forward read
         self.busy = [0.0] * self.n
-        self.started: dict[int, list[float]] = {}  # batch -> start times of its all-reduce, one per stage
+        self.started: dict[int, dict[int, float]] = {}  # batch -> stage -> when it started its all-reduce
         # An order's ops: the stage that runs each, and when each finished.
         self.owner = {op_of(c): i for i, s in enumerate(streams) for c in s if getattr(c, "needs", None) is not None}
         self.done: dict[Op, float] = {}
@@ -278,12 +281,12 @@ class _Replay:
         return c if isinstance(c, float) else c[at]
 
     def _reduce(self, i: int, cmd: Instruction) -> None:
-        if self.collective_steps:
-            self.started.setdefault(cmd.batch, []).append(self.stages[i].clock)
+        if i in self.group_of:
+            self.started.setdefault(cmd.batch, {})[i] = self.stages[i].clock
 
     def _step(self, i: int, cmd: Instruction) -> None:
-        """An optimizer step; under ``collective_steps`` it first waits for every stage's all-reduce to start."""
-        if self.collective_steps:
+        """An optimizer step; in a collective group it first waits for its group's all-reduce to start."""
+        if i in self.group_of:
             self.stages[i].collective = cmd.batch
             return
         self._run_step(i, self.stages[i].clock, cmd.batch)
@@ -298,9 +301,10 @@ class _Replay:
     # -- waiting ---------------------------------------------------------------------------------------------
     def _finish_collective(self, i: int) -> bool:
         st = self.stages[i]
-        arrivals = self.started.get(st.collective, [])  # type: ignore[arg-type]
-        if len(arrivals) < self.n:
+        started = self.started.get(st.collective, {})  # type: ignore[arg-type]
+        if any(j not in started for j in self.group_of[i]):
             return False
+        arrivals = [started[j] for j in self.group_of[i]]
         begin = st.clock
         st.clock = max([st.clock] + arrivals)
         batch, st.collective = st.collective, None

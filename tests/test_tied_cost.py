@@ -1,0 +1,60 @@
+"""Tied embeddings in the cost model: the two copies' gradient all-reduce (first and last stage, `pipe.tied`) makes
+those two stages' optimizer steps wait for each other; under global clipping every stage already waits for all."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncpipe.schedules.instructions import ForwardPass, OptimizerStep, ReduceGrads
+from asyncpipe.timelines.cost import CostModel, predict
+from asyncpipe.timelines.timeline import simulate
+
+
+def _streams(n: int) -> list[list]:
+    one = [ForwardPass(micro_batch=0), ReduceGrads(batch=0), OptimizerStep(batch=0), ForwardPass(micro_batch=1)]
+    return [list(one) for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    "groups, ends",
+    [
+        # stage 0's forward takes 3, the others' 1: alone each stage runs F, step (free), F
+        (False, [6.0, 2.0, 2.0]),
+        # a pair (0, 2): stage 2 steps once stage 0 starts its all-reduce at 3, then its second forward: 4
+        ([[0, 2]], [6.0, 2.0, 4.0]),
+        # everyone: stages 1 and 2 wait for stage 0 at 3
+        (True, [6.0, 4.0, 4.0]),
+    ],
+)
+def test_a_step_waits_only_for_its_group(groups, ends) -> None:
+    tl = simulate(_streams(3), forward=[3.0, 1.0, 1.0], step=0.0, collective_steps=groups)
+    assert [max(e.end for e in tl.events if e.stage == s) for s in range(3)] == ends
+
+
+def _model() -> CostModel:
+    """Six equal blocks of F = 1, B = 2, a free embedding and head, a free step: P = 3 takes two blocks a stage."""
+    return CostModel(
+        "hand",
+        False,
+        forward=[0.0] + [1.0] * 6 + [0.0],
+        backward=[0.0] + [2.0] * 6 + [0.0],
+        params=[0] + [1] * 6 + [0],
+        tokens_per_micro_batch=1,
+        step_per_param=0.0,
+    )
+
+
+def test_tied_paci_pays_the_wait_and_the_global_norm_schedules_already_do() -> None:
+    """PACI (per-stage clipping, no barrier) on equal stages (F = 2, B = 4 a stage): untied, a steady step is
+    m x (F + B). Tied, the last stage's step waits for stage 0 to start its all-reduce, after the batch's last
+    micro-batch has gone back through the P - 1 stages before it: (P - 1) x B = 8 more per batch, whatever m.
+    1F1B and 2BW under a global norm wait for every stage anyway: tied or not, the same step."""
+    P = 3
+    for m in (3, 6, 9):
+        untied = predict(_model(), "paci", P, m, clip="stage")
+        tied = predict(_model(), "paci", P, m, clip="stage", tied=True)
+        assert untied.step_s == pytest.approx(m * (2.0 + 4.0))
+        assert tied.step_s == pytest.approx(m * (2.0 + 4.0) + (P - 1) * 4.0) and tied.bubble > untied.bubble
+    m = 6
+    for name in ("1f1b", "2bw"):
+        assert predict(_model(), name, P, m, tied=True).step_s == predict(_model(), name, P, m).step_s
