@@ -132,6 +132,7 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
             split = m.tie_embeddings and len(cut) == p.stages > 1
             copy = m.d_model * int(m.vocab_size or cfg.tokenizer.vocab_size) if split else 0
             model = with_tied_copy(model, copy)
+            how["tied"] = split  # the two copies' all-reduce: PACI's first and last stage wait for each other
             pred = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how, cut=cut)
             even = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
         except (ConfigError, UserError) as err:
