@@ -1,6 +1,7 @@
-"""The embedding's share of stage 0 in a real-compute calibration: `bench pipeline` times one layer of each kind
-alone (`asyncpipe.bench.layer_profile`) and `cost_source.from_bench` splits stage 0's measured time between the
-embedding and its blocks by that share (files without a profile: the embedding free, as before)."""
+"""A real-compute calibration's split of each stage's measured pass among its layers: `bench pipeline` times one
+layer of each kind alone (`asyncpipe.bench.layer_profile`) and `cost_source.from_bench` fits each stage's pass as
+the engine's own per-pass seconds + a common scale of its layers' times alone (files without a profile: stage 0's
+blocks share its time, the embedding free, the head the rest of the last stage, as before)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import pytest
 from asyncpipe.timelines.cost import predict
 
 
-def _record(profile: dict | None) -> dict:
-    """A P = 2, m = 4 small-model 1F1B record (8 blocks, cut 4,4): stage 0 forward 0.05 s and backward 0.11 s per
-    micro-batch, stage 1 0.09 s and 0.2 s; 3 steps, eval_batches=1 (two eval forwards per job)."""
+def _record(profile: dict | None, fwd=(0.05, 0.09), bwd=(0.11, 0.2)) -> dict:
+    """A P = 2, m = 4 small-model 1F1B record (8 blocks, cut 4,4) whose stages' passes took ``fwd`` and ``bwd``
+    seconds per micro-batch; 3 steps, eval_batches=1 (two eval forwards per job)."""
     steps, m = 3, 4
     forwards = steps * m + 2
     ops = [
         {"ForwardPass": f * forwards, "BackwardPass": b * steps * m, "OptimizerStep": 0.0, "ReduceGrads": 0.0}
-        for f, b in ((0.05, 0.11), (0.09, 0.2))
+        for f, b in zip(fwd, bwd)
     ]
     v = {"seconds_by_op_per_stage": ops, "seconds_blocked_in_per_stage": [{}, {}], "step_time_s": 2.0}
     rec = {
@@ -34,36 +35,51 @@ def _record(profile: dict | None) -> dict:
     return rec
 
 
-def test_the_embedding_takes_its_measured_share_of_stage_zero() -> None:
-    """Embedding forward 0.1 x a block's, backward 0.75 x: stage 0 = e + 4 blocks, so a block's forward is
-    0.05 / 4.1 and its backward 0.11 / 4.75, the embedding those times 0.1 and 0.75; both stages keep their measured
-    totals (stage 1's head takes what its 4 blocks leave); without a profile the embedding is free (0.05 / 4)."""
+PROFILE = {"embedding": [0.0, 0.005], "block": [0.01, 0.02], "head": [0.05, 0.1]}
+
+
+def test_a_stage_is_its_layers_alone_scaled_plus_the_engines_pass() -> None:
+    """Stages built by hand from the profile with k = 1.2, c = 4 ms (forward) and k = 0.9, c = 2 ms (backward):
+    stage 0 = embedding + 4 blocks alone 0.04 / 0.085 s, measured 0.004 + 1.2 x 0.04 = 0.052 and 0.002 + 0.9 x 0.085
+    = 0.0785; stage 1 = 4 blocks + head alone 0.09 / 0.18, measured 0.112 and 0.164. The fit recovers each layer at k
+    x its time alone and the engine's pass as ``chunk_s``, and the even cut's stages at their measured times."""
+    from asyncpipe.timelines.cost import stage_costs
     from asyncpipe.timelines.cost_source import from_bench
 
-    prof = {"embedding": [0.001, 0.0075], "block": [0.01, 0.01], "head": [0.5, 0.5]}  # only the ratios are read
-    model = from_bench(_record(prof), fit=False)
-    assert model.forward[1] == pytest.approx(0.05 / 4.1) and model.backward[1] == pytest.approx(0.11 / 4.75)
-    assert model.forward[0] == pytest.approx(0.1 * 0.05 / 4.1) and model.backward[0] == pytest.approx(
-        0.75 * 0.11 / 4.75
-    )
-    assert sum(model.forward[:5]) == pytest.approx(0.05) and sum(model.backward[:5]) == pytest.approx(0.11)
-    assert sum(model.forward[5:]) == pytest.approx(0.09) and sum(model.backward[5:]) == pytest.approx(0.2)
+    model = from_bench(_record(PROFILE, fwd=(0.052, 0.112), bwd=(0.0785, 0.164)), fit=False)
+    assert model.chunk_s == pytest.approx((0.004, 0.002))
+    assert model.forward[0] == pytest.approx(0.0) and model.backward[0] == pytest.approx(0.9 * 0.005)
+    assert model.forward[1] == pytest.approx(1.2 * 0.01) and model.backward[1] == pytest.approx(0.9 * 0.02)
+    assert model.forward[-1] == pytest.approx(1.2 * 0.05) and model.backward[-1] == pytest.approx(0.9 * 0.1)
+    fwd, bwd, _, _ = stage_costs(model, 2)
+    assert fwd == pytest.approx([0.052, 0.112]) and bwd == pytest.approx([0.0785, 0.164])
+
+
+def test_without_a_profile_the_blocks_share_stage_zero_and_a_negative_pass_is_none() -> None:
+    """An older file (no profile): stage 0's 4 blocks share its time, the embedding free, no per-pass term. A profile
+    whose fit wants a negative engine pass (stages exactly 2 x their layers alone, less 1 ms) fits through the origin
+    instead: no per-pass term, k from both stages."""
+    from asyncpipe.timelines.cost_source import from_bench
+
     free = from_bench(_record(None), fit=False)
     assert free.forward[0] == free.backward[0] == 0.0 and free.backward[1] == pytest.approx(0.11 / 4)
+    assert free.chunk_s == (0.0, 0.0)
+    neg = from_bench(_record(PROFILE, fwd=(2 * 0.04 - 0.001, 2 * 0.09 - 0.001)), fit=False)
+    assert neg.chunk_s[0] == 0.0 and 1.9 < neg.forward[1] / 0.01 < 2.0
 
 
-def test_the_share_moves_a_cut_prediction_not_the_calibrating_one() -> None:
-    """At the calibrating cut (4,4) the prediction is the same with or without the embedding's share (the stage
-    totals are measured); at 7,1 the share moves a block's cost out of stage 0's blocks into the embedding, so the
-    7-block stage 0 costs less and stage 1's 1 block + head more than with a free embedding."""
+def test_the_fit_moves_a_cut_prediction_not_the_calibrating_one() -> None:
+    """At the calibrating cut (4,4) each stage's pass is its measured one, profile or not; at 7,1 the head's stage,
+    1 block + head, keeps its engine pass (which the old split charged to the 4 blocks it subtracted), so it costs
+    more than under the old split, and the 7-block stage less."""
+    from asyncpipe.timelines.cost import stage_costs
     from asyncpipe.timelines.cost_source import from_bench
 
-    prof = {"embedding": [0.0, 0.005], "block": [0.01, 0.01], "head": [0.1, 0.1]}
-    shared, free = from_bench(_record(prof), fit=False), from_bench(_record(None), fit=False)
-    even = [predict(x, "1f1b", 2, 4, cut=[4, 4]) for x in (shared, free)]
-    assert even[0].step_s == pytest.approx(even[1].step_s, rel=1e-9)
-    cut = [predict(x, "2bw", 2, 4, cut=[7, 1]) for x in (shared, free)]
-    assert cut[0].backward_s[0] < cut[1].backward_s[0] and cut[0].backward_s[1] > cut[1].backward_s[1]
+    rec = dict(fwd=(0.052, 0.112), bwd=(0.0785, 0.164))
+    fitted, old = from_bench(_record(PROFILE, **rec), fit=False), from_bench(_record(None, **rec), fit=False)
+    assert stage_costs(fitted, 2, cut=[4, 4])[0] == pytest.approx(stage_costs(old, 2, cut=[4, 4])[0])
+    (f0, f1), (o0, o1) = stage_costs(fitted, 2, cut=[7, 1])[0], stage_costs(old, 2, cut=[7, 1])[0]
+    assert f1 > o1 and f0 < o0  # stage 0's 7 blocks no longer carry 7/4 of its engine pass
 
 
 def test_layer_profile_times_each_kind_on_the_runs_micro_batch() -> None:

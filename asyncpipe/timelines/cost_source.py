@@ -5,10 +5,12 @@ Calibration (`from_bench`), on one variant of a bench file (1F1B by default), fr
 seconds per stage (`seconds_by_op_per_stage`, `asyncpipe.pipe.clock.StageClock`):
 - forward per micro-batch: the stage's ForwardPass seconds over its forwards (steps x m training forwards plus the
   2 x eval_batches of the job's evaluations at step 0 and at its last step); backward: BackwardPass over steps x m;
-- per layer: stage 0's cost is its embedding and its blocks, the embedding at its share of a block measured alone
-  (the file's ``layer_profile``, `asyncpipe.bench.layer_profile`; free in files without one), the blocks sharing
-  the rest equally; the head is what the last stage costs beyond its blocks at that block cost (floored at 0). A
-  depth P then sums
+- per layer, with the file's ``layer_profile`` (each layer kind timed alone, `asyncpipe.bench.layer_profile`): each
+  stage's measured pass = the engine's own seconds per pass (``chunk_s``) + k x its layers' seconds alone, k and
+  ``chunk_s`` fitted over the stages, per forward and backward (so neither the embedding's share nor the engine's
+  per-pass work is charged to the blocks); without one (older files): the blocks of stage 0 share its cost equally
+  (the embedding, a table lookup, taken as free) and the head is what the last stage costs beyond its blocks at
+  that block cost (floored at 0). A depth P then sums
   the layers the engine's cut gives each stage (`asyncpipe.partition`), so per-stage costs scale by blocks per
   stage, with the head on the last stage;
 - optimizer step: (OptimizerStep + ReduceGrads - time blocked in the norm all-reduce) per step, summed over
@@ -81,14 +83,42 @@ def _recomputed(variant: str, v: dict, stage: int, P: int, m: int, steps: int) -
     return (steps - 1) * min(P - 1 - stage, m)
 
 
-def _embedding_share(record: dict) -> tuple[float, float]:
-    """The embedding's forward and backward as a fraction of one block's, from the file's ``layer_profile``
-    (`asyncpipe.bench.layer_profile`: each layer timed alone); (0, 0) for a file without one."""
+def _scale_and_excess(measured: list[float], alone: list[float]) -> tuple[float, float]:
+    """(k, c) with each stage's measured pass = c + k x its layers timed alone, least squares over the stages (c >= 0:
+    through the origin where the fit wants less); one stage, or stages alike: c = 0."""
+    n = len(measured)
+    mean_l, mean_m = sum(alone) / n, sum(measured) / n
+    var = sum((x - mean_l) ** 2 for x in alone)
+    if n > 1 and var > 1e-12 * max(1.0, mean_l**2):
+        k = sum((x - mean_l) * (y - mean_m) for x, y in zip(alone, measured)) / var
+        c = mean_m - k * mean_l
+        if c >= 0 and k > 0:
+            return k, c
+    return sum(x * y for x, y in zip(alone, measured)) / max(sum(x * x for x in alone), 1e-30), 0.0
+
+
+def _split(record: dict, shapes: list, parts: list[int], fwd: list[float], bwd: list[float]) -> tuple[dict, tuple]:
+    """Per layer kind (forward, backward) seconds, and the engine's own seconds per pass (``chunk_s``), from each
+    stage's measured pass. With the file's ``layer_profile`` (each kind timed alone, `asyncpipe.bench.layer_profile`):
+    a stage's pass = ``chunk_s`` + k x its layers alone, k and ``chunk_s`` fitted over the stages per pass. Without
+    one (older files): stage 0's blocks share its time (the embedding free), the head is what the last stage costs
+    beyond its blocks, and no per-pass term."""
+    P = len(fwd)
     prof = record.get("layer_profile")
-    if not isinstance(prof, dict):
-        return 0.0, 0.0
-    (ef, eb), (bf, bb) = prof["embedding"], prof["block"]
-    return (ef / bf if bf > 0 else 0.0), (eb / bb if bb > 0 else 0.0)
+    if isinstance(prof, dict):
+        out: dict = {kind: [0.0, 0.0] for kind in ("embedding", "block", "head")}
+        excess = []
+        for i, measured in enumerate((fwd, bwd)):
+            alone = [sum(prof[x.kind][i] for x in shapes[parts[s] : parts[s + 1]]) for s in range(P)]
+            k, c = _scale_and_excess(measured, alone)
+            for kind in out:
+                out[kind][i] = k * prof[kind][i]
+            excess.append(c)
+        return {kind: tuple(v) for kind, v in out.items()}, (excess[0], excess[1])
+    blocks = [sum(x.kind == "block" for x in shapes[parts[s] : parts[s + 1]]) for s in range(P)]
+    per_block = (fwd[0] / blocks[0], bwd[0] / blocks[0])
+    head = (max(0.0, fwd[-1] - blocks[-1] * per_block[0]), max(0.0, bwd[-1] - blocks[-1] * per_block[1]))
+    return {"embedding": (0.0, 0.0), "block": per_block, "head": head}, (0.0, 0.0)
 
 
 def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = True) -> CostModel:
@@ -110,13 +140,7 @@ def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = 
     bwd = [v["seconds_by_op_per_stage"][s].get("BackwardPass", 0.0) / (steps * m) for s in range(P)]
     # A recomputing backward holds its forward's time: the replay adds it back (`simulate(recompute=...)`)
     bwd = [b - _recomputed(variant, v, s, P, m, steps) * f / (steps * m) for s, (f, b) in enumerate(zip(fwd, bwd))]
-    blocks = [sum(x.kind == "block" for x in shapes[parts[s] : parts[s + 1]]) for s in range(P)]
-    # stage 0 = the embedding + its blocks; the embedding at its measured share of a block where the file has one
-    share = _embedding_share(record)
-    per_block = (fwd[0] / (blocks[0] + share[0]), bwd[0] / (blocks[0] + share[1]))
-    embedding = (share[0] * per_block[0], share[1] * per_block[1])
-    head = (max(0.0, fwd[-1] - blocks[-1] * per_block[0]), max(0.0, bwd[-1] - blocks[-1] * per_block[1]))
-    cost = {"embedding": embedding, "block": per_block, "head": head}
+    cost, chunk_s = _split(record, shapes, parts, fwd, bwd)
     params = [x.params for x in shapes]
     total = sum(params)
     step_per_param = sum(_update_s(v, s, steps) for s in range(P)) / total
@@ -137,6 +161,7 @@ def from_bench(record: dict, path: str = "", variant: str = "1f1b", fit: bool = 
         tokens_per_micro_batch=int(record["micro_batch_size"]) * int(record["seq_len"]),
         step_per_param=step_per_param,
         ef_per_param=ef_per_param,
+        chunk_s=chunk_s,
         notes=tuple(notes),
     )
     schedule = variant.split("+")[0]  # a `bench pipeline --cuts` variant: schedule+cut
