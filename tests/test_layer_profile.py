@@ -95,3 +95,25 @@ def test_layer_profile_times_each_kind_on_the_runs_micro_batch() -> None:
     for kind in ("embedding", "block", "head"):
         assert len(prof[kind]) == 2 and all(x >= 0.0 for x in prof[kind]) and prof[kind][0] > 0.0
     assert prof["head"][0] > prof["embedding"][0]
+
+
+def test_the_real_compute_cut_block_in_the_doc_is_the_file_and_todays_model() -> None:
+    """docs/performance.md's real-compute cut block is `cut_lines` of the committed bench file, and the cost model
+    calibrated on its 1F1B even variant today gives the predictions the file recorded (within 1e-9): the doc's
+    figures are today's code on that measurement. Each ratio within 5% of its prediction (issue 52)."""
+    import json
+    from pathlib import Path
+
+    from asyncpipe.bench.pipeline_cuts import cut_lines
+    from asyncpipe.timelines.cost_source import from_bench
+
+    repo = Path(__file__).resolve().parents[1]
+    res = json.loads((repo / "benchmarks" / "results" / "cut-real-small-P2.json").read_text())
+    doc = (repo / "docs" / "performance.md").read_text()
+    block = doc.split("<!-- cut-real:start -->\n")[1].split("<!-- cut-real:end -->")[0]
+    assert block == "".join(f"    {line}\n" for line in cut_lines(res))
+    model = from_bench(res, "this run", variant="1f1b+even")
+    for name, v in res["cuts"]["variants"].items():
+        pred = predict(model, v["variant"], 2, 4, clip="global", cut=v["cut"]).step_s
+        assert pred == pytest.approx(v["predicted_step_s"], rel=1e-9), name
+    assert all(abs(r["error"]) < 0.05 for r in res["cuts"]["ratios"].values())
