@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 from asyncpipe.errors import UserError
 from asyncpipe.schedules.instructions import (
+    DEEPSPEED_NAMES,
     BackwardPass,
     CommitP2P,
     ForwardPass,
@@ -108,17 +109,6 @@ def dualpipev_stream(
         yield tick
 
 
-_FROM_DS = {
-    "LoadMicroBatch": LoadMicroBatch,
-    "ForwardPass": ForwardPass,
-    "BackwardPass": BackwardPass,
-    "SendActivation": SendActivation,
-    "RecvActivation": RecvActivation,
-    "SendGrad": SendGrad,
-    "RecvGrad": RecvGrad,
-}
-
-
 def dualpipev_stream_from_deepspeed(micro_batches: int, stages: int, stage_id: int, batches: int = 1) -> list:
     """DeepSpeed's own `DualPipeVSchedule` ticks for rank ``stage_id``, ``batches`` times over, translated into our
     instructions as `dualpipev_stream` writes them (imports DeepSpeed: for the tests). DeepSpeed names a buffer
@@ -132,14 +122,14 @@ def dualpipev_stream_from_deepspeed(micro_batches: int, stages: int, stage_id: i
         for tick in DualPipeVSchedule(micro_batches=m, stages=P, stage_id=r):
             for cmd in tick:
                 name = type(cmd).__name__
-                if name in _FROM_DS:
+                if name in DEEPSPEED_NAMES:
                     phase = cmd.kwargs.get("phase", 0)
                     args: dict[str, Any] = {"buffer_id": cmd.buffer_id, "micro_batch": b * m + cmd.buffer_id % m}
                     if name in ("ForwardPass", "BackwardPass"):
                         args["version"] = b
                     if name in ("LoadMicroBatch", "ForwardPass", "BackwardPass"):
                         args["chunk"] = chunk[phase]
-                    out.append(_FROM_DS[name](**args, phase=phase))
+                    out.append(DEEPSPEED_NAMES[name](**args, phase=phase))
                 elif name == "CommitP2P":
                     out.append(CommitP2P())
                 elif name == "ReduceGrads":

@@ -94,7 +94,7 @@ def flatten(ticks: Any) -> list[Instruction]:
     return [cmd for tick in ticks for cmd in tick]
 
 
-_DS_NAMES = {
+DEEPSPEED_NAMES = {  # DeepSpeed's instruction names with one of ours (the translators)
     "LoadMicroBatch": LoadMicroBatch,
     "ForwardPass": ForwardPass,
     "BackwardPass": BackwardPass,
@@ -116,12 +116,12 @@ def from_deepspeed(ds_ticks: Any, micro_batches: int, batch: int = 0) -> list[In
     for tick in ds_ticks:
         for cmd in tick:
             name = type(cmd).__name__
-            if name in _DS_NAMES:
+            if name in DEEPSPEED_NAMES:
                 n = seen.get(name, 0)
                 seen[name] = n + 1
                 k = batch * micro_batches + n
                 extra = {"version": batch} if name in ("ForwardPass", "BackwardPass") else {}
-                out.append(_DS_NAMES[name](buffer_id=cmd.buffer_id, micro_batch=k, **extra))
+                out.append(DEEPSPEED_NAMES[name](buffer_id=cmd.buffer_id, micro_batch=k, **extra))
             elif name == "ReduceGrads":
                 out.append(ReduceGrads(batch=batch))
             elif name == "OptimizerStep":
