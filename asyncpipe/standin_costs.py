@@ -18,9 +18,6 @@ from asyncpipe.errors import UserError
 STANDIN_DIR = Path(__file__).resolve().parents[1] / "conf" / "standin"
 MODEL_DIR = STANDIN_DIR.parent / "model"
 STANDIN_KEYS = ("name", "note", "model", "vocab_size", "micro_batch_size", "seq_len", "device_profile")
-# A model preset's keys `shapes.layer_shapes` reads, where the preset's YAML may leave them out
-_MODEL_DEFAULTS = {"n_kv_head": None, "tie_embeddings": False, "vocab_size": None}
-_MOE_DEFAULTS = {"experts": 0, "top_k": 1, "d_expert": None, "shared_expert": False}
 
 
 def standin_node(cfg: Any) -> Any:
@@ -56,17 +53,24 @@ def load_standin(name_or_path: str) -> dict:
 
 
 def _preset(name: str) -> Any:
-    """The model preset conf/model/NAME.yaml as a config node `shapes.layer_shapes` reads (torch-free, no Hydra)."""
+    """The model preset conf/model/NAME.yaml over the schema's `ModelConfig` (its defaults fill the keys the YAML
+    leaves out), as `shapes.layer_shapes` reads it: torch-free, no Hydra."""
+    import yaml
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from asyncpipe.config.schema import ModelConfig
 
     path = MODEL_DIR / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in MODEL_DIR.glob("*.yaml"))
         raise UserError(f"stand-in profile: model {name} is not a preset; one of: {', '.join(known)}")
-    node = OmegaConf.merge(OmegaConf.create(_MODEL_DEFAULTS), OmegaConf.load(path))
-    if node.get("moe") is not None:
-        node.moe = OmegaConf.merge(OmegaConf.create(_MOE_DEFAULTS), node.moe)
-    return node
+    try:
+        return OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path))
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:  # not YAML; an unknown key or a wrong type
+        raise UserError(
+            f"stand-in profile: model preset {path} does not read as a model config: {str(exc).splitlines()[0]}"
+        ) from None
 
 
 def profile_seconds(standin: dict) -> dict[str, tuple[float, float]]:
