@@ -109,25 +109,21 @@ def test_no_module_imports_a_private_name_of_another() -> None:
 
 
 def test_layering() -> None:
-    """config never imports torch-side modules; the simulator and the pipeline runtime (`engines.pipeline`) do not
-    import each other; the lifecycle and the runtime import no engine; report never imports torch-side modules, nor do the compensation methods' declarations
+    """config never imports torch-side modules; the engines do not import each other; the lifecycle and the
+    runtime import no engine; report never imports torch-side modules, nor do the compensation methods' declarations
     (their rules, in optim.compensation, import the declarations, never the other way)."""
     edges, _ = import_graph()
 
     def reaches(prefix: str, target: str) -> list[tuple[str, str]]:
         return [(m, t) for m, ts in edges.items() if m.startswith(prefix) for t in ts if t.startswith(target)]
 
-    engines = [m for m in edges if m.startswith("asyncpipe.engines.")]
-    pipeline = tuple(m for m in engines if m.startswith("asyncpipe.engines.pipeline"))
-    simulator = tuple(m for m in engines if m not in pipeline)  # every other engines module: the delay simulator
-    assert {"asyncpipe.engines.pipeline.adapter", "asyncpipe.engines.pipeline.deepspeed_engine"} <= set(pipeline)
-    assert {"asyncpipe.engines.simulator", "asyncpipe.engines.staged"} <= set(simulator)
-    assert reaches(pipeline, "asyncpipe.engines") == [(m, t) for m, t in reaches(pipeline, pipeline)]
-    assert reaches(simulator, pipeline) == []
+    assert reaches("asyncpipe.pipe", "asyncpipe.engines") == []
+    assert reaches("asyncpipe.engines", "asyncpipe.pipe") == []
     for below in ("asyncpipe.session", "asyncpipe.runtime"):
-        assert reaches(below, "asyncpipe.engines") == []
+        for engine in ("asyncpipe.engines", "asyncpipe.pipe"):
+            assert reaches(below, engine) == []
     for light in ("asyncpipe.config", "asyncpipe.report", "asyncpipe.compensation"):
-        for heavy in ("asyncpipe.runtime", "asyncpipe.model", "asyncpipe.optim", "asyncpipe.engines"):
+        for heavy in ("asyncpipe.runtime", "asyncpipe.model", "asyncpipe.optim", "asyncpipe.pipe", "asyncpipe.engines"):
             assert reaches(light, heavy) == []
 
 
@@ -155,7 +151,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("asyncpipe.model",),
     ("asyncpipe.optim", "asyncpipe.optimizers"),
     ("asyncpipe.runtime",),  # device, checkpoints, signals, set-up, the engine protocol
-    ("asyncpipe.engines",),  # the runtimes that execute a schedule: the delay simulator and engines.pipeline
+    ("asyncpipe.engines", "asyncpipe.pipe"),  # the runtimes that execute a schedule
     ("asyncpipe.session",),  # the run record and progress
     ("asyncpipe.forkserver", "asyncpipe.forkchild", "asyncpipe.spawn"),  # the launcher
     ("asyncpipe.trainer",),  # the one owner of a run
