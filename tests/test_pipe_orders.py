@@ -66,13 +66,19 @@ def test_1f1b_one_batch_by_hand(P: int, m: int) -> None:
     assert bubble("1f1b", P, m) == pytest.approx((P - 1) / (m + P - 1), rel=1e-15)
 
 
-def test_latency_and_op_overhead_by_hand() -> None:
-    # 1F1B, P = 2, m = 1; F = 1 and B = 2, each op 0.25 longer, each result read on the other rank 0.5 later.
-    tl = replay(plan("1f1b", 2, 1), forward=1.0, backward=2.0, latency=0.5, op_overhead=0.25)
+def test_latency_and_chunk_costs_by_hand() -> None:
+    # 1F1B, P = 2, m = 1; each result read on the other rank 0.5 later (one on the same rank at once). Uniform:
+    # F = 1, B = 2. Per chunk: chunk 1 (rank 1) takes F = 1.5 and B = 2.5, chunk 0 the uniform costs.
+    tl = replay(plan("1f1b", 2, 1), forward=1.0, backward=2.0, latency=0.5)
     spans = [(e.stage, e.kind, e.start, e.end) for e in tl.events]
-    assert spans == [(0, "forward", 0.0, 1.25), (1, "forward", 1.75, 3.0), (1, "backward", 3.0, 5.25),
-                     (0, "backward", 5.75, 8.0)]  # fmt: skip
-    assert tl.makespan == 8.0 and tl.busy == [3.5, 3.5]
+    by_hand = [(0, "forward", 0.0, 1.0), (1, "forward", 1.5, 2.5), (1, "backward", 2.5, 4.5), (0, "backward", 5.0, 7.0)]
+    assert spans == by_hand
+    assert tl.makespan == 7.0 and tl.busy == [3.0, 3.0]
+    tl = replay(plan("1f1b", 2, 1), chunk_costs={"F": [1.0, 1.5], "B": [2.0, 2.5]}, latency=0.5)
+    spans = [(e.stage, e.kind, e.start, e.end) for e in tl.events]
+    by_hand = [(0, "forward", 0.0, 1.0), (1, "forward", 1.5, 3.0), (1, "backward", 3.0, 5.5), (0, "backward", 6.0, 8.0)]
+    assert spans == by_hand
+    assert tl.makespan == 8.0 and tl.busy == [3.0, 4.0]
 
 
 def test_broken_orders_say_where() -> None:

@@ -23,16 +23,15 @@ def replay(
     weight_share: float = 0.5,
     chunk_costs: Optional[dict[str, Sequence[float]]] = None,
     latency: float = 0.0,
-    op_overhead: float = 0.0,
 ) -> "Timeline":
     """Run every rank's order against the others: an op starts when its rank is free and its dependencies
     are done. ``forward``/``backward`` are the costs of a whole stage's worth of layers (a chunk costs 1/chunks
     per rank of it); with a split backward, B costs (1 - weight_share) of it and W the rest. Raises
     `ScheduleError` on a deadlock, a dependency on an op no rank runs, or an op run twice or on the wrong rank.
     ``chunk_costs`` ({"F": [...], "B": [...]}, one cost per chunk) replaces the uniform costs (the cost model's
-    measured, unequal chunks); ``latency`` delays a result read on another rank; ``op_overhead`` is added to
-    every op's duration (the engine's instructions around it). The order runs as instruction streams
-    (`schedules.orders.plan_streams`) through the one replay, `timelines.timeline.simulate`."""
+    measured, unequal chunks); ``latency`` delays a result read on another rank. The order runs as instruction
+    streams (`schedules.orders.plan_streams`) through the one replay, `timelines.timeline.simulate` (the cost model
+    prices the engine's per-instruction overhead there, `simulate(..., overhead=)`, on the declared streams)."""
     from asyncpipe.timelines.timeline import simulate
 
     n_chunks, v = len(p.chunk_rank), p.chunks_per_rank
@@ -43,8 +42,8 @@ def replay(
 
     def per_chunk(kind: str) -> list[float]:
         if chunk_costs is None or kind not in chunk_costs:
-            return [cost[kind] + op_overhead] * n_chunks
-        return [float(chunk_costs[kind][c]) + op_overhead for c in range(n_chunks)]
+            return [cost[kind]] * n_chunks
+        return [float(chunk_costs[kind][c]) for c in range(n_chunks)]
 
     fwd, bwd, wgt = per_chunk("F"), per_chunk("B"), per_chunk("W")
     return simulate(plan_streams(p), fwd, bwd, latency=latency, weight=wgt, name=p.name)
