@@ -3,7 +3,7 @@
 
 Registered in `asyncpipe/cli.py`; only typer and asyncpipe.errors are imported at module level so `asyncpipe --help`
 stays fast. The commands check their arguments and call one function each: timelines, schedule orders and their
-drawing live in `asyncpipe.pipe` (timeline, orders, trace_load, draw), the benchmark in `asyncpipe.bench.pipeline`.
+drawing live in `asyncpipe.timelines` (timeline, orders, trace_load, draw), the benchmark in `asyncpipe.bench.pipeline`.
 """
 
 from __future__ import annotations

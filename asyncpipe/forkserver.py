@@ -45,7 +45,7 @@ PRELOAD = [
     "asyncpipe.cli",
     "asyncpipe.run",
     "asyncpipe.trainer",
-    "asyncpipe.pipe.deepspeed_engine",
+    "asyncpipe.engines.pipeline.deepspeed_engine",
 ]
 MODULES = ("asyncpipe", "asyncpipe.rank")  # the `python -m` targets that start from the fork server
 # Python's safe-path flag: the working directory is not put on the import path (a `yaml.py` or `random.py` left

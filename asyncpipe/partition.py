@@ -259,7 +259,7 @@ def ends_read_one_version(spec: Any, stages: int, micro_batches: int, batches: i
     runs the stages apart in place (``stage_delay`` None, the in-place straddle recipe: PACI) and the last stage
     reads batch b's own version W(b) for each of its micro-batches, forward and backward, the version the
     simulator's head reads (`engines.staged` moves only stage 0's parameters, the matrix included, to an older
-    version, and only for stage 0's forward; the lookup's backward reads no weight). See `pipe.tied`."""
+    version, and only for stage 0's forward; the lookup's backward reads no weight). See `engines.pipeline.tied`."""
     m, ks = micro_batches, range(batches * micro_batches)
     if spec.stage_delay is None and spec.straddle == "inplace":
         return all(spec.versions(stages, m, stages - 1, k) == (k // m, k // m) for k in ks)
@@ -273,8 +273,8 @@ def ends_read_one_version(spec: Any, stages: int, micro_batches: int, batches: i
 
 def tied_problem(cfg: Any) -> str:
     """Why ``cfg``'s tied embeddings cannot run on `engine=pipeline` ('' when they can): split over the first and
-    the last stage, the two copies are summed and stepped alike (`pipe.tied`) under 1F1B, 2BW (+ EF) and PACI
-    (in place), where each copy reads the simulator's version of the matrix (`ends_read_one_version`), and under
+    the last stage, the two copies are summed and stepped alike (`engines.pipeline.tied`) under 1F1B, 2BW (+ EF) and
+    PACI (in place), where each copy reads the simulator's version of the matrix (`ends_read_one_version`), and under
     PyTorch's schedules that do not split their backward (`torch_schedules.config_problem` refuses those). Clipping
     per stage only where the simulator clips per stage (a schedule it runs stage by stage: PACI)."""
     from asyncpipe.schedules import resolve

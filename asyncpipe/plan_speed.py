@@ -100,8 +100,8 @@ def checked_profile(name_or_path: str) -> dict:
 
 
 def with_tied_copy(model: Any, copy: int) -> Any:
-    """``model`` (a `timelines.cost.CostModel`) with the parameters of a tied embedding's copy (`pipe.tied`) on the
-    head, so the stage that holds the head steps them too."""
+    """``model`` (a `timelines.cost.CostModel`) with the parameters of a tied embedding's copy (`engines.pipeline.tied`)
+    on the head, so the stage that holds the head steps them too."""
     from dataclasses import replace
 
     return replace(model, params=[*model.params[:-1], model.params[-1] + copy]) if copy else model

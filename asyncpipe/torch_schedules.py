@@ -1,7 +1,7 @@
 """PyTorch's own pipeline schedules (`torch.distributed.pipelining`) as `pipeline.torch_schedule` values: which
 class each name runs, how many model chunks a rank holds and where they sit, and what in a config one cannot run.
 Torch-free (`config` validates with it), with the layer cut (`chunk_layers`); the orders and ideal bubbles are
-`asyncpipe.timelines.torch_orders`, the engine `asyncpipe.pipe.torch_engine`.
+`asyncpipe.timelines.torch_orders`, the engine `asyncpipe.engines.pipeline.torch_engine`.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def config_problem(cfg: Any) -> Optional[str]:
     if m.tie_embeddings and s.split_backward and p.stages > 1:  # measured: ZBV gets the tied gradient wrong
         return (
             f"pipeline.torch_schedule={s.name} splits its backward, which a tied matrix does not survive "
-            f"(pipe.tied); add model.tie_embeddings=false"
+            f"(engines.pipeline.tied); add model.tie_embeddings=false"
         )
     if t.compile in (True, "true") and s.split_backward:
         return f"PyTorch's {s.cls} splits input and weight gradients, which it refuses under torch.compile"

@@ -7,7 +7,7 @@ steps -> evaluation cadence, divergence, checkpoints and the stop agreement -> s
 
 Every rank executes `run` in lockstep and takes the same decisions: stop requests and the train loss are agreed
 through `Engine.agree`, which may answer one step late (the pipeline agrees at batch cuts without stalling its
-stream: `asyncpipe.pipe.faults.CutControl`). The launchers around it (`asyncpipe.run`, `asyncpipe.rank`) only
+stream: `engines.pipeline.faults.CutControl`). The launchers around it (`asyncpipe.run`, `asyncpipe.rank`) only
 claim the run dir and start processes.
 """
 
@@ -36,11 +36,11 @@ def _silent(_: str) -> None:
 
 def _build_engine(cfg: DictConfig, setup: Setup, run_dir: Optional[Path]) -> Engine:
     if cfg.engine == "pipeline" and cfg.pipeline.get("torch_schedule") is not None:
-        from asyncpipe.pipe.torch_engine import TorchPipeliningEngine  # PyTorch's own schedules
+        from asyncpipe.engines.pipeline.torch_engine import TorchPipeliningEngine  # PyTorch's own schedules
 
         return TorchPipeliningEngine(cfg, setup)
     if cfg.engine == "pipeline":
-        from asyncpipe.pipe.adapter import PipelineEngineAdapter
+        from asyncpipe.engines.pipeline.adapter import PipelineEngineAdapter
 
         return PipelineEngineAdapter(cfg, setup, run_dir)
     from asyncpipe.engines.simulator import SimulatorEngine

@@ -35,7 +35,7 @@ def _uptime() -> str:
 # -- in isolation: a sleep's overshoot, gloo's round trip ---------------------------------------------------
 def sleep_overshoot(seconds: float = 0.02, n: int = 50) -> dict:
     """Overshoot of a plain `time.sleep` and of the stand-in pad's sleep to a deadline (`sleep_until`), seconds."""
-    from asyncpipe.pipe.standin import sleep_until
+    from asyncpipe.engines.pipeline.standin import sleep_until
 
     plain, pad = [], []
     for _ in range(n):

@@ -150,7 +150,7 @@ def test_a_standin_profile_prices_each_layer_as_the_cost_model_prices_its_model(
 def test_under_a_standin_profile_balanced_cuts_by_the_waits(P: int) -> None:
     """The tiny model's own FLOPs cut it evenly; under a stand-in profile the waits are its compute, and balanced
     gives the head's stage fewer blocks: the slowest stage waits less than at the even cut."""
-    from asyncpipe.pipe.standin import chunk_seconds, stage_standin
+    from asyncpipe.engines.pipeline.standin import chunk_seconds, stage_standin
     from asyncpipe.standin_costs import layer_costs
 
     cfg = compose([*STANDIN_360M, f"pipeline.stages={P}"])

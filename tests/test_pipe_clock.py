@@ -1,4 +1,4 @@
-"""`asyncpipe.pipe.clock.StageClock`: the accounting of wait / compute seconds is the same in both modes, and in
+"""`engines.pipeline.clock.StageClock`: the accounting of wait / compute seconds is the same in both modes, and in
 ``cuda_events`` mode the seconds come from the events (the stream's view), not the host's clock: a NCCL wait
 returns at once on the host while the stream stalls, which the host clock would read as ~0."""
 
@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from asyncpipe.pipe.clock import CUDA_EVENTS, HOST, StageClock
+from asyncpipe.engines.pipeline.clock import CUDA_EVENTS, HOST, StageClock
 
 
 class FakeEvent:

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from asyncpipe.schedules import twobw as sched
-from asyncpipe.pipe.stash import WeightStash
+from asyncpipe.engines.pipeline.stash import WeightStash
 from asyncpipe.timelines.timeline import simulate
 from helpers import asyncpipe, cli_env, losses, read_metrics, read_summary, wait_for_step
 

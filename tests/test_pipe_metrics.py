@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from asyncpipe.pipe.metrics import FIELDS, combine_step
+from asyncpipe.engines.pipeline.metrics import FIELDS, combine_step
 
 
 def _rec(stage: int, replica: int, **kw: float) -> dict[str, float]:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from asyncpipe.pipe.p2p import BatchedP2P
+from asyncpipe.engines.pipeline.p2p import BatchedP2P
 
 N = 6  # micro-batches: micro_batches 3 x total_steps 2
 

@@ -192,7 +192,7 @@ def test_a_rank_error_reaches_the_launcher_as_one_line():
         _launch([cfg])
 
 
-# -- tied embeddings across stages (`pipe.tied`): stage 0's embedding and stage 1's head copy, gradients summed ---
+# -- tied embeddings across stages (`engines.pipeline.tied`): stage 0's embedding, stage 1's head copy, gradients summed
 @pytest.fixture(scope="module")
 def tied():
     """P = 2, the tiny model tied: 1F1B, 2BW and 2BW + EF (adamw_ef) across stages, DualPipeV (both ends on rank

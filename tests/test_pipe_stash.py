@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from asyncpipe.pipe.stash import WeightStash
+from asyncpipe.engines.pipeline.stash import WeightStash
 
 
 def _net() -> nn.Module:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from asyncpipe.bench import critical_path as cp
-from asyncpipe.pipe.standin import StandInPad, sleep_until
+from asyncpipe.engines.pipeline.standin import StandInPad, sleep_until
 
 
 def test_sleep_until_never_returns_early_and_lands_close() -> None:
@@ -41,8 +41,8 @@ def test_pad_counts_from_the_instruction_start_and_hits_its_target() -> None:
 
 
 def test_a_per_chunk_pad_waits_its_own_chunks_seconds() -> None:
-    """A per-layer stand-in gives each chunk a rank holds its own (F, B) (`pipe.standin.stage_standin`): a V's
-    phase-1 forward waits its chunk's seconds, not half the rank's; a per-stage (F, B) is shared equally."""
+    """A per-layer stand-in gives each chunk a rank holds its own (F, B) (`engines.pipeline.standin.stage_standin`): a
+    V's phase-1 forward waits its chunk's seconds, not half the rank's; a per-stage (F, B) is shared equally."""
     pad = StandInPad((0.004, 0.008, 0.02, 0.03), chunks=2)
     walls = {}
     for phase in (1, 0):

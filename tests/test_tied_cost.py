@@ -1,5 +1,6 @@
-"""Tied embeddings in the cost model: the two copies' gradient all-reduce (first and last stage, `pipe.tied`) makes
-those two stages' optimizer steps wait for each other; under global clipping every stage already waits for all."""
+"""Tied embeddings in the cost model: the two copies' gradient all-reduce (first and last stage,
+`engines.pipeline.tied`) makes those two stages' optimizer steps wait for each other; under global clipping every
+stage already waits for all."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tied embeddings on the pipeline engine (`asyncpipe.pipe.tied`): the head's copy starts equal to the embedding,
+"""Tied embeddings on the pipeline engine (`engines.pipeline.tied`): the head's copy starts equal to the embedding,
 the plan counts the matrix on both stages, what cannot run is one line, loss parity with the simulator at P = 4
 (sync, 2BW, 2BW + EF, PACI) and PACI at P = 2, and a resumed tied run is bit for bit the one not interrupted (2BW and
 PACI, P = 2 and 4). Parity at P = 2 and with replicas for the others: tests/test_pipe_parity.py (`-k tied`)."""

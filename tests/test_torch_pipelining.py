@@ -1,4 +1,4 @@
-"""PyTorch's own pipeline schedules (`pipeline.torch_schedule`, `asyncpipe.pipe.torch_engine`): the same
+"""PyTorch's own pipeline schedules (`pipeline.torch_schedule`, `asyncpipe.engines.pipeline.torch_engine`): the same
 model, cut and update as DeepSpeed's engine, so a synchronous PyTorch schedule trains exactly like DeepSpeed's 1F1B
 (one 2-rank launch, slow); what cannot run says why; the ideal bubble comes from the schedule's own order (pure)."""
 

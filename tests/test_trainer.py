@@ -54,11 +54,11 @@ def test_engines_and_runtime_import_neither_the_trainer_nor_the_session() -> Non
 
     edges, _ = import_graph()
     owners = {"asyncpipe.trainer", "asyncpipe.run", "asyncpipe.rank"}
-    below = ("asyncpipe.engines", "asyncpipe.pipe", "asyncpipe.runtime")
+    below = ("asyncpipe.engines", "asyncpipe.runtime")  # the simulator and engines.pipeline
     wrong = [(m, t) for m, ts in edges.items() if m.startswith(below) for t in ts
              if t in owners or t.startswith("asyncpipe.session")]  # fmt: skip
     assert wrong == []
-    assert any(t == "asyncpipe.runtime.protocol" for t in edges["asyncpipe.pipe.adapter"])
+    assert any(t == "asyncpipe.runtime.protocol" for t in edges["asyncpipe.engines.pipeline.adapter"])
 
 
 def test_the_trainer_builds_the_validation_set_once_and_the_engine_evaluates_it(monkeypatch) -> None:
@@ -84,7 +84,7 @@ def test_the_trainer_builds_the_validation_set_once_and_the_engine_evaluates_it(
 
 
 def test_the_pipeline_keeps_its_per_replica_share_of_the_validation_set() -> None:
-    from asyncpipe.pipe.adapter import val_share
+    from asyncpipe.engines.pipeline.adapter import val_share
 
     assert [val_share(4, 2, r) for r in (0, 1)] == [[0, 2], [1, 3]]
     assert val_share(3, 2, 1) == [0, 1, 2]  # unequal shares would bias the mean: every replica does all

@@ -296,7 +296,7 @@ def _variants(plan: BenchPlan, jobs: dict, analytic: dict, b_over_f: float, step
             "compile_s_per_stage": [x.get("compile_s") for x in first],
             # Backwards whose forward was recomputed first (paci-recompute's straddlers): the cost model takes them out.
             "recomputed_backwards_per_stage": [x.get("recomputed_backwards", 0) for x in first],
-            # What measured idle / wait / compute: host clocks (CPU, trace) or CUDA events (asyncpipe.pipe.clock).
+            # What measured idle / wait / compute: host clocks (CPU, trace) or CUDA events (engines.pipeline.clock).
             "timing": sorted({x.get("timing", "host") for x in summaries}),
         }
     return out

@@ -86,8 +86,8 @@ def ideal_step_s(
     chunks: Optional[tuple[Sequence[float], Sequence[float]]] = None,
 ) -> Optional[float]:
     """The step time of ``schedule`` with stage costs F, B per micro-batch (or ``chunks``: F and B of every chunk,
-    a per-layer stand-in's: `pipe.standin.chunk_seconds`), a free optimizer step and free messages: a flushed
-    one-batch order replayed (`asyncpipe.timelines.orders`), or what one more batch adds to a run of the
+    a per-layer stand-in's: `engines.pipeline.standin.chunk_seconds`), a free optimizer step and free messages: a
+    flushed one-batch order replayed (`asyncpipe.timelines.orders`), or what one more batch adds to a run of the
     schedule's own instruction streams (no flush: its steady state). None where it cannot run."""
     from asyncpipe.schedules import get
     from asyncpipe.timelines import orders
@@ -236,7 +236,7 @@ def standin_record(
 def stage_figures(cfg: Any) -> tuple[float, float, Optional[tuple[list[float], list[float]]]]:
     """(F, B) per stage and micro-batch of ``cfg``'s stand-in, and its per-chunk (F, B) lists under a per-layer
     profile (None otherwise; F and B then the slowest stage's: a V's two chunks summed)."""
-    from asyncpipe.pipe.standin import chunk_seconds
+    from asyncpipe.engines.pipeline.standin import chunk_seconds
 
     chunks = chunk_seconds(cfg)
     if chunks is None:

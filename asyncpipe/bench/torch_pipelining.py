@@ -1,5 +1,5 @@
 """PyTorch's own pipeline schedules as `bench pipeline` variants (``pt_*``): each runs `pipeline.torch_schedule`
-(`asyncpipe.pipe.torch_engine`) on the same model, cut, micro-batches, data and optimizer as DeepSpeed's
+(`asyncpipe.engines.pipeline.torch_engine`) on the same model, cut, micro-batches, data and optimizer as DeepSpeed's
 engine, in the same launch. Here: the variants, why one cannot run a configuration (its constraints in torch, or
 ours), its ideal bubble from its own action order, and each rank's layers (for optimizer memory)."""
 

@@ -153,7 +153,7 @@ def check_stage_cut(cfg: DictConfig) -> None:
     if cfg.engine == "pipeline" and m.tie_embeddings:
         from asyncpipe.partition import tied_problem
 
-        _need(not tied_problem(cfg), tied_problem(cfg))  # tied across stages: 1F1B and 2BW (`pipe.tied`)
+        _need(not tied_problem(cfg), tied_problem(cfg))  # tied across stages: 1F1B and 2BW (`engines.pipeline.tied`)
     check_schedule(cfg)  # the schedule's declaration (`asyncpipe.schedules`): engines, delay, clipping, methods, P, m
     if p.get("torch_schedule") is not None:
         from asyncpipe.torch_schedules import config_problem

@@ -124,7 +124,8 @@ def build_layers(cfg: Any, vocab_size: int, seed: int = 0, indices: Optional[Ite
 
     ``indices`` builds only those layers (a pipeline stage); the others are ``None`` placeholders. A tied head
     built without its embedding (the last stage of a pipeline) holds a copy of the embedding's matrix, initialised
-    as the embedding is, and is marked ``tied_copy`` (the engine sums the two copies' gradients: `pipe.tied`).
+    as the embedding is, and is marked ``tied_copy`` (the engine sums the two copies' gradients:
+    `engines.pipeline.tied`).
     """
     n = cfg.n_layer
     total = n + 2

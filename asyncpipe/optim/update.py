@@ -1,6 +1,6 @@
 """One optimizer update, the sequence both engines run after a batch's gradients are in (and averaged over
 replicas): clip, compensate for staleness, the engine's weight bookkeeping, the lr of this step, the step, zero
-the gradients. The simulator (`asyncpipe.engines.simulator`) and the pipeline engine (`asyncpipe.pipe.deepspeed_engine`)
+the gradients. The simulator (`engines.simulator`) and the pipeline engine (`engines.pipeline.deepspeed_engine`)
 differ only in what they pass: which parameters clip together and by which norm, the stale weights, and what
 happens to their weight versions around the step."""
 

@@ -1,6 +1,6 @@
 """What the trainer (`asyncpipe.trainer.Trainer`) and an engine say to each other: the `Engine` protocol, the
 `Setup` the trainer builds once and hands to the engine, and the per-step `Agreement`. Both engines
-(`asyncpipe.engines.simulator.SimulatorEngine`, `asyncpipe.pipe.adapter.PipelineEngineAdapter`) implement
+(`asyncpipe.engines.simulator.SimulatorEngine`, `asyncpipe.engines.pipeline.adapter.PipelineEngineAdapter`) implement
 `Engine`; neither builds a device, a process group, the data or the validation set itself.
 """
 

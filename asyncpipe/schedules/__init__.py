@@ -71,7 +71,7 @@ class ScheduleSpec:
     inplace: bool = False
     revision: int = 1  # bumped when what it computes changes (asyncpipe.report.revisions keeps what each one was)
     # Its stream receives each kind (activation, gradient) in micro-batch order, so the engine may post the next
-    # receive ahead of its instruction (`asyncpipe.pipe.p2p`); a stream that does not must leave it False.
+    # receive ahead of its instruction (`asyncpipe.engines.pipeline.p2p`); a stream that does not must leave it False.
     in_order: bool = False
     flush: bool = True  # the stream ends every batch with all its micro-batches done (a synchronous schedule)
     # The simulator's staleness when each stage reads one version per batch (fwd = bwd): (P, stage, delay) ->

@@ -1,6 +1,6 @@
 """DualPipeV (`pipeline.schedule=dualpipev`, delay 0): DeepSpeed's `DualPipeVSchedule`, the strongest synchronous
 baseline. The model is cut into 2P chunks in a V (rank r holds chunk r and chunk 2P-1-r, so rank 0 holds the
-embedding and the loss); one weight version, a flush per batch. The engine is `asyncpipe.pipe.dualpipev`'s.
+embedding and the loss); one weight version, a flush per batch. The engine is `asyncpipe.engines.pipeline.dualpipev`'s.
 Its one-batch order is DeepSpeed's `DualPipeVSchedule`'s (which keeps W inside B), written out here without importing
 DeepSpeed (`dualpipev_from_deepspeed` reads DeepSpeed's own, for the test); its per-rank instruction stream, with
 DeepSpeed's commits, is `dualpipev_stream`'s (the cost model replays it)."""
@@ -104,8 +104,8 @@ SPEC = declare_schedule(
         delay=0,
         chunks=2,
         check=_check,
-        engine_class="asyncpipe.pipe.dualpipev:DualPipeVRunEngine",
-        module_class="asyncpipe.pipe.dualpipev:DualPipeVModule",
+        engine_class="asyncpipe.engines.pipeline.dualpipev:DualPipeVRunEngine",
+        module_class="asyncpipe.engines.pipeline.dualpipev:DualPipeVModule",
         stage_delay=lambda P, s, delay: 0,
     )
 )

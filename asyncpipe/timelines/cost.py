@@ -142,8 +142,8 @@ def predict(
     """The steady-state step of ``schedule`` (a declared schedule the pipeline engine runs) at P, m and D under
     ``model``; ``clip``: global (one norm all-reduce across stages per step) or stage (default: global where the
     schedule can); ``cut``: blocks per chunk (P, or 2P for a V; None: even), as `pipeline.cut` gives the engine;
-    ``tied``: tied embeddings, whose two copies (first and last stage, `pipe.tied`) sum their gradients each step:
-    without a global norm, those two stages' steps wait for each other. Torch-free: the report calls it."""
+    ``tied``: tied embeddings, whose two copies (first and last stage, `engines.pipeline.tied`) sum their gradients each
+    step: without a global norm, those two stages' steps wait for each other. Torch-free: the report calls it."""
     from asyncpipe.schedules import get
     from asyncpipe.timelines.timeline import simulate
 

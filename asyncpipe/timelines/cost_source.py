@@ -2,7 +2,7 @@
 pipeline` result, real compute) or a device profile (a small YAML of stated, not measured, device figures).
 
 Calibration (`from_bench`), on one variant of a bench file (1F1B by default), from its last job's per-instruction
-seconds per stage (`seconds_by_op_per_stage`, `asyncpipe.pipe.clock.StageClock`):
+seconds per stage (`seconds_by_op_per_stage`, `asyncpipe.engines.pipeline.clock.StageClock`):
 - forward per micro-batch: the stage's ForwardPass seconds over its forwards (steps x m training forwards plus the
   2 x eval_batches of the job's evaluations at step 0 and at its last step); backward: BackwardPass over steps x m;
 - per layer, with the file's ``layer_profile`` (each layer kind timed alone, `asyncpipe.bench.layer_profile`): each

@@ -112,7 +112,7 @@ def eval_forwards(config: dict) -> tuple[int, int, int, int]:
     n, d = get("train.eval_batches"), get("pipeline.data_parallel")
     if d < 1:
         raise ValueError(f"pipeline.data_parallel is {d}")
-    per_eval = n // d if n % d == 0 else n  # each replica's share (pipe.adapter)
+    per_eval = n // d if n % d == 0 else n  # each replica's share (engines.pipeline.adapter)
     return per_eval, get("train.eval_every"), get("train.steps"), get("train.micro_batches")
 
 
