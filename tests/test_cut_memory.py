@@ -1,7 +1,8 @@
 """Balanced cuts within a memory budget (`pipeline.memory_gib`, `asyncpipe plan --gpu-mem`): the partition search
 over only the cuts a ``fits`` predicate accepts (hand-derived and exhaustive), no budget = the cut of before, the
 plan's memory model as the predicate (`plan.cut_within`), one line where no cut fits or the cut is a V, the plan
-saying how the budget moved the cut, and the run (its recorded config, the simulator, the pipeline engine) on it."""
+saying how the budget moved the cut, and the run (its recorded config, the simulator, the pipeline engine and its
+start-up line) on it."""
 
 from __future__ import annotations
 
@@ -218,6 +219,27 @@ def test_the_recorded_config_and_the_simulator_take_the_budgeted_cut(tmp_path) -
     finally:
         torch.set_num_threads(threads)
     assert [len(stage) for stage in engine.staged.stages] == [cut[0] + 1, cut[1] + 1]
+
+
+def test_the_pipeline_engines_start_up_line_says_the_cut_and_where_it_came_from() -> None:
+    """`PipelineEngineAdapter.describe`'s cut: a rule as given; a budget's cut (the config keeps only its list,
+    `budgeted`) as the balanced cut within the budget; any other list as itself, budget or not."""
+    from asyncpipe.engines.pipeline.adapter import cut_said
+
+    csv = lambda b: ",".join(map(str, b))  # noqa: E731
+    cfg = compose(TINY_PACI)
+    free = cut_blocks(cfg)
+    assert cut_said(cfg, free) == f"cut {csv(free)} (pipeline.cut=balanced)"
+    even = compose([*TINY_PACI, "pipeline.cut=even"])
+    assert cut_said(even, cut_blocks(even)) == f"cut {csv(cut_blocks(even))} (pipeline.cut=even)"
+    budget = round(max(s.total for s in plan(cfg, 80).stages) / GIB * 0.9, 4)
+    run = budgeted(compose([*TINY_PACI, f"pipeline.memory_gib={budget}"]))
+    cut = list(run.pipeline.cut)
+    assert cut != free
+    assert cut_said(run, cut) == f"pipeline.cut={csv(cut)} (balanced within pipeline.memory_gib={budget:g})"
+    given = compose([*TINY_PACI, f"pipeline.memory_gib={budget}", f"pipeline.cut={free}"])  # over the budget
+    assert cut_said(given, free) == f"pipeline.cut={csv(free)}"
+    assert cut_said(compose([*TINY_PACI, f"pipeline.cut={cut}"]), cut) == f"pipeline.cut={csv(cut)}"
 
 
 @pytest.mark.slow

@@ -104,6 +104,28 @@ def build_deepspeed_engine(
     return engine, coord.pipe, coord.data
 
 
+def cut_said(cfg: DictConfig, blocks: list[int]) -> str:
+    """The start-up line's cut: ``blocks`` (per stage, per chunk in a V) and the rule that gave them
+    (`pipeline.cut=balanced`), or the list, said to be the balanced cut within `pipeline.memory_gib` where it is that
+    cut: `plan.budgeted` leaves only the list in the config, so the budget's cut is found again and compared."""
+    p, listed = cfg.pipeline, ",".join(map(str, blocks))
+    if isinstance(p.cut, str):
+        return f"cut {listed} (pipeline.cut={p.cut})"
+    budget = p.get("memory_gib")
+    if budget is not None:
+        import copy
+
+        from asyncpipe.errors import ConfigError
+        from asyncpipe.plan import cut_within
+
+        balanced = copy.deepcopy(cfg)
+        balanced.pipeline.cut = "balanced"
+        with contextlib.suppress(ConfigError):  # no cut fits: the list is not the budget's
+            if cut_within(balanced, strict=True)[0] == list(blocks):
+                return f"pipeline.cut={listed} (balanced within pipeline.memory_gib={budget:g})"
+    return f"pipeline.cut={listed}"
+
+
 class PipelineEngineAdapter:
     """One rank's stage, as the trainer's engine: `train_step` runs one batch up to its cut."""
 
@@ -138,7 +160,7 @@ class PipelineEngineAdapter:
         return (
             f"pipeline: {p.stages} stages x {p.data_parallel} replicas, delay {cfg.delay} "
             f"({self.engine.spec.name}), {describe(cfg)}, model {cfg.model.name}, "
-            f"cut {','.join(map(str, self.cut))} (pipeline.cut={p.cut if isinstance(p.cut, str) else 'given'}), "
+            f"{cut_said(cfg, self.cut)}, "
             f"{cfg.train.steps} steps x {self.tokens_per_step} tokens{', compiled' if self.clock.compiled else ''}"
         )
 
