@@ -253,8 +253,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# A requeued job waits for its old credential to expire: 10 s instead of the default 120 s.
-AuthInfo=cred_expire=10
+# A requeued job waits for its old credential to expire: 5 s (SLURM's minimum) instead of the default 120 s.
+AuthInfo=cred_expire=5
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$spool
 SlurmctldPidFile=$dir/slurmctld.pid
