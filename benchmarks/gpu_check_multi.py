@@ -82,9 +82,14 @@ def parity(cfg: Callable[..., Any], dev: str, steps: int, modes: tuple, backend:
     return out
 
 
-def _train(args: list[str], log_path: Path) -> subprocess.Popen:
-    with open(log_path, "ab") as out:  # its own session: killpg reaches the ranks too
-        return subprocess.Popen([sys.executable, "-m", "asyncpipe", "train", *args], stdout=out,
+def _train(args: list[str], log_path: Path) -> Any:
+    """`asyncpipe train ARGS` in a session of its own (killpg reaches it; its ranks die with it, by the parent-death
+    signal), started as the package starts its runs (`asyncpipe.forkserver`: a fork with the imports done on a CPU
+    host, a fresh interpreter on a GPU host)."""
+    from asyncpipe import forkserver
+
+    with open(log_path, "ab") as out:
+        return forkserver.start([sys.executable, "-m", "asyncpipe", "train", *args], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
