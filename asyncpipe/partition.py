@@ -230,8 +230,8 @@ def cut_blocks(cfg: Any, chunks: Optional[int] = None, fits: Optional[Fits] = No
         budget = cfg.pipeline.get("memory_gib")
         if budget is not None and fits is None:
             raise ConfigError(
-                f"pipeline.memory_gib={budget:g} balances the cut within the budget for asyncpipe train, sweep and "
-                "plan only; here give the cut as a list (pipeline.cut=[...], as `asyncpipe plan` prints it)"
+                f"pipeline.memory_gib={budget:g} balances the cut within the budget for asyncpipe train, sweep, "
+                "bench pipeline and plan; here give the cut as a list (pipeline.cut=[...], as `asyncpipe plan` prints it)"
             )
         return balanced_blocks(layer_weights(cfg), chunks, fits)
     blocks = list(cut)

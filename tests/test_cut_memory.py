@@ -289,3 +289,21 @@ def test_the_docs_budget_figures_are_what_plan_predicts() -> None:
     )
     assert said in doc
     assert at[14.0].tokens_per_s == pytest.approx(free.tokens_per_s, rel=1e-3) and at[14.0].cut != free.cut
+
+
+def test_bench_pipeline_runs_each_schedule_at_its_budgeted_cut() -> None:
+    """`bench pipeline` under `pipeline.memory_gib` resolves each variant's balanced cut within the budget, as a run
+    does (tiny, 6 blocks, P = 2: unconstrained 3,3; within 0.012 GiB 1F1B runs 2,4), and a schedule no cut of which
+    fits (2BW's second weight version) is skipped with the reason instead of failing the bench."""
+    from asyncpipe.bench.pipeline import plan_bench
+    from asyncpipe.config import compose
+    from asyncpipe.partition import cut_blocks
+
+    over = ["model=tiny", "model.n_layer=6", "pipeline.stages=2", "train.micro_batches=4"]
+    assert cut_blocks(compose([*over, "engine=pipeline"])) == [3, 3]
+    bench, warm = plan_bench(
+        [*over, "pipeline.memory_gib=0.012"], 1, 3, 1, compose, ["1f1b", "2bw"], ["eager"], None, ("balanced",)
+    )
+    assert list(bench.cfgs) == ["1f1b+balanced"] and list(bench.cfgs["1f1b+balanced"].pipeline.cut) == [2, 4]
+    assert "no cut into 2 stages fits" in bench.skipped["2bw+balanced"]
+    assert warm.pipeline.memory_gib is None  # the untimed warm-up runs whatever cut

@@ -131,6 +131,7 @@ def plan_bench(
     warm-up job's config; with ``cuts``, one variant per (variant, cut), named ``variant+cut``."""
     from asyncpipe.bench.standin import standin_overrides
     from asyncpipe.errors import ConfigError
+    from asyncpipe.plan import budgeted
     from asyncpipe.schedules import resolve
 
     import torch
@@ -166,12 +167,25 @@ def plan_bench(
             for cut in cuts or [None]:
                 at = [f"pipeline.cut={cut}"] if cut else []
                 name = n + (f"+{cut}" if cut else "") + ("" if mode == "eager" else "+compiled")
-                cfgs[name] = compose(
-                    [*base, *over, *at, *(eval_v if v_shape else []), f"train.compile={mode == 'compiled'}"]
-                )
-    warm = compose(
-        [*BENCH_DEFAULTS, *overrides, *fake, "engine=pipeline", "delay=1", f"train.steps={max(1, warmup_steps)}"]
-    )
+                mine = [*base, *over, *at, *(eval_v if v_shape else []), f"train.compile={mode == 'compiled'}"]
+                try:  # a balanced cut within pipeline.memory_gib: resolved once, as a run's
+                    cfgs[name] = budgeted(compose(mine))
+                except ConfigError as err:  # no cut of this schedule fits the budget: said, not failed
+                    skipped[name] = f"not run: {err}"
+    if not any(name.split("+")[0] == "1f1b" for name in cfgs):
+        raise UserError(f"bench pipeline: the reference 1f1b cannot run: {next(iter(skipped.values()), '')}")
+    warm_over = [
+        *BENCH_DEFAULTS,
+        *overrides,
+        *fake,
+        "engine=pipeline",
+        "delay=1",
+        f"train.steps={max(1, warmup_steps)}",
+    ]
+    try:
+        warm = budgeted(compose(warm_over))
+    except ConfigError:  # the warm-up is not timed: any cut will do
+        warm = compose([*warm_over, "pipeline.memory_gib=null"])
     order = [name for _ in range(rounds) for name in cfgs]
     tokens_per_step = t.micro_batch_size * m * D * t.seq_len
     return BenchPlan(cfgs, order, P, m, D, t, p, tokens_per_step, skipped), warm
