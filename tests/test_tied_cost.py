@@ -79,3 +79,17 @@ def test_the_tied_table_in_the_doc_is_its_json() -> None:
     assert all(abs(r["error"]) < 0.05 for r in rows)
     paci = next(r for r in rows if r["run"] == "tied" and r["schedule"] == "paci")
     assert paci["untied_model_s"] / paci["measured_s"] - 1 < -0.05
+
+
+def test_the_tied_all_reduce_costs_its_bytes_over_the_pipelines_link() -> None:
+    """A 1,000-parameter tied matrix over a 4,000 bytes/s link: 4,000 bytes, 1 s more on the first and last stage's
+    step; 1F1B's flushed step (a global norm: every stage waits for the slowest step) grows by exactly that, and
+    without a known link bandwidth by nothing (the latency here is 0)."""
+    from dataclasses import replace
+
+    base = replace(_model(), params=[1000] + [1] * 6 + [0])
+    linked = replace(base, link_bytes_per_s=4000.0)
+    P, m = 3, 6
+    plain = predict(base, "1f1b", P, m).step_s
+    assert predict(base, "1f1b", P, m, tied=True).step_s == pytest.approx(plain)
+    assert predict(linked, "1f1b", P, m, tied=True).step_s == pytest.approx(plain + 1.0)

@@ -44,6 +44,9 @@ class CostModel:
     overhead_s: float = 0.0  # the engine's own time per instruction
     allreduce_latency_s: float = 0.0  # one small all-reduce (the global gradient norm; the start of a big one)
     allreduce_bytes_per_s: Optional[float] = None  # data-parallel gradient all-reduce bandwidth; None: not known
+    link_bytes_per_s: Optional[float] = (
+        None  # between a pipeline's stages (a tied matrix's all-reduce); None: not known
+    )
     # seconds every chunk's forward and backward pass adds beyond its layers' (the engine's own work around a pass:
     # measured in the stand-in mode, where a V pays it once per chunk, twice per micro-batch and rank)
     chunk_s: tuple[float, float] = (0.0, 0.0)
@@ -160,9 +163,9 @@ def predict(
     groups: Any = collective
     if collective:  # the global-norm all-reduce: its latency is paid inside every stage's step
         upd = [u + model.allreduce_latency_s for u in upd]
-    elif tied and P > 1 and spec.chunks == 1:  # the tied matrix's all-reduce between the two stages holding it
-        groups = [[0, P - 1]]
-        upd = [u + (model.allreduce_latency_s if s in (0, P - 1) else 0.0) for s, u in enumerate(upd)]
+    if tied and P > 1 and spec.chunks == 1:  # the tied matrix's own all-reduce between the two stages holding it
+        groups = groups or [[0, P - 1]]  # a global norm already waits for every stage
+        upd = [u + (_tied_allreduce_s(model) if s in (0, P - 1) else 0.0) for s, u in enumerate(upd)]
 
     def run(n: int) -> Any:
         return simulate(
@@ -182,6 +185,15 @@ def predict(
     if spec.chunks > 1:  # per rank: its chunks together (rank r holds chunk r and its mirror 2P-1-r)
         fwd, bwd = ([c[r] + c[2 * P - 1 - r] for r in range(P)] for c in (fwd, bwd))
     return Prediction(spec.name, P, m, data_parallel, ef, step, max(0.0, 1 - min(busy) / step), fwd, bwd, upd)
+
+
+def _tied_allreduce_s(model: CostModel) -> float:
+    """The tied matrix's gradient all-reduce over its two stages (one pipeline's, on its stage-to-stage link): its
+    latency, + its 4-byte gradient once over the link where the model knows the link's bandwidth (a two-rank ring
+    sends each half once each way)."""
+    nbytes = 4 * model.params[0]  # the embedding's matrix: the copy the last stage holds is the same size
+    bandwidth = model.link_bytes_per_s
+    return model.allreduce_latency_s + (nbytes / bandwidth if bandwidth else 0.0)
 
 
 def ratio(model: CostModel, schedule: str, reference: str, stages: int, micro_batches: int, ef: bool = False) -> float:

@@ -211,6 +211,7 @@ def from_profile(profile: dict, cfg: Any) -> CostModel:
         overhead_s=float(profile["overhead_s"]),
         allreduce_latency_s=float(profile["allreduce_latency_s"]),
         allreduce_bytes_per_s=float(profile["allreduce_bytes_per_s"]),
+        link_bytes_per_s=float(profile["p2p_bytes_per_s"]),
     )
 
 
