@@ -19,6 +19,12 @@ from asyncpipe.errors import UserError
 
 # -- commands ----------------------------------------------------------------------------------------------
 def schedule(
+    overrides: Optional[List[str]] = typer.Argument(
+        None,
+        help="Hydra overrides of a run (e.g. model=360m pipeline.stages=8 pipeline.schedule=2bw delay=1): draw the "
+        "cost model's timeline of that run, its stages at their own costs under its cut (--profile), instead of "
+        "--stages/--micro-batches/--schedule at unit costs.",
+    ),
     stages: int = typer.Option(4, "--stages", "-p", help="Pipeline stages P."),
     micro_batches: int = typer.Option(8, "--micro-batches", "-m", help="Micro-batches per batch m."),
     schedule: str = typer.Option(
@@ -37,16 +43,28 @@ def schedule(
     forward: float = typer.Option(1.0, help="Idealised forward time."),
     backward: float = typer.Option(2.0, help="Idealised backward time (zb-h1 splits it in two halves: B and W)."),
     step: float = typer.Option(1.0, help="Idealised optimizer-step time."),
+    profile: str = typer.Option(
+        "h100_assumed", "--profile", help="With OVERRIDES: the cost model, as `asyncpipe plan --profile` takes it."
+    ),
 ) -> None:
     """Draw a pipeline schedule as a stages x time timeline (PNG + text), from the engine's schedule classes,
-    from a synchronous schedule's own rules, or from a traced run."""
+    from a synchronous schedule's own rules, from a traced run, or (OVERRIDES) as the cost model times a run."""
     from asyncpipe.paths import writable_dir
-    from asyncpipe.timelines.draw import draw_schedule
+    from asyncpipe.timelines.draw import draw_modelled, draw_schedule
 
-    if trace is None:
+    if overrides and trace is not None:
+        raise UserError("give a run's OVERRIDES or --trace, not both")
+    if trace is None and not overrides:
         check_schedule_size(stages, micro_batches, batches, forward, backward, step)
+    if overrides:  # before anything is written: a mistake in them is one line
+        from asyncpipe.plan_speed import modelled
+
+        title, tl = modelled(overrides, profile, batches, MAX_DRAWN)
     writable_dir(out, "--out")
-    text, files = draw_schedule(schedule, stages, micro_batches, batches, forward, backward, step, trace, out)
+    if overrides:
+        text, files = draw_modelled(title, tl, "modelled-" + title.split(":")[0], out)
+    else:
+        text, files = draw_schedule(schedule, stages, micro_batches, batches, forward, backward, step, trace, out)
     typer.echo(text, nl=False)
     typer.echo("\n".join(f"wrote {path}" for path in files))
 

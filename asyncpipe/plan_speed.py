@@ -99,6 +99,44 @@ def checked_profile(name_or_path: str) -> dict:
     return data
 
 
+def run_model(cfg: Any, profile: str, cut: Sequence[int]) -> tuple[Any, dict]:
+    """The cost model of the run ``cfg`` at its ``cut`` and what `cost.predict` needs besides (EF, clipping, a tied
+    matrix split over stage 0 and P-1: the last stage steps a copy, and the two copies' all-reduce joins them)."""
+    p, m = cfg.pipeline, cfg.model
+    split = bool(m.tie_embeddings) and len(cut) == p.stages > 1
+    copy = m.d_model * int(m.vocab_size or cfg.tokenizer.vocab_size) if split else 0
+    how = dict(ef=cfg.compensation.name == "ef", clip=p.clip if cfg.train.grad_clip > 0 else "stage", tied=split)
+    return with_tied_copy(cost_model(cfg, profile), copy), how
+
+
+def modelled(
+    overrides: Sequence[str], profile: str = DEFAULT_PROFILE, batches: int = 3, max_drawn: int = 1024
+) -> tuple[str, Any]:
+    """`asyncpipe schedule OVERRIDES`: the cost model's timeline of the run the overrides describe (its schedule, P,
+    m and D, the cut `plan` gives it, tied or not) over ``batches`` (>= 2) batches, and a title naming the costs.
+    More than ``max_drawn`` stages x micro-batches x batches: one line (a bigger drawing takes minutes)."""
+    from asyncpipe.config import compose
+    from asyncpipe.plan import plan
+    from asyncpipe.schedules import resolve
+    from asyncpipe.timelines.cost import predict
+
+    cfg = compose([*overrides, "engine=pipeline"])
+    spec, p, t = resolve(cfg), cfg.pipeline, cfg.train
+    if batches < 2 or p.stages * t.micro_batches * batches > max_drawn:
+        raise UserError(
+            f"--batches {batches}: draw 2 or more, and at most {max_drawn} stages x micro-batches x batches "
+            f"({p.stages} x {t.micro_batches} x {batches} here)"
+        )
+    cut = plan(cfg).cut
+    model, how = run_model(cfg, profile, cut)
+    pred = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how, cut=cut, batches=batches - 1)
+    title = (
+        f"{spec.name}: model {cfg.model.name}, P={p.stages}, m={t.micro_batches}, cut {','.join(map(str, cut))}, "
+        f"{batches} batches; step {pred.step_s * 1e3:.1f} ms under {model.label.split(' (')[0]}"
+    )
+    return title, pred.timeline
+
+
 def with_tied_copy(model: Any, copy: int) -> Any:
     """``model`` (a `timelines.cost.CostModel`) with the parameters of a tied embedding's copy (`engines.pipeline.tied`)
     on the head, so the stage that holds the head steps them too."""
@@ -124,15 +162,9 @@ def speeds(overrides: Sequence[str], gpu_mem_gib: float, profile: str = DEFAULT_
         try:
             cfg = compose([*overrides, "engine=pipeline", evals, *schedule_overrides(spec.name)])
             pl = plan(cfg, gpu_mem_gib)
-            model = cost_model(cfg, profile)
             p, t = cfg.pipeline, cfg.train
-            how = dict(ef=cfg.compensation.name == "ef", clip=p.clip if t.grad_clip > 0 else "stage")
             cut = pl.cut  # the plan's: balanced within the budget (`plan.cut_within`), as the run would cut
-            m = cfg.model  # a tied matrix split over stage 0 and P-1: the last stage steps a copy
-            split = m.tie_embeddings and len(cut) == p.stages > 1
-            copy = m.d_model * int(m.vocab_size or cfg.tokenizer.vocab_size) if split else 0
-            model = with_tied_copy(model, copy)
-            how["tied"] = split  # the two copies' all-reduce: PACI's first and last stage wait for each other
+            model, how = run_model(cfg, profile, cut)
             pred = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how, cut=cut)
             even = predict(model, spec.name, p.stages, t.micro_batches, p.data_parallel, **how)
         except (ConfigError, UserError) as err:

@@ -190,6 +190,10 @@ CASES: dict[str, Case] = {
     "schedule --batches 0": Case([*SCHED, "--batches", "0", "--schedule", "zb-h1"], "--batches 0 must be >= 1"),
     "schedule too big": Case([*SCHED, "--stages", "64", "--micro-batches", "512"], "64x512x3 = 98304 exceeds 1024"),
     "schedule unknown": Case([*SCHED, "--schedule", "nope"], "--schedule 'nope' is unknown"),
+    "schedule of a run, 1 batch": Case([*SCHED, "model=tiny", "--batches", "1"], "--batches 1: draw 2 or more"),
+    "schedule of a run, too big": Case([*SCHED, "model=tiny", "--batches", "300"], "at most 1024 stages x micro-"),
+    "schedule of a run and a trace": Case([*SCHED, "model=tiny", "--trace", "{tmp}"], "OVERRIDES or --trace, not both"),
+    "schedule of a run, bad key": Case([*SCHED, "model=tiny", "pipeline.stagez=2"], "pipeline.stagez"),
     "schedule paci with m < P": Case([*SCHED, "--schedule", "paci", "--stages", "4", "--micro-batches", "2"],
                                      "--schedule paci needs --micro-batches >= --stages, got 2 < 4"),
     # -- a module named by import path that goes wrong when imported (issue 56; tests/user_lab)

@@ -68,6 +68,7 @@ class Prediction:
     forward_s: list[float]  # the per-stage figures it was replayed with
     backward_s: list[float]
     update_s: list[float]
+    timeline: Any = field(default=None, compare=False, repr=False)  # the replay of batches + 1 batches (to draw)
 
     def tokens_per_s(self, tokens_per_micro_batch: int) -> float:
         return tokens_per_micro_batch * self.micro_batches * self.data_parallel / self.step_s
@@ -184,7 +185,8 @@ def predict(
     busy = [y - x for x, y in zip(a.busy, b.busy)]
     if spec.chunks > 1:  # per rank: its chunks together (rank r holds chunk r and its mirror 2P-1-r)
         fwd, bwd = ([c[r] + c[2 * P - 1 - r] for r in range(P)] for c in (fwd, bwd))
-    return Prediction(spec.name, P, m, data_parallel, ef, step, max(0.0, 1 - min(busy) / step), fwd, bwd, upd)
+    bubble = max(0.0, 1 - min(busy) / step)
+    return Prediction(spec.name, P, m, data_parallel, ef, step, bubble, fwd, bwd, upd, timeline=b)
 
 
 def _tied_allreduce_s(model: CostModel) -> float:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from asyncpipe.timelines.timeline import Event, Timeline
+from asyncpipe.timelines.timeline import Event, Timeline, steady_gaps
 
 LINE_WIDTH = 100  # characters per text line: a terminal, an editor, a diff
 LETTER = {"forward": "F", "backward": "B", "weight": "W", "step": "U", "eval": "E"}
@@ -333,7 +333,6 @@ def draw_schedule(
     from asyncpipe.schedules.streams import streamed
     from asyncpipe.schedules.orders import sync_schedules
     from asyncpipe.timelines.orders import bubble_table, format_bubbles, ideal_timeline, sync_timeline
-    from asyncpipe.timelines.timeline import steady_gaps
     from asyncpipe.timelines.trace_load import trace_timeline
 
     sync = schedule in sync_schedules() and schedule not in streamed()  # a stream: the engine's, several batches
@@ -364,24 +363,37 @@ def draw_schedule(
         stem = f"{schedule}-P{stages}-m{micro_batches}"
         costs = f"F={forward:g}, B={backward:g}, U={step:g}"
         panels = [(f"{schedule}: P={stages}, m={micro_batches}, {batches} batches ({costs})", tl)]
-    if trace is not None:  # measured times: a fixed resolution, one letter per cell
+    bubbles = format_bubbles(bubble_table(stages, micro_batches, forward, backward, batches), batches) if sync else ""
+    text, files = _write(panels, stem, out, seconds=trace is not None, extra=bubbles if trace is None else "")
+    return text + (_gaps(tl) if trace is not None or not sync else ""), files
+
+
+def draw_modelled(title: str, tl: Timeline, stem: str, out: Path) -> tuple[str, list[Path]]:
+    """`asyncpipe schedule OVERRIDES`: a cost model's timeline of a run (`plan_speed.modelled`: seconds, stages as
+    its cut makes them) as a PNG and a text file; returns what to print and the files written."""
+    text, files = _write([(title, tl)], stem, out, seconds=True)
+    return text + _gaps(tl), files
+
+
+def _write(panels: list, stem: str, out: Path, seconds: bool, extra: str = "") -> tuple[str, list[Path]]:
+    """The panels as ``out/stem.png`` and ``.txt`` (+ ``extra``); seconds (measured or modelled): a fixed resolution,
+    one letter per cell; unit costs: one cell per shortest block, every label whole."""
+    tl = panels[0][1]
+    if seconds:
         cell, width = (tl.makespan or 1.0) / 300, 1
-    else:  # unit costs: one cell per shortest block, every label whole
+    else:
         cell = min(e.end - e.start for _, t in panels for e in t.events if e.end > e.start)
         width = max(len(label(e, local_chunks(t))) for _, t in panels for e in t.events) + 1
     text = "".join(f"# {title}\n{render_text(t, cell=cell, width=width)}" for title, t in panels)
-    text = text_legend([t for _, t in panels], cell, width, unit="s" if trace is not None else "time unit") + text
+    text = text_legend([t for _, t in panels], cell, width, unit="s" if seconds else "time unit") + text + extra
     out.mkdir(parents=True, exist_ok=True)
     png, txt = out / f"{stem}.png", out / f"{stem}.txt"
-    render_png(panels, png, time_label="time (s)" if trace is not None else "time")
-    if trace is None and sync:
-        text += format_bubbles(bubble_table(stages, micro_batches, forward, backward, batches), batches)
+    render_png(panels, png, time_label="time (s)" if seconds else "time")
     txt.write_text(text)
-    gaps = steady_gaps(tl) if trace is not None or not sync else []
-    if gaps:
-        text += (
-            "steady-state idle per stage (first backward .. last forward): "
-            + "  ".join(f"S{s} {g:.3g}" for s, g in enumerate(gaps))
-            + "\n"
-        )
     return text, [png, txt]
+
+
+def _gaps(tl: Timeline) -> str:
+    """The steady-state idle per stage (first backward .. last forward), one line; '' where there is none."""
+    gaps = "  ".join(f"S{s} {g:.3g}" for s, g in enumerate(steady_gaps(tl)))
+    return f"steady-state idle per stage (first backward .. last forward): {gaps}\n" if gaps else ""
