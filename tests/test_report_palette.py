@@ -91,3 +91,15 @@ def test_every_figure_draws_a_variant_in_its_palette_colour(tmp_path, monkeypatc
             assert colour == palette.colour(variant), (title, label, colour)
             checked.setdefault(family(variant), set()).add(title.split(":")[0][:20])
     assert len(checked.get("1-step+EF", ())) >= 4 and len(checked.get("1-step", ())) >= 4, checked
+
+
+def test_points_of_an_older_revision_have_their_own_marker() -> None:
+    """A figure of points (the verdict, the glance's time to target) cannot dash a point: `PACI@r1` keeps PACI's
+    colour and takes a marker no family has, so the two are told apart."""
+    from asyncpipe.report.palette import FIXED, OLDER_REVISION_MARKER, Palette
+
+    pal = Palette(["PACI", "PACI@r1"])
+    (c_new, m_new), (c_old, m_old) = pal.point_style("PACI"), pal.point_style("PACI@r1")
+    assert c_new == c_old and m_new == FIXED["PACI"][1] and m_old == OLDER_REVISION_MARKER != m_new
+    assert OLDER_REVISION_MARKER not in {m for _, m in FIXED.values()}
+    assert pal.point_style("main:1-step") == pal.style("main:1-step")

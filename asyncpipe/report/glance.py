@@ -111,7 +111,7 @@ def _plot_time_to_target(ax: plt.Axes, ladders: list[Ladder], tables: int, palet
     variant's colour."""
     labels = []
     for i, lad in enumerate(ladders):
-        colour, marker = palette.style(lad.columns[0])
+        colour, marker = palette.point_style(lad.columns[0])
         if lad.ratio is not None:
             iv = lad.ratio
             known = math.isfinite(iv.lo) and math.isfinite(iv.hi)

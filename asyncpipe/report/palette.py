@@ -5,7 +5,7 @@ A variant's **family** is its name without a sweep label (`main:`), a schedule r
 (`(x1.5)`): `main:1-step+EF(x1.5)@r1` is `1-step+EF`. The families every study has get fixed colours (sync blue,
 1-step red, 1-step+EF green, PACI purple, PACI+EF orange); any other family takes the next unused colour in the
 report's column order. A budget family's rungs share its colour; figures tell rungs apart by marker or shade, and
-an older revision's curve by a dash-dotted line.
+an older revision's curve by a dash-dotted line (its points by their own marker, `point_style`).
 Neutral colours (NEUTRAL) are for what is not a variant: reference lines, targets, legend keys.
 """
 
@@ -35,6 +35,7 @@ SPARE = [
     "#e6550d",
 ]
 SPARE_MARKERS = "P*Xh<>pd8H"
+OLDER_REVISION_MARKER = "<"  # points of a rule's older revision (no family's own marker)
 NEUTRAL = {"black": "black", "grey": "grey", "dark": "#555555"}  # reference lines, targets, generic legend keys
 RUNG = re.compile(r"\(x\d+(?:\.\d+)?\)")
 REVISION = re.compile(r"@r\d+$")
@@ -86,3 +87,9 @@ class Palette:
     def style(self, variant: str) -> tuple[str, str]:
         """(colour, marker) of the variant's family."""
         return self._assign(family(variant))
+
+    def point_style(self, variant: str) -> tuple[str, str]:
+        """(colour, marker) for a figure of points, where no line style can tell an older revision (`PACI@r1`) from
+        today's: the family's colour, and the older revision's own marker."""
+        colour, marker = self.style(variant)
+        return colour, OLDER_REVISION_MARKER if older_revision(variant) else marker

@@ -83,7 +83,7 @@ def plot_verdict(frame: pd.DataFrame, order: list[str], path: Path) -> list[Path
         variants = sorted(dict.fromkeys(c.variant for c in own), key=lambda v: rank.get(v, len(rank)))
         for c in own:
             x = points.index((c.P, c.m)) + (variants.index(c.variant) - (len(variants) - 1) / 2) * 0.18
-            colour, marker = palette.style(c.variant)
+            colour, marker = palette.point_style(c.variant)
             _point(ax, c, x, (bottom, top), colour, marker)
             legend.setdefault(c.variant, Line2D([], [], color=colour, marker=marker, linestyle="none", markersize=7))
         ax.axhline(1.0, color=NEUTRAL["black"], linewidth=0.9)
