@@ -167,7 +167,7 @@ def figure_legend(fig: plt.Figure, entries: dict[str, Line2D]) -> None:
 def variant_key(order: list[str], variant: str) -> tuple[str, str]:
     """A variant's colour and marker, the same in every panel and every figure (asyncpipe.report.palette); a budget
     rung has its family's colour and a marker of its own (by its place among the family's rungs in `order`)."""
-    colour, marker = Palette(order).style(variant)
+    colour, marker = Palette(order).point_style(variant)  # an older revision: its own marker too
     if is_rung(variant):
         rungs = [v for v in order if is_rung(v) and family(v) == family(variant)]
         marker = RUNG_MARKERS[(rungs.index(variant) if variant in rungs else 0) % len(RUNG_MARKERS)]
