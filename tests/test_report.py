@@ -551,3 +551,25 @@ def test_gap_plot_draws_only_tables_with_a_reference_and_another_column(tmp_path
     report = build_report(only_async, out_dir=tmp_path / "out2", plots=True)
     md = (tmp_path / "out2" / "report.md").read_text()
     assert "gap_vs_tokens.png" not in report.files and "gap_vs_tokens" not in md and "(loss_curves.png)" in md
+
+
+def test_the_gap_zoom_ends_where_the_gaps_do(tmp_path, monkeypatch):
+    """A delayed run longer than its reference (a longer budget: 10,000 tokens against sync's 5,000) has no gap past
+    5,000, so the gap figure's zoomed row spans the last 30% up to 5,000, not empty space up to 10,000; the loss
+    curves' zoom still spans every curve."""
+    import report_runs
+
+    from asyncpipe.report import plots
+
+    root = report_runs.sweep(tmp_path / "s", "s", ["sync", "1-step"])
+    for seed in range(2):
+        report_runs.write(root, "sync", "adamw", seed, report_runs.line(3.0))
+        report_runs.write(root, "1-step", "adamw", seed, report_runs.line(3.2, end=10000))
+    spans: list[tuple[float, float]] = []
+    real = plots._zoom_limits
+    monkeypatch.setattr(
+        plots, "_zoom_limits", lambda ax, lo, hi, *a, **k: (spans.append((lo, hi)), real(ax, lo, hi, *a, **k))
+    )
+    build_report(root, out_dir=tmp_path / "out", plots=True)
+    assert spans[0] == (pytest.approx(7000.0), 10000.0)  # loss curves: every curve
+    assert spans[-1] == (pytest.approx(3500.0), 5000.0)  # gaps: where sync's pairs end

@@ -271,14 +271,15 @@ def plot_gap_vs_tokens(
         top, bottom = axes[0, i], axes[1, i]
         ref = done[done["variant"] == group.reference]
         references.add(group.reference)
-        end = max([float(t) for t in curves.loc[curves["run"].isin(done["run"]), "tokens"]] or [0.0])
-        lo_x, zoom_ys, seeds = end * (1 - ZOOM_FRAC), [], []
         drawn = [
             (v, paired_gap(curves, done[done["variant"] == v], ref))
             for v in order
             if v in set(done["variant"]) and v != group.reference and not ref.empty
         ]
         drawn = [(v, gap) for v, gap in drawn if not gap.empty]
+        # the gaps end where the reference does (a longer budget's curve beyond it has no gap): zoom on their end
+        end = max([float(gap.index.max()) for _, gap in drawn] or [0.0])
+        lo_x, zoom_ys, seeds = end * (1 - ZOOM_FRAC), [], []
         several = any(int(gap["n"].iloc[0]) > 1 for _, gap in drawn)  # then one-seed lines get no end label
         for variant, gap in drawn:
             colour, marker = variant_key(order, variant)
