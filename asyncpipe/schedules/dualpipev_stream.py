@@ -28,6 +28,7 @@ from asyncpipe.schedules.instructions import (
     SendActivation,
     SendGrad,
     check_stream,
+    from_deepspeed_other,
 )
 
 _TOKENS = {
@@ -130,12 +131,6 @@ def dualpipev_stream_from_deepspeed(micro_batches: int, stages: int, stage_id: i
                     if name in ("LoadMicroBatch", "ForwardPass", "BackwardPass"):
                         args["chunk"] = chunk[phase]
                     out.append(DEEPSPEED_NAMES[name](**args, phase=phase))
-                elif name == "CommitP2P":
-                    out.append(CommitP2P())
-                elif name == "ReduceGrads":
-                    out.append(ReduceGrads(batch=b))
-                elif name == "OptimizerStep":
-                    out.append(OptimizerStep(batch=b, src_version=b, dst_version=b + 1))
-                elif name != "ReduceTiedGrads":
-                    raise ValueError(f"no translation for DeepSpeed instruction {cmd!r}")
+                else:
+                    out += from_deepspeed_other(cmd, b)
     return out

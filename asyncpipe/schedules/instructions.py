@@ -122,10 +122,21 @@ def from_deepspeed(ds_ticks: Any, micro_batches: int, batch: int = 0) -> list[In
                 k = batch * micro_batches + n
                 extra = {"version": batch} if name in ("ForwardPass", "BackwardPass") else {}
                 out.append(DEEPSPEED_NAMES[name](buffer_id=cmd.buffer_id, micro_batch=k, **extra))
-            elif name == "ReduceGrads":
-                out.append(ReduceGrads(batch=batch))
-            elif name == "OptimizerStep":
-                out.append(OptimizerStep(batch=batch, src_version=batch, dst_version=batch + 1))
-            elif name != "ReduceTiedGrads":
-                raise ValueError(f"no translation for DeepSpeed instruction {cmd!r}")
+            else:
+                out += from_deepspeed_other(cmd, batch)
     return out
+
+
+def from_deepspeed_other(cmd: Any, batch: int) -> list[Instruction]:
+    """A DeepSpeed instruction that names no buffer, in batch ``batch``: its commit, gradient reduction and step
+    as ours; `ReduceTiedGrads` dropped (no tied layers); anything else a `ValueError`."""
+    name = type(cmd).__name__
+    made = {
+        "CommitP2P": lambda: [CommitP2P()],
+        "ReduceGrads": lambda: [ReduceGrads(batch=batch)],
+        "OptimizerStep": lambda: [OptimizerStep(batch=batch, src_version=batch, dst_version=batch + 1)],
+        "ReduceTiedGrads": lambda: [],
+    }
+    if name not in made:
+        raise ValueError(f"no translation for DeepSpeed instruction {cmd!r}")
+    return made[name]()
