@@ -117,3 +117,18 @@ def test_the_real_compute_cut_block_in_the_doc_is_the_file_and_todays_model() ->
         pred = predict(model, v["variant"], 2, 4, clip="global", cut=v["cut"]).step_s
         assert pred == pytest.approx(v["predicted_step_s"], rel=1e-9), name
     assert all(abs(r["error"]) < 0.05 for r in res["cuts"]["ratios"].values())
+
+
+def test_the_docs_contention_figures_are_the_committed_files() -> None:
+    """docs/performance.md's 'a block 0.999x, the head 0.993x' is benchmarks/results/contention.json: each layer's
+    fwd+bwd time with two ranks computing at once (their mean) over its time alone."""
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    res = json.loads((repo / "benchmarks" / "results" / "contention.json").read_text())
+    ratio = {
+        k: sum(sum(t[k]) for t in res["together"]) / len(res["together"]) / sum(res["alone"][k]) for k in res["alone"]
+    }
+    doc = " ".join((repo / "docs" / "performance.md").read_text().split())
+    assert f"a block {ratio['block']:.3f}x, the head {ratio['head']:.3f}x" in doc
